@@ -1,0 +1,23 @@
+"""hskstore: the on-disk format of an hsk feature store (numpy/zarr only; no torch needed).
+
+    from hskstore import open_store
+    store = open_store("sst2.zarr")          # refuses incomplete stores
+    shard = store.read_shard(0)              # dict of arrays, checked against its digests
+    dense = store.dense(shard, store.layers[0])   # [n, N^L, d] zero-filled teacher vectors
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .config import ConfigError, HSKConfig, Selection
+from .errors import CorruptStoreError, IncompleteStoreError, ProvenanceError, StoreError, StoreExistsError
+from .reader import HSKStore, KeptLayer, open_store
+
+try:
+    __version__ = version("hsk")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0+source"
+
+__all__ = [
+    "ConfigError", "CorruptStoreError", "HSKConfig", "HSKStore", "IncompleteStoreError", "KeptLayer",
+    "ProvenanceError", "Selection", "StoreError", "StoreExistsError", "open_store", "__version__",
+]

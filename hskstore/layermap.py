@@ -1,0 +1,94 @@
+"""Depth: which teacher layers serve which student entries (METHOD.md sections 1 and 2).
+
+Student entries are [emb, 1..S]; teacher hidden states are H_0 (embeddings) .. H_L.
+"""
+
+from __future__ import annotations
+
+from .config import ConfigError
+
+
+def layer_map(n_student: int, l_top: int) -> list[int]:
+    """g(s, L_top) = round(s * L_top / S) for s = 0..S, Python's round (half to even), as the reference."""
+    if n_student < 1 or l_top < 1:
+        raise ConfigError(f"layer map needs S >= 1 and L_top >= 1, got S={n_student}, L_top={l_top}")
+    return [round(s * l_top / n_student) for s in range(n_student + 1)]
+
+
+def default_l_top(teacher_layers: int) -> int:
+    """The paper found L_top=10 of 12 most stable; scale that to the teacher's depth."""
+    return max(1, round(10 * teacher_layers / 12))
+
+
+def kept_entries(n_keep: int, n_student: int) -> list[int]:
+    """'Keep N^D layers' keeps the last N^D student entries; the embedding only when N^D = S + 1."""
+    if n_keep > n_student + 1:
+        raise ConfigError(
+            f"N^D={n_keep} layers asked for, but a {n_student}-layer reference student has only "
+            f"{n_student + 1} entries (embeddings + {n_student} layers)"
+        )
+    return list(range(n_student + 1 - n_keep, n_student + 1))
+
+
+def ranking_layer_map(n_student: int, teacher_layers: int) -> list[int]:
+    """Attention layer ranking the tokens of each student entry (the reference's att_ttop12 map).
+
+    The L_top = L map, with entry 0 (embeddings) ranked by the first attention layer.
+    S=4, L=12 gives 1, 3, 6, 9, 12.
+    """
+    return [max(1, g) for g in layer_map(n_student, teacher_layers)]
+
+
+def select_depth(
+    n_keep: int,
+    teacher_num_layers: int,
+    *,
+    ref_student_layers: int | None = 4,
+    l_top: int | None = None,
+    explicit_layers: list[int] | None = None,
+    ranking_map: str = "ltop12",
+) -> tuple[list[int], list[int] | None, list[int]]:
+    """Return (teacher layers kept, reference student entries or None, ranking attention layers)."""
+    if n_keep == 0:
+        return [], ([] if explicit_layers is None else None), []
+    if explicit_layers is not None:
+        layers = sorted(set(explicit_layers))
+        if len(layers) != n_keep:
+            raise ConfigError(f"--layers lists {len(layers)} distinct layers but the config keeps N^D={n_keep}")
+        bad = [j for j in layers if not 0 <= j <= teacher_num_layers]
+        if bad:
+            raise ConfigError(f"--layers {bad} outside 0..{teacher_num_layers} for a {teacher_num_layers}-layer teacher")
+        # Without a student map the only sensible ranking is the layer's own attention.
+        return layers, None, [max(1, j) for j in layers]
+    if ref_student_layers is None:
+        raise ConfigError("give a reference student depth or an explicit list of teacher layers")
+    l_top = default_l_top(teacher_num_layers) if l_top is None else l_top
+    if not 1 <= l_top <= teacher_num_layers:
+        raise ConfigError(f"L_top={l_top} must be between 1 and the teacher's {teacher_num_layers} layers")
+    entries = kept_entries(n_keep, ref_student_layers)
+    gmap = layer_map(ref_student_layers, l_top)
+    layers = [gmap[s] for s in entries]
+    if ranking_map == "ltop12":
+        rmap = ranking_layer_map(ref_student_layers, teacher_num_layers)
+        ranking = [rmap[s] for s in entries]
+    else:
+        ranking = [max(1, j) for j in layers]
+    return layers, entries, ranking
+
+
+def student_to_store_layers(n_student: int, stored_entries: list[int], ref_student_layers: int) -> dict[int, int]:
+    """Which student entry meets which stored entry when the student's depth differs from the reference.
+
+    The student's top layers map onto the stored ones: reference entry s (of S_ref) is served to
+    student entry round(s * S / S_ref), so the top entry always meets the top stored layer.
+    Returns {stored reference entry: student entry}.
+    """
+    out = {}
+    for s in stored_entries:
+        out[s] = round(s * n_student / ref_student_layers)
+    if len(set(out.values())) != len(out):
+        raise ConfigError(
+            f"a {n_student}-layer student cannot take the {len(stored_entries)} stored layers "
+            f"{stored_entries} (of a {ref_student_layers}-layer reference) one to one: derive fewer layers"
+        )
+    return out

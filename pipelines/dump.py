@@ -1,0 +1,194 @@
+"""The dump stage: run a fine-tuned teacher once over a task split and write an hsk store.
+
+Rows are processed shard by shard in source order; inside a shard, batches are length-bucketed
+so padding does not dominate, and results go back to source order before the shard is written.
+A background thread writes shard k while the teacher computes shard k+1.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hskstore.config import HSKConfig, Selection
+from hskstore.layermap import default_l_top, select_depth
+from hskstore.schema import make_layout
+from hskstore.writer import StoreWriter
+
+from hskstore import __version__
+from .batching import length_bucketed_batches
+from .data import Examples, load_examples
+from .models import load_classifier, load_tokenizer, model_revision, vocab_hash, weights_hash
+from .probe import TeacherProbe
+from .targets import encode_batch
+from .tasks import Task, get_task
+from .tokenize import encode
+
+
+@dataclass
+class DumpOptions:
+    """Every choice of `hsk dump`, with the product's defaults."""
+
+    config: HSKConfig
+    ref_student_layers: int | None = 4
+    l_top: int | None = None
+    layers: list[int] | None = None  # explicit teacher layers instead of a reference student map
+    token_strategy: str = "att-nosep"
+    ranking_map: str = "ltop12"
+    attention_scores: str = "pre-softmax"
+    width_strategy: str = "mag"
+    width_seed: int = 0
+    value_dtype: str = "float16"
+    max_length: int | None = None  # task default
+    batch_size: int = 64
+    shard_rows: int = 1024
+    device: str = "cpu"
+    overwrite: bool = False
+    progress: bool = True
+    extra_meta: dict = field(default_factory=dict)
+
+
+def build_selection(options: DumpOptions, num_layers: int, hidden_size: int) -> Selection:
+    teacher_layers, entries, ranking = select_depth(
+        options.config.n_layers,
+        num_layers,
+        ref_student_layers=None if options.layers else options.ref_student_layers,
+        l_top=options.l_top,
+        explicit_layers=options.layers,
+        ranking_map=options.ranking_map,
+    )
+    return Selection(
+        config=options.config,
+        hidden_size=hidden_size,
+        teacher_num_layers=num_layers,
+        teacher_layers=tuple(teacher_layers),
+        student_entries=None if entries is None else tuple(entries),
+        ranking_layers=tuple(ranking),
+        ref_student_layers=None if options.layers else options.ref_student_layers,
+        l_top=None if options.layers else (options.l_top or default_l_top(num_layers)),
+        token_strategy=options.token_strategy,
+        ranking_map=options.ranking_map,
+        attention_scores=options.attention_scores,
+        width_strategy=options.width_strategy,
+        width_seed=options.width_seed,
+        value_dtype=options.value_dtype,
+    )
+
+
+def store_metadata(task: Task, split: str, examples: Examples, teacher: str, model, tokenizer,
+                   selection: Selection, max_length: int, shard_rows: int) -> dict:
+    cfg = model.config
+    return {
+        "task": {
+            "name": task.name, "split": split, "labels": list(task.labels) if task.labels else None,
+            "regression": task.is_regression, "metric": task.metric,
+        },
+        "dataset": {"source": examples.source, "fingerprint": examples.fingerprint, "n_rows": len(examples)},
+        "teacher": {
+            "name": teacher, "revision": model_revision(teacher), "weights_hash": weights_hash(model),
+            "architecture": type(model).__name__, "num_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size, "num_labels": cfg.num_labels,
+        },
+        "tokenizer": {
+            "name": teacher, "vocab_hash": vocab_hash(tokenizer), "vocab_size": len(tokenizer),
+            "cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id, "pad_id": tokenizer.pad_token_id,
+        },
+        "max_length": max_length,
+        "selection": selection.to_dict(),
+        "layout": make_layout(len(examples), selection.n_width, shard_rows),
+    }
+
+
+def compute_shard(probe: TeacherProbe, enc: dict[str, np.ndarray], selection: Selection, sep_id: int | None,
+                  batch_size: int, device: str, progress=None) -> dict[str, np.ndarray]:
+    """Teacher forward + selection + encoding for the rows of one shard, back in source order."""
+    n = len(enc["length"])
+    parts: list[tuple[np.ndarray, dict]] = []
+    for batch in length_bucketed_batches(enc["length"], batch_size):
+        t = int(enc["length"][batch].max())
+        ids = enc["input_ids"][batch, :t]
+        lengths = enc["length"][batch]
+        mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
+        out = probe(
+            torch.from_numpy(ids.astype(np.int64)).to(device),
+            torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
+            torch.from_numpy(mask).to(device),
+            hidden_layers=sorted(set(selection.teacher_layers)),
+        )
+        parts.append((batch, encode_batch(out, ids, lengths, selection, sep_id)))
+        if progress is not None:
+            progress.update(len(batch))
+    result = {}
+    for name in parts[0][1]:
+        first = parts[0][1][name]
+        full = np.zeros((n, *first.shape[1:]), dtype=first.dtype)
+        for batch, arrays in parts:
+            full[batch] = arrays[name]
+        result[name] = full
+    return result
+
+
+def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split: str = "train",
+         data_dir: str | None = None, data_file: str | None = None, text_columns: list[str] | None = None,
+         label_column: str | None = None, limit: int | None = None, log=print) -> dict:
+    """Write (or finish) the store at `out`; returns its metadata."""
+    task = get_task(task_name)
+    examples = load_examples(task, split, data_dir=data_dir, data_file=data_file, text_columns=text_columns,
+                             label_column=label_column, limit=limit)
+    tokenizer = load_tokenizer(teacher)
+    model = load_classifier(teacher, device=options.device)
+    if model.config.num_labels != task.num_labels:
+        raise ValueError(
+            f"teacher {teacher} has {model.config.num_labels} outputs but task {task.name} needs "
+            f"{task.num_labels}: pass a checkpoint fine-tuned on {task.name} (see `hsk teacher --help`)"
+        )
+    max_length = options.max_length or task.max_length
+    selection = build_selection(options, model.config.num_hidden_layers, model.config.hidden_size)
+    if selection.config.n_tokens > max_length:
+        raise ValueError(f"N^L={selection.config.n_tokens} exceeds --max-length {max_length}")
+    meta = store_metadata(task, split, examples, teacher, model, tokenizer, selection, max_length,
+                          options.shard_rows)
+    meta.update(options.extra_meta)
+    writer = StoreWriter.open(out, meta, overwrite=options.overwrite, software_version=__version__)
+    pending = writer.pending_shards()
+    if len(pending) < writer.n_shards:
+        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
+    probe = TeacherProbe(model, list(selection.ranking_layers))
+    labels = examples.labels
+    hashes = examples.text_hashes()
+    todo_rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
+    bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress)
+    started = time.perf_counter()
+    pool = ThreadPoolExecutor(max_workers=1)
+    in_flight: Future | None = None
+    try:
+        for shard in pending:
+            start, stop = writer.shard_bounds(shard)
+            texts = tuple(col[start:stop] for col in examples.texts)
+            enc = encode(tokenizer, texts, max_length)
+            arrays = compute_shard(probe, enc, selection, tokenizer.sep_token_id, options.batch_size,
+                                   options.device, bar)
+            arrays.update(
+                row=examples.rows[start:stop], text_hash=hashes[start:stop], label=labels[start:stop],
+                input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"], length=enc["length"],
+            )
+            if in_flight is not None:
+                in_flight.result()  # at most one shard waits in memory
+            in_flight = pool.submit(writer.write_shard, shard, arrays)
+        if in_flight is not None:
+            in_flight.result()
+    finally:
+        pool.shutdown(wait=True)
+        probe.close()
+        bar.close()
+    elapsed = time.perf_counter() - started
+    meta = writer.finalize()
+    if todo_rows:
+        log(f"wrote {todo_rows} examples in {elapsed:.1f}s ({todo_rows / max(elapsed, 1e-9):.0f} ex/s) to {out}")
+    return meta
+

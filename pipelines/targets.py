@@ -1,0 +1,54 @@
+"""From one teacher forward to the encoded HSK of a batch: the arrays a store row holds.
+
+The dump writes these; online training computes them the same way, so both see identical targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hskstore import codec
+from hskstore.config import Selection
+from hskstore.schema import layer_names
+from hskstore.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
+
+from .probe import ProbeOutput
+
+
+def gather_tokens(hidden: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    """hidden [B, T, d] at positions [B, N^L] (-1 -> position 0, masked later) -> float32 numpy."""
+    idx = torch.from_numpy(np.maximum(positions, 0).astype(np.int64)).to(hidden.device)
+    picked = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+    return picked.float().cpu().numpy()
+
+
+def encode_batch(
+    probe: ProbeOutput, input_ids: np.ndarray, lengths: np.ndarray, selection: Selection, sep_id: int | None
+) -> dict[str, np.ndarray]:
+    """Logits and, per kept layer, positions / scores / values / masks (/ scale) for one batch."""
+    out = {"logits": probe.logits.float().cpu().numpy()}
+    if selection.config.logits_only:
+        return out
+    eligible = eligible_tokens(input_ids, lengths, sep_id, exclude_sep=selection.token_strategy == "att-nosep")
+    ranked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for name, teacher_layer, ranking_layer in zip(
+        layer_names(len(selection.teacher_layers)), selection.teacher_layers, selection.ranking_layers
+    ):
+        if ranking_layer not in ranked:  # layers ranked by the same attention share the ranking
+            raw = probe.cls_scores[ranking_layer].float().cpu().numpy()
+            scores = attention_scores(raw, lengths, selection.attention_scores)
+            ranked[ranking_layer] = rank_tokens(scores, eligible, selection.config.n_tokens, selection.token_strategy)
+        positions, kept_scores = ranked[ranking_layer]
+        vectors = gather_tokens(probe.hidden[teacher_layer], positions)
+        mask = width_mask(
+            vectors, selection.n_width, selection.width_strategy, seed=selection.width_seed, valid=positions >= 0
+        )
+        values, scale = codec.encode_values(vectors, mask, selection.n_width, selection.value_dtype)
+        out[f"{name}/positions"] = positions
+        out[f"{name}/scores"] = kept_scores
+        out[f"{name}/values"] = values
+        out[f"{name}/masks"] = codec.pack_mask(mask)
+        if scale is not None:
+            out[f"{name}/scale"] = scale
+    return out
