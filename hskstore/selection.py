@@ -23,21 +23,22 @@ def eligible_tokens(input_ids: np.ndarray, lengths: np.ndarray, sep_id: int | No
     return eligible
 
 
-def attention_scores(pre_softmax: np.ndarray, lengths: np.ndarray, kind: str) -> np.ndarray:
-    """The [CLS] row scores used for ranking: pre-softmax (reference code) or post-softmax (paper text).
+def attention_scores(cls_rows: np.ndarray, lengths: np.ndarray, kind: str) -> np.ndarray:
+    """Ranking scores [B, T] from the per-head [CLS] query rows [B, heads, T] of pre-softmax scores.
 
-    `pre_softmax` is [B, T] float32, already averaged over heads; padding gets -inf either way.
-    For post-softmax, each head's distribution is what the paper describes; we normalise the
-    head-averaged row, which ranks identically to softmax of the average (monotone per row).
+    pre-softmax (reference code): the head average of the raw scores. post-softmax (paper text):
+    the head average of each head's attention distribution over the real tokens. Padding gets -inf.
     """
-    valid = np.arange(pre_softmax.shape[1])[None, :] < np.asarray(lengths)[:, None]
-    scores = np.where(valid, pre_softmax.astype(np.float32), -np.inf)
+    valid = (np.arange(cls_rows.shape[-1])[None, :] < np.asarray(lengths)[:, None])[:, None, :]
+    rows = np.where(valid, cls_rows.astype(np.float32), -np.inf)
     if kind == "pre-softmax":
-        return scores
-    if kind == "post-softmax":
-        shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-        return (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
-    raise ConfigError(f"unknown attention score kind {kind!r}")
+        scores = rows.mean(axis=1)
+    elif kind == "post-softmax":
+        e = np.exp(rows - rows.max(axis=-1, keepdims=True))
+        scores = (e / e.sum(axis=-1, keepdims=True)).mean(axis=1)
+    else:
+        raise ConfigError(f"unknown attention score kind {kind!r}")
+    return np.where(valid[:, 0], scores, -np.inf).astype(np.float32)
 
 
 def rank_tokens(

@@ -31,6 +31,17 @@ from .tokenize import encode
 
 
 @dataclass
+class DumpResult:
+    meta: dict
+    examples_written: int  # this run (fewer than the store's rows when it resumed)
+    seconds: float  # tokenizing, teacher forward, selection, encoding and writing; not model loading
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples_written / self.seconds if self.seconds else float("nan")
+
+
+@dataclass
 class DumpOptions:
     """Every choice of `hsk dump`, with the product's defaults."""
 
@@ -135,13 +146,13 @@ def compute_shard(probe: TeacherProbe, enc: dict[str, np.ndarray], selection: Se
 
 def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split: str = "train",
          data_dir: str | None = None, data_file: str | None = None, text_columns: list[str] | None = None,
-         label_column: str | None = None, limit: int | None = None, log=print) -> dict:
-    """Write (or finish) the store at `out`; returns its metadata."""
+         label_column: str | None = None, limit: int | None = None, log=print) -> DumpResult:
+    """Write (or finish) the store at `out`."""
     task = get_task(task_name)
     examples = load_examples(task, split, data_dir=data_dir, data_file=data_file, text_columns=text_columns,
                              label_column=label_column, limit=limit)
-    tokenizer = load_tokenizer(teacher)
     model = load_classifier(teacher, device=options.device)
+    tokenizer = load_tokenizer(teacher)
     if model.config.num_labels != task.num_labels:
         raise ValueError(
             f"teacher {teacher} has {model.config.num_labels} outputs but task {task.name} needs "
@@ -186,9 +197,8 @@ def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split:
         pool.shutdown(wait=True)
         probe.close()
         bar.close()
-    elapsed = time.perf_counter() - started
-    meta = writer.finalize()
+    result = DumpResult(writer.finalize(), todo_rows, time.perf_counter() - started)
     if todo_rows:
-        log(f"wrote {todo_rows} examples in {elapsed:.1f}s ({todo_rows / max(elapsed, 1e-9):.0f} ex/s) to {out}")
-    return meta
+        log(f"wrote {todo_rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.0f} ex/s) to {out}")
+    return result
 

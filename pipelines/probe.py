@@ -43,7 +43,7 @@ def attention_projections(model: nn.Module) -> list[tuple[nn.Linear, nn.Linear]]
 class ProbeOutput:
     logits: torch.Tensor  # [B, C]
     hidden: dict[int, torch.Tensor]  # teacher layer (0 = embeddings) -> [B, T, d]
-    cls_scores: dict[int, torch.Tensor]  # attention layer (1..L) -> [B, T] pre-softmax, mean over heads
+    cls_scores: dict[int, torch.Tensor]  # attention layer (1..L) -> [B, heads, T] pre-softmax [CLS] rows
 
 
 class TeacherProbe:
@@ -86,7 +86,7 @@ class TeacherProbe:
             k = self._captured[(layer, "k")]  # [B, T, d]
             b, t, d = k.shape
             head = d // self.num_heads
-            s = torch.einsum("bhe,bthe->bth", q.view(b, self.num_heads, head), k.view(b, t, self.num_heads, head))
-            scores[layer] = s.mean(dim=-1) / math.sqrt(head)
+            s = torch.einsum("bhe,bthe->bht", q.view(b, self.num_heads, head), k.view(b, t, self.num_heads, head))
+            scores[layer] = s / math.sqrt(head)
         self._captured.clear()
         return ProbeOutput(out.logits, hidden, scores)

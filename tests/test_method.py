@@ -80,7 +80,7 @@ def _batch():
 def test_token_ranking_never_picks_sep_or_padding_and_cls_competes():
     ids, lengths = _batch()
     raw = np.array([[1.0, 5.0, 2.0, 9.0, 3.0, 8.0, 99.0, 99.0], [7.0, 1.0, 9.0, 50.0, 50.0, 0, 0, 0]])
-    scores = attention_scores(raw, lengths, "pre-softmax")
+    scores = attention_scores(raw[:, None, :], lengths, "pre-softmax")
     eligible = eligible_tokens(ids, lengths, sep_id=102, exclude_sep=True)
     positions, kept = rank_tokens(scores, eligible, 3, "att-nosep")
     assert positions[0].tolist() == [1, 4, 2]  # SEPs (9, 8) and padding (99) skipped
@@ -109,11 +109,15 @@ def test_left_and_cls_strategies():
     assert rank_tokens(scores, eligible, 1, "cls")[0].tolist() == [[0], [0]]
 
 
-def test_post_softmax_scores_are_a_distribution_with_same_order():
-    raw = np.array([[0.5, 2.0, -1.0, 7.0]], dtype=np.float32)
-    post = attention_scores(raw, np.array([3]), "post-softmax")
-    assert post[0, 3] == 0 and post.sum() == pytest.approx(1.0)
-    assert np.argsort(-post[0, :3]).tolist() == np.argsort(-raw[0, :3]).tolist()
+def test_pre_and_post_softmax_scores_average_over_heads():
+    rows = np.array([[[0.0, 2.0, 0.0, 7.0], [0.0, 0.0, 4.0, 7.0]]], dtype=np.float32)  # 2 heads, padding at 3
+    pre = attention_scores(rows, np.array([3]), "pre-softmax")
+    np.testing.assert_allclose(pre[0, :3], [0.0, 1.0, 2.0])
+    assert pre[0, 3] == -np.inf
+    post = attention_scores(rows, np.array([3]), "post-softmax")
+    e1, e2 = np.exp([0.0, 2.0, 0.0]), np.exp([0.0, 0.0, 4.0])
+    np.testing.assert_allclose(post[0, :3], (e1 / e1.sum() + e2 / e2.sum()) / 2, rtol=1e-6)
+    assert post[0, :3].sum() == pytest.approx(1.0)
 
 
 def test_magnitude_mask_keeps_exactly_round_w_d_per_vector():

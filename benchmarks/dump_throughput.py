@@ -1,0 +1,117 @@
+"""Dump throughput relative to the teacher's plain forward, measured in one run on the same batches.
+
+    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue            # CPU
+    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue --device cuda --size base
+
+The baseline is the bare teacher forward (logits only, default attention implementation) over
+the same length-bucketed batches a dump uses. The dump is the real `hsk dump` path: tokenizing,
+forward with hidden states and [CLS] attention rows, selection, encoding and writing the store.
+Rounds alternate baseline and dump so machine noise hits both; the median ratio is reported.
+Random teacher weights: throughput does not depend on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+from hskstore.config import HSKConfig
+from pipelines.batching import length_bucketed_batches
+from pipelines.data import load_examples
+from pipelines.dump import DumpOptions, dump
+from pipelines.tasks import get_task
+from pipelines.tokenize import encode
+
+SIZES = {
+    "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def make_teacher(size: str, num_labels: int, folder: Path) -> str:
+    """A random-weight BERT of the given size with the bert-base-uncased vocabulary, saved as a checkpoint."""
+    from pipelines.models import resolve_model
+
+    tok = BertTokenizerFast.from_pretrained(resolve_model("minilm"))
+    cfg = BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **SIZES[size])
+    torch.manual_seed(0)
+    BertForSequenceClassification(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def bare_forward(model, enc: dict, batch_size: int, device: str) -> float:
+    """Seconds for logits-only forwards over the dump's batches (inputs already tokenized)."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for batch in length_bucketed_batches(enc["length"], batch_size):
+            t = int(enc["length"][batch].max())
+            ids = torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)).to(device)
+            tt = torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device)
+            mask = (torch.arange(t)[None, :] < torch.from_numpy(enc["length"][batch])[:, None]).long().to(device)
+            model(input_ids=ids, token_type_ids=tt, attention_mask=mask).logits.float().cpu()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--task", default="qnli")
+    ap.add_argument("--split", default="dev")
+    ap.add_argument("--limit", type=int, default=1024)
+    ap.add_argument("--size", choices=sorted(SIZES), default="minilm")
+    ap.add_argument("--config", default="3,8,0.2")
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default="benchmarks/results/dump_throughput.json")
+    args = ap.parse_args()
+
+    task = get_task(args.task)
+    work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
+    try:
+        teacher = make_teacher(args.size, task.num_labels, work / "teacher")
+        model = BertForSequenceClassification.from_pretrained(teacher).to(args.device).eval()
+        examples = load_examples(task, args.split, data_dir=args.data_dir, limit=args.limit)
+        tok = BertTokenizerFast.from_pretrained(teacher)
+        enc = encode(tok, examples.texts, args.max_length)
+        options = DumpOptions(config=HSKConfig.parse(args.config), max_length=args.max_length,
+                              batch_size=args.batch_size, device=args.device, progress=False, overwrite=True)
+        bare_forward(model, enc, args.batch_size, args.device)  # warm-up
+        rows = []
+        for r in range(args.rounds):
+            base_s = bare_forward(model, enc, args.batch_size, args.device)
+            dump_s = dump(task.name, options, teacher=teacher, out=str(work / "store.zarr"), split=args.split,
+                          data_dir=args.data_dir, limit=args.limit, log=lambda *_: None).seconds
+            rows.append({"round": r, "bare_forward_ex_s": len(examples) / base_s, "dump_ex_s": len(examples) / dump_s,
+                         "ratio": base_s / dump_s})
+            print(f"round {r}: bare forward {rows[-1]['bare_forward_ex_s']:.1f} ex/s, "
+                  f"dump {rows[-1]['dump_ex_s']:.1f} ex/s, ratio {rows[-1]['ratio']:.3f}")
+        result = {
+            "task": task.name, "split": args.split, "examples": len(examples), "size": args.size,
+            "config": args.config, "max_length": args.max_length, "batch_size": args.batch_size,
+            "device": args.device, "torch_threads": torch.get_num_threads(), "rounds": rows,
+            "median_ratio": statistics.median(r["ratio"] for r in rows),
+            "note": "dump time: tokenizing, forward, selection, encoding, writing (not model/data loading)",
+        }
+        print(f"median dump / bare-forward throughput ratio: {result['median_ratio']:.3f}")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

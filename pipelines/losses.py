@@ -1,0 +1,152 @@
+"""Distillation losses as pure torch functions (METHOD.md sections 3, 5, 7 and 8).
+
+Every function takes plain tensors and returns a scalar tensor (or labels), so offline training
+(targets from a store) and online training (targets from a live teacher) share them exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# PEA-KD's PTP thresholds (t1, t2) from the authors' code (METHOD.md section 8), keyed by task name.
+PTP_THRESHOLDS: dict[str, tuple[float, float]] = {
+    "rte": (0.8, 0.6),
+    "mrpc": (0.95, 0.75),
+    "sst2": (0.98, 0.8),
+    "qnli": (0.98, 0.7),
+    "cola": (0.95, 0.7),
+}
+
+
+def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """hidden [B, T, d] at positions [B, N] (negative = unused slot, read as position 0) -> [B, N, d]."""
+    idx = positions.clamp(min=0).long()
+    return hidden.gather(1, idx.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+
+def hsk_mse(
+    student_hidden: torch.Tensor,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    teacher_dense: torch.Tensor,
+    projection: nn.Module | None = None,
+    masked_only: bool = False,
+) -> torch.Tensor:
+    """HSK loss of one kept layer: MSE(W * H^S_s, masked H^T_g(s)) at the stored token positions.
+
+    METHOD.md sections 3 and 5: the teacher vector is zero-filled where the width mask dropped it,
+    the student vector is not masked, and the squared error is averaged over all d_T elements of
+    every valid token (slots of texts shorter than N^L are left out). The caller sums over layers.
+
+    student_hidden [B, T, d_S]; positions [B, N^L] long; valid [B, N^L] bool; teacher_dense
+    [B, N^L, d_T] float; projection: the shared Linear(d_S -> d_T) (None when d_S = d_T).
+    masked_only=True averages over the kept (non-zero) teacher elements only: an option the paper
+    does not use, never the default (a kept activation that is exactly 0.0 counts as dropped).
+    """
+    picked = gather_positions(student_hidden, positions)
+    if projection is not None:
+        picked = projection(picked)
+    target = teacher_dense.to(picked.dtype)
+    if picked.shape[-1] != target.shape[-1]:
+        raise ValueError(
+            f"student vectors have width {picked.shape[-1]} but teacher vectors {target.shape[-1]}: "
+            "a projection Linear(d_S -> d_T) is needed"
+        )
+    weight = valid.to(picked.dtype).unsqueeze(-1).expand_as(picked)
+    if masked_only:
+        weight = weight * (target != 0).to(picked.dtype)
+    denom = weight.sum()
+    if denom == 0:
+        return picked.sum() * 0.0  # keeps the graph; nothing to learn from this batch
+    return ((picked - target) ** 2 * weight).sum() / denom
+
+
+def soft_cross_entropy(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 1.0
+) -> torch.Tensor:
+    """Prediction distillation (METHOD.md section 5): -sum softmax(t/T) log softmax(s/T), batch mean.
+
+    TinyBERT's reference code takes .mean() over batch and classes, i.e. this value / C; with Adam
+    the constant factor does not change training, so we keep the textbook per-example sum.
+    """
+    target = F.softmax(teacher_logits.float() / T, dim=-1)
+    return -(target * F.log_softmax(student_logits.float() / T, dim=-1)).sum(dim=-1).mean()
+
+
+def kd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    T: float,
+    alpha: float,
+) -> torch.Tensor:
+    """Vanilla KD (METHOD.md section 7): (1 - a) CE(y, s) + a T^2 KL(softmax(t/T) || softmax(s/T)).
+
+    KL is averaged over the batch; rows without a gold label (label < 0) only contribute the KD term.
+    """
+    s, t = student_logits.float(), teacher_logits.float()
+    kl = F.kl_div(
+        F.log_softmax(s / T, dim=-1), F.log_softmax(t / T, dim=-1), reduction="batchmean", log_target=True
+    )
+    labels = labels.long()
+    has_label = labels >= 0
+    ce = F.cross_entropy(s[has_label], labels[has_label]) if has_label.any() else s.sum() * 0.0
+    return (1.0 - alpha) * ce + alpha * T * T * kl
+
+
+def regression_mse(student_scores: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """Stage 2 for regression tasks (STS-B, METHOD.md section 5): MSE to the gold score, NaN = no label."""
+    pred = student_scores.float().reshape(-1)
+    gold = gold.float().reshape(-1)
+    keep = ~torch.isnan(gold)
+    if not keep.any():
+        return pred.sum() * 0.0
+    return F.mse_loss(pred[keep], gold[keep])
+
+
+def pkd_loss(student_cls_list: list[torch.Tensor], teacher_cls_list: list[torch.Tensor]) -> torch.Tensor:
+    """Patient KD (METHOD.md section 7): MSE between L2-normalised [CLS] vectors, mean over elements.
+
+    Lists of [B, d] tensors, one per layer pair (student layers 1..S-1 vs teacher layers I_pt). As in
+    the authors' code the pairs are stacked and averaged over all elements, hence the large beta.
+    """
+    if len(student_cls_list) != len(teacher_cls_list) or not student_cls_list:
+        raise ValueError(
+            f"pkd_loss needs equal, non-empty lists ({len(student_cls_list)} vs {len(teacher_cls_list)})"
+        )
+    s = F.normalize(torch.stack([x.float() for x in student_cls_list], dim=1), p=2, dim=-1)
+    t = F.normalize(torch.stack([x.float() for x in teacher_cls_list], dim=1), p=2, dim=-1)
+    return F.mse_loss(s, t)
+
+
+def ptp_labels(
+    teacher_logits: torch.Tensor,
+    gold: torch.Tensor,
+    t1: float | None = None,
+    t2: float | None = None,
+    *,
+    task: str | None = None,
+) -> torch.Tensor:
+    """PEA-KD's Teacher Prediction labels 0..3 (METHOD.md section 8) from stored logits and gold labels.
+
+    conf = max softmax(teacher logits); correct & conf > t1 -> 0; correct & conf <= t1 -> 1;
+    wrong & conf > t2 -> 2; wrong & conf <= t2 -> 3. Pass t1/t2, or a task name to use the authors'
+    thresholds (PTP_THRESHOLDS).
+    """
+    if t1 is None or t2 is None:
+        if task is None:
+            raise ValueError("ptp_labels needs thresholds t1, t2 or a task name")
+        key = task.lower().replace("-", "").replace("_", "")
+        if key not in PTP_THRESHOLDS:
+            raise ValueError(f"no PTP thresholds for task {task!r}; known: {', '.join(PTP_THRESHOLDS)}")
+        t1, t2 = PTP_THRESHOLDS[key]
+    prob = F.softmax(teacher_logits.float(), dim=-1)
+    conf, pred = prob.max(dim=-1)
+    correct = pred == gold.long()
+    return torch.where(
+        correct,
+        torch.where(conf > t1, 0, 1),
+        torch.where(conf > t2, 2, 3),
+    ).long()

@@ -1,0 +1,268 @@
+"""The marginal-utility report of a sweep: metric vs amount of HSK, and store size per example.
+
+Reads the results table of `pipelines.results` (one row per run). Only pyarrow and matplotlib
+(no pandas, no pyplot state: figures are built with matplotlib.figure.Figure so the report works
+headless and inside notebooks alike).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+from matplotlib.figure import Figure
+
+from .results import conform, read_results
+
+REFERENCE_KINDS = ("pred_only", "full", "no_kd")
+KIND_ORDER = {"no_kd": 0, "pred_only": 1, "hsk": 2, "full": 3}
+KIND_LABELS = {"pred_only": "prediction KD only (no HSK)", "full": "full HSK", "no_kd": "no KD (labels only)"}
+KIND_STYLES = {"pred_only": ("--", "tab:gray"), "full": (":", "black"), "no_kd": ("-.", "tab:red")}
+DTYPE_STYLES = {"float16": ("-", "o"), "int8": ("--", "s")}
+
+
+def _rows(results: pa.Table | str | os.PathLike) -> list[dict]:
+    table = conform(results) if isinstance(results, pa.Table) else read_results(results)
+    return table.to_pylist()
+
+
+def _finite(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def _stats(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,  # sample std over seeds
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def _pick_metric(rows: list[dict], metric: str | None) -> str:
+    names = Counter(r["metric_name"] for r in rows if r["metric_name"] and _finite(r["metric"]))
+    if not names:
+        raise ValueError("the results table has no run with a metric yet")
+    if metric is None:  # the metric most runs report (ties: alphabetical, so the choice is stable)
+        return sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    if metric not in names:
+        raise ValueError(f"no run reports metric {metric!r}; the table has {sorted(names)}")
+    return metric
+
+
+def marginal_utility_data(results: pa.Table | str | os.PathLike, *, metric: str | None = None) -> dict:
+    """The numbers the plot draws: per (value dtype, student) line, per reference kind, store bytes."""
+    rows = _rows(results)
+    metric = _pick_metric(rows, metric)
+    used = [r for r in rows if r["metric_name"] == metric and _finite(r["metric"])]
+    hsk = [r for r in used if r["kind"] == "hsk" and _finite(r["amount_hsk"]) and r["amount_hsk"] > 0]
+    students = sorted({r["student"] or "?" for r in used})
+
+    groups: dict[tuple[str, str], dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in hsk:
+        groups[(r["value_dtype"] or "?", r["student"] or "?")][r["amount_hsk"]].append(r)
+    lines = []
+    for (dtype, student), by_amount in sorted(groups.items()):
+        label = f"{student}, HSK from a {dtype} store" if len(students) > 1 else f"HSK ({dtype} store)"
+        line = {"value_dtype": dtype, "student": student, "label": label,
+                "amount": [], "mean": [], "std": [], "min": [], "max": [], "n": [], "configs": []}
+        for amount in sorted(by_amount):
+            runs = by_amount[amount]
+            s = _stats([r["metric"] for r in runs])
+            line["amount"].append(amount)
+            for key in ("mean", "std", "min", "max", "n"):
+                line[key].append(s[key])
+            # Configs of equal A (e.g. 1,9,0.1 and 3,3,0.1) share a point: the mean over all their runs.
+            line["configs"].append(sorted({r["config"] or "?" for r in runs}))
+        lines.append(line)
+
+    refs = defaultdict(list)
+    for r in used:
+        if r["kind"] in REFERENCE_KINDS:
+            refs[(r["kind"], r["student"] or "?")].append(r)
+    references = []
+    for (kind, student), runs in sorted(refs.items(), key=lambda kv: (KIND_ORDER[kv[0][0]], kv[0][1])):
+        label = KIND_LABELS[kind] + (f", {student}" if len(students) > 1 else "")
+        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
+        references.append({"kind": kind, "student": student, "label": label,
+                           "bytes_per_example": statistics.fmean(bpe) if bpe else None,
+                           **_stats([r["metric"] for r in runs])})
+
+    # Store size does not depend on the student or seed: one curve per value dtype.
+    sizes: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in hsk:
+        if _finite(r["bytes_per_example"]):
+            sizes[r["value_dtype"] or "?"][r["amount_hsk"]].append(r["bytes_per_example"])
+    bytes_lines = [
+        {"value_dtype": dtype, "amount": sorted(by_amount),
+         "bytes_per_example": [statistics.fmean(by_amount[a]) for a in sorted(by_amount)]}
+        for dtype, by_amount in sorted(sizes.items())
+    ]
+    return {"metric": metric, "lines": lines, "references": references, "bytes": bytes_lines,
+            "n_runs": len(used), "skipped": len(rows) - len(hsk) - sum(r["n"] for r in references)}
+
+
+def plot_marginal_utility(results: pa.Table | str | os.PathLike, out_png: str | os.PathLike, *,
+                          metric: str | None = None) -> dict:
+    """Plot metric vs amount of HSK (log x; mean over seeds, min-max band) over store bytes per example.
+
+    Returns the plotted data (see `marginal_utility_data`) with "png" set to the written file.
+    """
+    data = marginal_utility_data(results, metric=metric)
+    fig = Figure(figsize=(8.5, 8), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.4])
+    colors = {s: f"C{i}" for i, s in enumerate(sorted({ln["student"] for ln in data["lines"]}))}
+
+    for line in data["lines"]:
+        style, marker = DTYPE_STYLES.get(line["value_dtype"], ("-", "^"))
+        color = colors[line["student"]]
+        top.plot(line["amount"], line["mean"], linestyle=style, marker=marker, color=color,
+                 label=line["label"] + " (mean over seeds)")
+        if max(line["n"]) > 1:
+            top.fill_between(line["amount"], line["min"], line["max"], color=color, alpha=0.15, linewidth=0)
+    if len(data["lines"]) == 1 and len(data["lines"][0]["amount"]) <= 12:  # room to name each config
+        line = data["lines"][0]
+        for x, y, cfgs in zip(line["amount"], line["mean"], line["configs"], strict=True):
+            top.annotate(" / ".join(cfgs), (x, y), textcoords="offset points", xytext=(4, -11), fontsize=7,
+                         color="0.3")
+
+    several_students = len({ref["student"] for ref in data["references"]} | set(colors)) > 1
+    for ref in data["references"]:
+        style, color = KIND_STYLES[ref["kind"]]
+        if several_students and ref["student"] in colors:
+            color = colors[ref["student"]]
+        top.axhline(ref["mean"], linestyle=style, color=color, linewidth=1.3,
+                    label=f"{ref['label']}: {ref['mean']:.4g} (n={ref['n']})")
+        if ref["n"] > 1:
+            top.axhspan(ref["min"], ref["max"], color=color, alpha=0.07, linewidth=0)
+
+    top.set_xscale("log")
+    if not data["lines"]:
+        top.set_xlim(0.1, 1000)
+    top.set_ylabel(f"dev {data['metric']}\n(band: min-max over seeds)")
+    top.set_title(f"Marginal utility of hidden-state knowledge: dev {data['metric']} vs amount of HSK\n"
+                  f"{data['n_runs']} runs", fontsize=11)
+    top.grid(True, which="both", alpha=0.3)
+    top.legend(fontsize=8, loc="best")
+
+    for size in data["bytes"]:
+        style, marker = DTYPE_STYLES.get(size["value_dtype"], ("-", "^"))
+        bottom.plot(size["amount"], size["bytes_per_example"], linestyle=style, marker=marker, color="0.25",
+                    label=f"HSK store, {size['value_dtype']} values")
+    for ref in data["references"]:
+        if ref["bytes_per_example"]:
+            style, color = KIND_STYLES[ref["kind"]]
+            bottom.axhline(ref["bytes_per_example"], linestyle=style, color=color, linewidth=1,
+                           label=f"{KIND_LABELS[ref['kind']]} store")
+    if data["bytes"] or any(ref["bytes_per_example"] for ref in data["references"]):
+        bottom.set_yscale("log")
+        bottom.legend(fontsize=8, loc="best")
+    bottom.set_ylabel("store size\n(bytes / example, log)")
+    bottom.set_xlabel("amount of HSK  A = N^D x N^L x N^W / d_T  (units of one full token vector, log scale)")
+    bottom.grid(True, which="both", alpha=0.3)
+
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    data["png"] = str(out_png)
+    return data
+
+
+def interpret(data: dict, *, tolerance: float | None = None) -> str:
+    """A few sentences on what the curve says (markdown), from `plot_marginal_utility`'s data.
+
+    tolerance: how far below the full-HSK (else best) score still counts as "as good"; default
+    one point on a 0-100 scale, 0.01 on a 0-1 scale.
+    """
+    if not data["lines"]:
+        return "No HSK runs in the table yet: only reference runs."
+    points = [(a, m, ln["label"]) for ln in data["lines"]
+              for a, m in zip(ln["amount"], ln["mean"], strict=True)]
+    full = [ref for ref in data["references"] if ref["kind"] == "full"]
+    if full:
+        target_name, target = "full HSK", full[0]["mean"]
+    else:
+        target_name, target = "the best HSK run", max(p[1] for p in points)
+    if tolerance is None:
+        tolerance = 1.0 if abs(target) > 1.5 else 0.01
+    best = max(points, key=lambda p: p[1])
+    enough = sorted(p for p in points if p[1] >= target - tolerance)
+    metric = data["metric"]
+    text = [f"- Best HSK point: {metric} {best[1]:.4g} at A = {best[0]:g} ({best[2]})."]
+    if enough:
+        a, m, label = enough[0]
+        text.append(f"- Smallest amount within {tolerance:g} of {target_name} ({target:.4g}): "
+                    f"A = {a:g} ({label}, {m:.4g}).")
+    pred = [ref for ref in data["references"] if ref["kind"] == "pred_only"]
+    if pred:
+        gain = best[1] - pred[0]["mean"]
+        text.append(f"- HSK adds {gain:+.4g} over prediction-only KD ({pred[0]['mean']:.4g}).")
+    text.append("- Marginal utility diminishes when the curve flattens while the store keeps growing "
+                "(lower panel): past that point, more HSK costs bytes and buys little.")
+    return "\n".join(text)
+
+
+def _fmt(x: float | None) -> str:
+    if not _finite(x):
+        return "-"
+    return f"{x:.4f}" if abs(x) < 10 else f"{x:.2f}"
+
+
+def results_markdown(results: pa.Table | str | os.PathLike) -> str:
+    """A markdown table of the runs grouped by config: mean +- std over seeds, n, bytes per example."""
+    rows = [r for r in _rows(results) if _finite(r["metric"])]
+    if not rows:
+        return "_No finished runs in the results table yet._"
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["kind"] or "?", r["config"] or "-", r["value_dtype"] or "-", r["student"] or "-",
+                r["metric_name"] or "-")].append(r)
+
+    def order(item):
+        (kind, config, dtype, student, metric), runs = item
+        amount = runs[0]["amount_hsk"] if _finite(runs[0]["amount_hsk"]) else math.inf
+        return (metric, student, KIND_ORDER.get(kind, 9), amount, config, dtype)
+
+    lines = [
+        "| kind | config | A (units) | values | student | metric | mean ± std | n (seeds) | bytes/example |",
+        "|---|---|---:|---|---|---|---:|---:|---:|",
+    ]
+    for (kind, config, dtype, student, metric), runs in sorted(groups.items(), key=order):
+        s = _stats([r["metric"] for r in runs])
+        value = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["n"] > 1 else "")
+        amounts = [r["amount_hsk"] for r in runs if _finite(r["amount_hsk"])]
+        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
+        seeds = sorted({r["seed"] for r in runs if r["seed"] is not None})
+        amount = f"{statistics.fmean(amounts):g}" if amounts else "-"
+        size = f"{statistics.fmean(bpe):,.0f}" if bpe else "-"
+        lines.append(
+            f"| {kind} | {config} | {amount} | {dtype} | {student} | {metric} | {value} "
+            f"| {s['n']} ({', '.join(map(str, seeds)) or '-'}) | {size} |"
+        )
+    lines.append("")
+    lines.append("std: sample standard deviation over runs (seeds); A = N^D x N^L x N^W / d_T.")
+    return "\n".join(lines)
+
+
+def report(results_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+           metric: str | None = None) -> tuple[Path, Path]:
+    """Write marginal_utility.png and marginal_utility.md (table + reading) to out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = read_results(results_path)
+    png = out_dir / "marginal_utility.png"
+    data = plot_marginal_utility(table, png, metric=metric)
+    md = out_dir / "marginal_utility.md"
+    md.write_text(
+        "# Marginal utility of hidden-state knowledge\n\n"
+        f"Results: `{results_path}` ({table.num_rows} runs; plotted metric: {data['metric']}).\n\n"
+        f"![metric vs amount of HSK]({png.name})\n\n"
+        f"{interpret(data)}\n\n"
+        f"{results_markdown(table)}\n"
+    )
+    return png, md

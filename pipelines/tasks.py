@@ -1,0 +1,155 @@
+"""The GLUE task registry: what each task's data looks like and its training recipe defaults.
+
+One frozen `Task` per GLUE task. Recipe defaults follow METHOD.md section 5 (the HSK paper's
+Appendix B); metrics follow METHOD.md section 10. Pure Python: no numpy, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Primary metric first: it is the one model selection uses.
+TASK_METRICS = {
+    "matthews": ("matthews",),
+    "spearman": ("spearman", "pearson"),
+    "f1": ("f1", "accuracy"),
+    "accuracy": ("accuracy",),
+}
+
+
+class TaskError(ValueError):
+    """An unknown task name."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One GLUE task: its data columns, labels, metric and recipe defaults."""
+
+    name: str  # canonical lowercase name, also the hub config name's key ("sst2")
+    glue_dir: str  # folder in the original glue_data layout ("SST-2")
+    text_columns: tuple[str, ...]  # hub column names, 1 or 2
+    labels: tuple[str, ...] | None  # label names in the hub's ClassLabel order; None for regression
+    metric: str  # primary metric: "matthews", "accuracy", "f1" or "spearman"
+    dev_splits: tuple[str, ...] = ("dev",)
+    hub_path: str = "nyu-mll/glue"
+    hub_name: str = ""
+    # Recipe defaults (METHOD.md section 5).
+    max_length: int = 128
+    batch_size: int = 32
+    hsk_epochs: int = 20
+    pred_lr: float = 2e-5
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        """Output width of the classification head: 1 for a regression task."""
+        return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric reported for this task, the primary one first."""
+        return TASK_METRICS[self.metric]
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+
+_NLI2 = ("entailment", "not_entailment")
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in [
+        Task(
+            "cola",
+            "CoLA",
+            ("sentence",),
+            ("unacceptable", "acceptable"),
+            "matthews",
+            hub_name="cola",
+            max_length=64,
+            hsk_epochs=30,
+        ),
+        Task(
+            "sst2",
+            "SST-2",
+            ("sentence",),
+            ("negative", "positive"),
+            "accuracy",
+            hub_name="sst2",
+            max_length=64,
+            hsk_epochs=10,
+        ),
+        Task(
+            "mrpc",
+            "MRPC",
+            ("sentence1", "sentence2"),
+            ("not_equivalent", "equivalent"),
+            "f1",
+            hub_name="mrpc",
+        ),
+        Task(
+            "qqp",
+            "QQP",
+            ("question1", "question2"),
+            ("not_duplicate", "duplicate"),
+            "f1",
+            hub_name="qqp",
+            batch_size=64,
+            hsk_epochs=5,
+        ),
+        Task("stsb", "STS-B", ("sentence1", "sentence2"), None, "spearman", hub_name="stsb"),
+        Task(
+            "mnli",
+            "MNLI",
+            ("premise", "hypothesis"),
+            ("entailment", "neutral", "contradiction"),
+            "accuracy",
+            dev_splits=("dev_matched", "dev_mismatched"),
+            hub_name="mnli",
+            batch_size=64,
+            hsk_epochs=5,
+            pred_lr=5e-5,
+        ),
+        Task(
+            "qnli",
+            "QNLI",
+            ("question", "sentence"),
+            _NLI2,
+            "accuracy",
+            hub_name="qnli",
+            batch_size=64,
+            hsk_epochs=5,
+        ),
+        Task("rte", "RTE", ("sentence1", "sentence2"), _NLI2, "accuracy", hub_name="rte"),
+        Task(
+            "wnli",
+            "WNLI",
+            ("sentence1", "sentence2"),
+            ("not_entailment", "entailment"),
+            "accuracy",
+            hub_name="wnli",
+        ),
+    ]
+}
+
+
+def _key(name: str) -> str:
+    # "SST-2", "sst_2", "Sst2" all name the same task.
+    return name.strip().lower().replace("-", "").replace("_", "")
+
+
+_ALIASES = {_key(t.name): t for t in TASKS.values()} | {_key(t.glue_dir): t for t in TASKS.values()}
+
+
+def get_task(name: str | Task) -> Task:
+    """Look a task up by name, case-insensitively; GLUE folder names ("SST-2") work too."""
+    if isinstance(name, Task):
+        return name
+    task = _ALIASES.get(_key(str(name)))
+    if task is None:
+        raise TaskError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    return task

@@ -1,0 +1,138 @@
+"""Shared test fixtures: the real GLUE files from ../shared, a tiny tokenizer, tiny BERT models.
+
+Heavy imports (transformers) happen inside the helpers, so tests that do not use them stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# The repo sits next to shared/: <root>/main (this repo) and <root>/shared/data/glue.
+GLUE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Frequent lowercase words of SST-2 reviews, plus characters and suffix pieces, so that WordPiece
+# can spell any lowercase ASCII word and a tiny model has real tokens to learn from.
+_WORDS = """
+the a an and of to is in it that this as with for but film movie one its all be his her he she they
+has have are was by on not you from at more about like than so if or just there what who story good
+best bad great funny love life characters character work well even much comedy too no out can time
+into up little some most make way does very never performances performance drama both director new
+any real ever being enough made only own may nothing n't 's fun dull boring beautiful worst charming
+heart interesting long script screen audience minutes plot moving entertaining feel
+"""
+_PUNCT = list(".,!?'\"-():;/&*$%")
+TINY_VOCAB: list[str] = list(
+    dict.fromkeys(
+        SPECIAL_TOKENS
+        + _WORDS.split()
+        + _PUNCT
+        + list("abcdefghijklmnopqrstuvwxyz0123456789")
+        + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
+        + ["##s", "##ed", "##ing", "##ly", "##er", "##es", "##y"]
+    )
+)
+
+
+@pytest.fixture(scope="session")
+def glue_dir() -> Path:
+    """The original glue_data files shipped in ../shared/data/glue (skips the test if absent)."""
+    if not GLUE_DIR.is_dir():
+        pytest.skip(f"GLUE data not found at {GLUE_DIR}")
+    return GLUE_DIR
+
+
+def build_tiny_tokenizer(
+    out_dir: str | Path, words: list[str] | None = None, *, extra: list[str] | None = None
+) -> Path:
+    """Save a lowercasing WordPiece BertTokenizer over `words` (default TINY_VOCAB) + `extra` to out_dir."""
+    from transformers import BertTokenizer
+
+    vocab = list(dict.fromkeys(SPECIAL_TOKENS + list(words or TINY_VOCAB) + list(extra or [])))
+    # transformers 5: the tokenizer takes the vocab itself (a vocab_file= argument is ignored).
+    tokenizer = BertTokenizer(vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True)
+    out = Path(out_dir)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_builder():
+    """`build_tiny_tokenizer(out_dir, words=None, *, extra=None) -> Path` as a fixture."""
+    return build_tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny tokenizer folder (vocab TINY_VOCAB); load it with AutoTokenizer or load_tokenizer."""
+    return build_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
+
+
+def tiny_bert_config(
+    num_layers: int = 2,
+    hidden: int = 32,
+    heads: int = 4,
+    num_labels: int = 2,
+    vocab_size: int = len(TINY_VOCAB),
+    **kwargs,
+):
+    """A BertConfig small enough to train in a test (max 128 positions, FFN 2x hidden)."""
+    from transformers import BertConfig
+
+    defaults = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        num_labels=num_labels,
+        pad_token_id=0,
+    )
+    defaults.update(kwargs)
+    return BertConfig(**defaults)
+
+
+def make_tiny_bert(
+    num_layers: int = 2,
+    hidden: int = 32,
+    heads: int = 4,
+    num_labels: int = 2,
+    vocab_size: int = len(TINY_VOCAB),
+    *,
+    seed: int = 0,
+    head: bool = True,
+    **kwargs,
+):
+    """A randomly initialised tiny BERT (seeded), in eval mode.
+
+    head=True: BertForSequenceClassification (a "fine-tuned" teacher); head=False: BertModel (a base).
+    """
+    import torch
+    from transformers import BertForSequenceClassification, BertModel
+
+    config = tiny_bert_config(num_layers, hidden, heads, num_labels, vocab_size, **kwargs)
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config) if head else BertModel(config)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_factory():
+    """`make_tiny_bert` as a fixture, for tests that prefer fixtures to importing conftest."""
+    return make_tiny_bert
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Path:
+    """A saved tiny base encoder (BertModel, 2 layers, hidden 32) with the tiny tokenizer: a stand-in
+    for a hub base model such as bert-base-uncased."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("tiny_base")
+    make_tiny_bert(head=False).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
+    return out

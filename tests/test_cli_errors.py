@@ -1,0 +1,102 @@
+"""Bad input gets one clear line and exit status 2, and loses nothing."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_bert
+from transformers import AutoTokenizer
+
+from hskstore.writer import StoreWriter
+from pipelines.cli import main
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    out = tmp_path_factory.mktemp("teacher")
+    make_tiny_bert(num_layers=2, seed=2).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
+    return out
+
+
+def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25", task="sst2"):
+    return ["dump", "--task", task, "--teacher", str(teacher_dir), "--config", config, "--data-dir",
+            str(glue_dir), "--limit", "24", "--shard-rows", "8", "--max-length", "32", "--no-progress",
+            "--device", "cpu", "--out", str(out), *extra]
+
+
+def test_help_teaches(capsys):
+    assert main(["dump", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--config" in text and "Examples" in text and "resumes" in text
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [("3,8", "ND,NL,W"), ("3,8,2", "width ratio"), ("x,8,0.2", "integers"), ("3,0,0.2", "all of ND, NL, W"),
+     ("6,8,0.2", "only 5 entries")],
+)
+def test_bad_config_strings(teacher_dir, glue_dir, tmp_path, capsys, config, message):
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "s.zarr", config=config)) == 2
+    err = capsys.readouterr().err
+    assert "hsk: error:" in err and message in err and "Traceback" not in err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_unknown_task_missing_data_bad_teacher(teacher_dir, glue_dir, tmp_path, capsys, monkeypatch):
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "s.zarr", task="sst3")) == 2
+    assert "sst2" in capsys.readouterr().err  # lists the known tasks
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(dump_args(teacher_dir, tmp_path / "nowhere", tmp_path / "s.zarr")) == 2
+    assert "--data-dir" in capsys.readouterr().err
+    (tmp_path / "junk").mkdir()
+    assert main(dump_args(tmp_path / "junk", glue_dir, tmp_path / "s.zarr")) == 2
+    assert "config.json" in capsys.readouterr().err
+    # a 2-label teacher for a regression task
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "s.zarr", task="stsb")) == 2
+    assert "fine-tuned on stsb" in capsys.readouterr().err
+
+
+def test_existing_output_needs_overwrite_and_other_config_is_refused(teacher_dir, glue_dir, tmp_path, capsys):
+    out = tmp_path / "s.zarr"
+    assert main(dump_args(teacher_dir, glue_dir, out)) == 0
+    before = sorted(p.name for p in out.rglob("*"))
+    assert main(dump_args(teacher_dir, glue_dir, out)) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in out.rglob("*")) == before
+    assert main(dump_args(teacher_dir, glue_dir, out, "--overwrite", config="1,2,0.5")) == 0
+    assert main(["info", str(out)]) == 0
+    assert "1,2,0.5" in capsys.readouterr().out
+
+
+def test_full_disk_is_reported_and_resumable(teacher_dir, glue_dir, tmp_path, capsys, monkeypatch):
+    original = StoreWriter.write_shard
+
+    def full(self, shard, arrays):
+        if shard == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, shard, arrays)
+
+    monkeypatch.setattr(StoreWriter, "write_shard", full)
+    out = tmp_path / "s.zarr"
+    assert main(dump_args(teacher_dir, glue_dir, out)) == 2
+    err = capsys.readouterr().err
+    assert "disk full" in err and "rerun the same command" in err
+    monkeypatch.setattr(StoreWriter, "write_shard", original)
+    assert main(["verify", str(out)]) == 1
+    assert main(dump_args(teacher_dir, glue_dir, out)) == 0
+    assert main(["verify", str(out)]) == 0
+
+
+def test_truncated_store_is_refused_by_verify_and_info(teacher_dir, glue_dir, tmp_path, capsys):
+    out = tmp_path / "s.zarr"
+    assert main(dump_args(teacher_dir, glue_dir, out)) == 0
+    shutil.rmtree(out / "layers" / "1" / "values" / "c")  # lost chunks read as zeros: checksums catch it
+    assert main(["verify", str(out)]) == 1
+    assert "layers/1/values" in capsys.readouterr().err
+    shutil.rmtree(out / "layers" / "1")
+    assert main(["verify", str(out)]) == 2
+    assert "truncated" in capsys.readouterr().err

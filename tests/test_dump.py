@@ -1,0 +1,167 @@
+"""The dump stage end to end on a tiny random teacher and real SST-2 / MRPC rows."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from conftest import make_tiny_bert
+from transformers import AutoTokenizer, BertForSequenceClassification
+
+from hskstore import open_store
+from hskstore.config import HSKConfig
+from hskstore.schema import PROGRESS_DONE
+from hskstore.writer import StoreWriter
+from pipelines.cli import main
+from pipelines.dump import DumpOptions, dump
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A 'fine-tuned' tiny teacher: 4 layers, hidden 32, saved with its tokenizer."""
+    out = tmp_path_factory.mktemp("teacher")
+    make_tiny_bert(num_layers=4, seed=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
+    return out
+
+
+def run_dump(teacher_dir, glue_dir, out, config="3,4,0.25", limit=40, **kw):
+    options = DumpOptions(config=HSKConfig.parse(config), max_length=kw.pop("max_length", 32),
+                          shard_rows=kw.pop("shard_rows", 16), batch_size=8, progress=False, **kw)
+    return dump("sst2", options, teacher=str(teacher_dir), out=str(out), data_dir=str(glue_dir), limit=limit,
+                log=lambda *_: None)
+
+
+def reference_hidden(teacher_dir, input_ids, lengths):
+    """The teacher's hidden states and eager attention maps, computed independently of hsk."""
+    model = BertForSequenceClassification.from_pretrained(teacher_dir, attn_implementation="eager").eval()
+    ids = torch.as_tensor(input_ids.astype(np.int64))
+    mask = (torch.arange(ids.shape[1])[None, :] < torch.as_tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    return out
+
+
+def test_round_trip_matches_teacher_masked_hidden_states(teacher_dir, glue_dir, tmp_path):
+    result = run_dump(teacher_dir, glue_dir, tmp_path / "s.zarr", attention_scores="post-softmax")
+    store = open_store(str(tmp_path / "s.zarr"))
+    assert result.examples_written == 40 and len(store) == 40 and store.verify() == []
+    # S=4, default L_top = round(10/12 * 4) = 3: map 0,1,2,2,3 -> entries 2..4 keep teacher layers 2,2,3,
+    # ranked by the attention of layers 2,3,4 (the L_top=L map)
+    assert [(lay.teacher_layer, lay.ranking_layer) for lay in store.layers] == [(2, 2), (2, 3), (3, 4)]
+    data = store[0:40]
+    ref = reference_hidden(teacher_dir, data["input_ids"], data["length"])
+    np.testing.assert_allclose(data["logits"], ref.logits.numpy(), rtol=1e-4, atol=1e-5)
+    sep = AutoTokenizer.from_pretrained(teacher_dir).sep_token_id
+    for layer in store.layers:
+        positions = data[f"{layer.name}/positions"]
+        dense = store.dense(data, layer)
+        hidden = ref.hidden_states[layer.teacher_layer].numpy()
+        cls_att = ref.attentions[layer.ranking_layer - 1][:, :, 0, :].mean(1).numpy()  # post-softmax [CLS] row
+        for i in range(40):
+            n = data["length"][i]
+            eligible = [p for p in range(n) if data["input_ids"][i, p] != sep]
+            expect = sorted(eligible, key=lambda p: -cls_att[i, p])[:4]
+            got = [p for p in positions[i] if p >= 0]
+            assert got == expect, (i, got, expect)
+            assert all(data["input_ids"][i, p] != sep for p in got)
+            np.testing.assert_allclose(data[f"{layer.name}/scores"][i, : len(got)], cls_att[i, got], rtol=1e-4)
+            for slot, p in enumerate(got):
+                vec = hidden[i, p]
+                kept = dense[i, slot] != 0
+                assert kept.sum() == round(0.25 * 32)
+                # the kept activations are the largest magnitudes, stored to fp16 precision
+                assert np.abs(vec[kept]).min() >= np.abs(vec[~kept]).max() - 1e-3
+                np.testing.assert_allclose(dense[i, slot][kept], vec[kept], rtol=1e-3, atol=1e-3)
+            assert (dense[i, len(got):] == 0).all()
+
+
+def test_store_records_provenance_and_deviations(teacher_dir, glue_dir, tmp_path):
+    meta = run_dump(teacher_dir, glue_dir, tmp_path / "s.zarr", limit=20).meta
+    assert meta["complete"] and meta["teacher"]["weights_hash"].startswith("sha256:")
+    assert meta["tokenizer"]["vocab_hash"] and meta["dataset"]["fingerprint"]
+    assert meta["selection"]["token_strategy"] == "att-nosep" and meta["selection"]["width_strategy"] == "mag"
+    assert {"width_mask", "sep_exclusion"} <= set(meta["selection"]["deviations"])
+    assert set(meta["checksums"]) >= {"logits", "input_ids", "layers/0/values", "layers/2/masks"}
+    store = open_store(str(tmp_path / "s.zarr"))
+    assert (store[0:20]["text_hash"] != 0).all() and (store[0:20]["row"] == np.arange(20)).all()
+
+
+def test_logits_only_int8_and_fsspec(teacher_dir, glue_dir, tmp_path):
+    meta = run_dump(teacher_dir, glue_dir, "memory://hsk-dump-test", config="0,0,0", limit=20).meta
+    assert meta["selection"]["teacher_layers"] == []
+    assert open_store("memory://hsk-dump-test").verify() == []
+    run_dump(teacher_dir, glue_dir, tmp_path / "q.zarr", value_dtype="int8", limit=20)
+    run_dump(teacher_dir, glue_dir, tmp_path / "f.zarr", limit=20)
+    q, f = open_store(str(tmp_path / "q.zarr")), open_store(str(tmp_path / "f.zarr"))
+    dq, df = q.dense(q[0:20], q.layers[0]), f.dense(f[0:20], f.layers[0])
+    assert ((dq != 0) == (df != 0)).all()
+    np.testing.assert_allclose(dq, df, atol=np.abs(df).max() / 127)
+
+
+def chunk_bytes(url: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
+            if p.is_file() and p.name != "zarr.json" and "_progress" not in p.parts}
+
+
+def test_interrupted_dump_resumes_to_identical_bytes(teacher_dir, glue_dir, tmp_path, monkeypatch):
+    run_dump(teacher_dir, glue_dir, tmp_path / "full.zarr", limit=48)
+    original = StoreWriter.write_shard
+    calls = {"n": 0}
+
+    def dying_write(self, shard, arrays):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, shard, arrays)
+
+    monkeypatch.setattr(StoreWriter, "write_shard", dying_write)
+    with pytest.raises(OSError):
+        run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=48)
+    monkeypatch.setattr(StoreWriter, "write_shard", original)
+    with pytest.raises(Exception, match="incomplete"):
+        open_store(str(tmp_path / "cut.zarr"))
+    resumed = run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=48)
+    assert resumed.examples_written == 32  # only the shards that were missing
+    full, cut = open_store(str(tmp_path / "full.zarr")), open_store(str(tmp_path / "cut.zarr"))
+    assert full.meta["checksums"] == cut.meta["checksums"]
+    assert chunk_bytes(tmp_path / "full.zarr") == chunk_bytes(tmp_path / "cut.zarr")
+
+
+def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path):
+    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.25",
+            "--data-dir", str(glue_dir), "--limit", "400", "--shard-rows", "8", "--max-length", "32",
+            "--batch-size", "4", "--no-progress", "--device", "cpu"]
+    assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args,
+                             "--out", str(tmp_path / "k.zarr")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:].sum() >= 3:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:]
+    assert 0 < done.sum() < len(done), "the kill should land mid-dump"
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 1
+    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
+    assert open_store(str(tmp_path / "k.zarr")).meta["checksums"] == open_store(str(tmp_path / "ref.zarr")).meta[
+        "checksums"]
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
