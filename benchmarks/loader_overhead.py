@@ -117,7 +117,7 @@ class FakeStep:
         with torch.no_grad():
             for p in (*self.weights, self.head):
                 p.grad = None
-        return float(loss)
+        return float(loss.detach())
 
 
 def calibrate(step_ms: float, batch_size: int, n_tokens: int, sample: dict[str, torch.Tensor]) -> FakeStep:

@@ -46,7 +46,7 @@ _ROW_ARRAYS = ("row", "text_hash", "label", "logits", "input_ids", "token_type_i
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class DerivePlan:
     """What one derive does: source layer of each output layer, and the width/value transform."""
 
     selection: Selection
@@ -58,7 +58,7 @@ class _Plan:
     new_dtype: str
 
 
-def plan_derive(source: HSKStore, config: HSKConfig, value_dtype: str | None = None) -> _Plan:
+def plan_derive(source: HSKStore, config: HSKConfig, value_dtype: str | None = None) -> DerivePlan:
     """Check that `config` can be derived from `source` and say how; raises ConfigError otherwise."""
     src = source.selection
     where = f"source store {source.url} (config {src.config}, {src.width_strategy} width, {src.value_dtype})"
@@ -114,10 +114,11 @@ def plan_derive(source: HSKStore, config: HSKConfig, value_dtype: str | None = N
         student_entries=entries, value_dtype=new_dtype,
     )
     source_layers = tuple(layer_names(src_nd)[first:])
-    return _Plan(selection, source_layers, config.n_tokens, src_width, new_width, src.value_dtype, new_dtype)
+    return DerivePlan(selection, source_layers, config.n_tokens, src_width, new_width, src.value_dtype,
+                      new_dtype)
 
 
-def _narrow(values16: np.ndarray, src_mask: np.ndarray, valid: np.ndarray, plan: _Plan) -> np.ndarray:
+def _narrow(values16: np.ndarray, src_mask: np.ndarray, valid: np.ndarray, plan: DerivePlan) -> np.ndarray:
     """Which of the N^W kept values of each vector survive at N^W': a mask over the compact values.
 
     Values are stored in index order, so the compact vector ranks like the dense zero-filled
@@ -142,7 +143,7 @@ def _narrow(values16: np.ndarray, src_mask: np.ndarray, valid: np.ndarray, plan:
 
 
 def derive_layer(
-    data: dict[str, np.ndarray], src_name: str, dst_name: str, plan: _Plan
+    data: dict[str, np.ndarray], src_name: str, dst_name: str, plan: DerivePlan
 ) -> dict[str, np.ndarray]:
     """The arrays of one output layer from the arrays of one source layer (rows of one shard)."""
     nl, d = plan.n_tokens, plan.selection.hidden_size
@@ -181,7 +182,7 @@ def derive_layer(
     return out
 
 
-def derive_shard(data: dict[str, np.ndarray], plan: _Plan) -> dict[str, np.ndarray]:
+def derive_shard(data: dict[str, np.ndarray], plan: DerivePlan) -> dict[str, np.ndarray]:
     """All output arrays of one shard from the source arrays of the same rows."""
     out = {name: data[name] for name in _ROW_ARRAYS}
     dst_names = layer_names(plan.selection.config.n_layers)
@@ -260,8 +261,10 @@ def derive(
             f"{out_url} holds an interrupted derive from another source ({recorded.get('url')}): "
             "pass overwrite=True (--overwrite) to start over, or choose another output"
         )
+    # Read (and verify) only what the output needs: dropped layers are never decoded.
+    names = [n for n in source.specs if n in _ROW_ARRAYS or n.rsplit("/", 1)[0] in plan.source_layers]
     pending = writer.pending_shards()
     for shard in progress(pending) if progress is not None else pending:
-        data = source.read_shard(shard, verify=True)  # refuses a corrupt shard before anything is written
+        data = source.read_shard(shard, verify=True, names=names)  # a corrupt shard is refused unwritten
         writer.write_shard(shard, derive_shard(data, plan))
     return writer.finalize()

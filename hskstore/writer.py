@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zarr
@@ -60,11 +61,14 @@ def _differences(a: dict, b: dict) -> list[str]:
 class StoreWriter:
     """Writes the shards of one store; safe to use from several processes on disjoint shards."""
 
-    def __init__(self, url: str, meta: dict):
+    def __init__(self, url: str, meta: dict, io_threads: int = 8):
         self.url = url
         self.meta = meta
         self.group = zarr.open_group(url, mode="r+")
         self.specs = array_specs(meta)
+        self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
+        # Arrays of a shard are encoded and written concurrently: Blosc releases the GIL.
+        self._pool = ThreadPoolExecutor(max_workers=io_threads)
 
     @classmethod
     def open(cls, url: str, meta: dict, *, overwrite: bool = False, software_version: str = "") -> StoreWriter:
@@ -121,14 +125,18 @@ class StoreWriter:
         missing = [s.name for s in self.specs if s.name not in arrays]
         if missing:
             raise ValueError(f"shard {shard} lacks arrays {missing}")
-        digests = np.zeros((len(self.specs), DIGEST_BYTES), dtype=np.uint8)
-        for i, spec in enumerate(self.specs):
-            data = np.asarray(arrays[spec.name]).astype(spec.dtype, copy=False)
-            if data.shape != (stop - start, *spec.shape[1:]):
-                raise ValueError(f"{spec.name}: shard {shard} has shape {data.shape}, expected "
+        data = {}
+        for spec in self.specs:
+            data[spec.name] = np.asarray(arrays[spec.name]).astype(spec.dtype, copy=False)
+            if data[spec.name].shape != (stop - start, *spec.shape[1:]):
+                raise ValueError(f"{spec.name}: shard {shard} has shape {data[spec.name].shape}, expected "
                                  f"{(stop - start, *spec.shape[1:])}")
-            self.group[spec.name][start:stop] = data
-            digests[i] = np.frombuffer(shard_digest(data), dtype=np.uint8)
+
+        def write(name: str) -> bytes:
+            self._arrays[name][start:stop] = data[name]
+            return shard_digest(data[name])
+
+        digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._pool.map(write, list(data))])
         self.group[PROGRESS_DIGESTS][shard] = digests
         self.group[PROGRESS_DONE][shard] = 1
 

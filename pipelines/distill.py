@@ -82,6 +82,7 @@ class TrainOptions:
     eval_limit: int | None = None  # first N dev examples (quick runs)
     eval_batch_size: int = 64
     train_limit: int | None = None  # online mode: first N training examples
+    train_split: str = "train"  # online mode: the split to train on
     pad_to_max_length: bool = False  # pad every batch to the store's max length (benchmarks)
     student_base: str | None = None  # bert<k>: checkpoint whose first k layers start the student
     student_weights: str | None = None  # tinybert4 (or any student): local weights folder
@@ -191,11 +192,19 @@ def _open_online(
         dump_options = dataclasses.replace(dump_options, config=HSKConfig.parse(config))
     tokenizer = load_tokenizer(teacher)
     model = load_classifier(teacher, num_labels=task.num_labels, device=_device(options))
-    examples = load_examples(task, "train", data_dir=data_dir, limit=options.train_limit)
+    examples = load_examples(task, options.train_split, data_dir=data_dir, limit=options.train_limit)
     max_length = dump_options.max_length or task.max_length
     selection = build_selection(dump_options, model.config.num_hidden_layers, model.config.hidden_size)
     meta = store_metadata(
-        task, "train", examples, teacher, model, tokenizer, selection, max_length, dump_options.shard_rows
+        task,
+        options.train_split,
+        examples,
+        teacher,
+        model,
+        tokenizer,
+        selection,
+        max_length,
+        dump_options.shard_rows,
     )
     meta["complete"] = True
     enc = encode(tokenizer, examples.texts, max_length)

@@ -193,11 +193,11 @@ def interpret(data: dict, *, tolerance: float | None = None) -> str:
     best = max(points, key=lambda p: p[1])
     enough = sorted(p for p in points if p[1] >= target - tolerance)
     metric = data["metric"]
-    text = [f"- Best HSK point: {metric} {best[1]:.4g} at A = {best[0]:g} ({best[2]})."]
+    text = [f"- Best HSK point: {metric} {best[1]:.4g} at A = {best[0]:g}, {best[2]}."]
     if enough:
         a, m, label = enough[0]
         text.append(f"- Smallest amount within {tolerance:g} of {target_name} ({target:.4g}): "
-                    f"A = {a:g} ({label}, {m:.4g}).")
+                    f"A = {a:g}, {label}: {m:.4g}.")
     pred = [ref for ref in data["references"] if ref["kind"] == "pred_only"]
     if pred:
         gain = best[1] - pred[0]["mean"]

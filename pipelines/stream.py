@@ -1,6 +1,7 @@
 """The training-side loader: a shard-aware shuffled stream of store rows, and on-device decoding.
 
-    stream = StoreStream(open_store("sst2.zarr"), batch_size=32, seed=0)
+    store = open_store("sst2.zarr")
+    stream = StoreStream(store, batch_size=32, seed=0)
     for epoch in range(epochs):
         stream.set_epoch(epoch)
         for batch in stream:                    # dict of numpy arrays, one row per example
@@ -274,6 +275,7 @@ class StoreStream:
         return out
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """The rest of the current epoch's batches; once they are all out, the epoch counter moves on."""
         groups, total = self._plan(self.epoch)
         start = self.batches_done
         self.stats = StreamStats()
@@ -333,26 +335,44 @@ def _to(array: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(array).to(device)
 
 
-def unpack_bits(packed: torch.Tensor, hidden_size: int) -> torch.Tensor:
-    """[..., ceil(d/8)] uint8 from np.packbits (big-endian bits) -> [..., d] bool, on packed's device."""
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
-    bits = (packed.unsqueeze(-1) >> shifts) & 1
-    return bits.flatten(-2)[..., :hidden_size].bool()
+# bit b of byte value v, most significant first (np.packbits' order): [256, 8]
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(bool)
+_LUTS: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _luts(device: torch.device, n_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per byte value: its popcount [256, 1], and per bit its rank among the byte's set bits, or
+    n_width for a clear bit (which then points into the zero tail of the source)."""
+    key = (str(device), n_width)
+    if key not in _LUTS:
+        rank = np.cumsum(_BYTE_BITS, axis=1) - _BYTE_BITS
+        code = np.where(_BYTE_BITS, rank, n_width).astype(np.int64)
+        pop = _BYTE_BITS.sum(axis=1, keepdims=True).astype(np.int64)
+        _LUTS[key] = torch.from_numpy(pop).to(device), torch.from_numpy(code).to(device)
+    return _LUTS[key]
 
 
 def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
                   scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Zero-filled teacher vectors [..., d] float32; torch twin of hskstore.codec.dense.
+    """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense.
 
-    Stored values are in index order under the mask, so the j-th set bit takes value j: a cumsum
-    gives each set bit its value index. This gather needs no host sync (boolean indexing would).
+    Values are stored in index order under the mask, so the j-th set bit of a vector takes value j.
+    Instead of unpacking bits and scattering through a boolean mask (a host sync on GPUs, and
+    several passes over [..., d]), each mask byte looks up its popcount and its bits' ranks in
+    256-entry tables; a cumsum over bytes gives each byte's first value, and one gather fills the
+    output, clear bits reading a zero tail. Unused token slots (no bits) come out all zero.
     """
-    mask = unpack_bits(packed, hidden_size)
-    vals = values.float()
-    if scale is not None:
-        vals = vals * scale.float().unsqueeze(-1)
-    slot = (mask.cumsum(-1) - 1).clamp_(0, max(vals.shape[-1] - 1, 0))
-    return torch.where(mask, vals.gather(-1, slot), torch.zeros((), device=vals.device))
+    n_width = values.shape[-1]
+    pop, code = _luts(packed.device, n_width)
+    lead, n_bytes = packed.shape[:-1], packed.shape[-1]
+    flat = packed.reshape(-1).long()
+    # index_select, not code[idx]: advanced indexing is several times slower on CPU
+    counts = pop.index_select(0, flat).view(*lead, n_bytes)
+    first = counts.cumsum(-1) - counts  # values stored before each byte
+    slot = code.index_select(0, flat).view(*lead, n_bytes, 8).add_(first.unsqueeze(-1))
+    source = torch.zeros((*lead, 2 * n_width + 1), dtype=torch.float32, device=values.device)
+    source[..., :n_width] = values if scale is None else values.float() * scale.float().unsqueeze(-1)
+    return source.gather(-1, slot.flatten(-2)[..., :hidden_size])
 
 
 def decode_batch(batch: dict, store_layers: list, hidden_size: int, device) -> dict[str, torch.Tensor]:

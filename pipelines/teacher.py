@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -92,6 +93,15 @@ def _linear_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float
     return factor
 
 
+def _readable_by_others(folder: Path) -> None:
+    # transformers 5 writes model.safetensors with mode 0600; a teacher is meant to be shared.
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
@@ -145,9 +155,9 @@ def fine_tune_teacher(
     """Fine-tune `base` on the task's train split, keep the best dev epoch, save it to `out_dir`.
 
     `data_file` (columns named by `text_columns` / `label_column`, default the task's) replaces the
-    train split (rows without a gold label are dropped); dev data still
-    comes from `data_dir` / $HSK_DATA_DIR / the hub, and if none is found with a `data_file`, the
-    last epoch is kept. Saves `save_pretrained` model + tokenizer and hsk_teacher.json; returns
+    train split (rows without a gold label are dropped); dev data still comes from `data_dir` /
+    $HSK_DATA_DIR / the hub, and if none is found with a `data_file`, the last epoch is kept. Saves
+    `save_pretrained` model + tokenizer and hsk_teacher.json; returns
     that summary (its "dev_metrics" are those of the saved model).
     """
     task = get_task(task)
@@ -253,8 +263,8 @@ def fine_tune_teacher(
                 "dev": {split: _clean(m) for split, m in dev.items()},
             }
         )
-        shown = "; ".join(f"{s} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()) for s, m in dev.items())
-        log(f"epoch {epoch + 1}: train loss {history[-1]['train_loss']}" + (f"; dev {shown}" if dev else ""))
+        shown = "".join(f"; {s}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()) for s, m in dev.items())
+        log(f"epoch {epoch + 1}: train loss {history[-1]['train_loss']}{shown}")
         score = _select_score(dev, task)
         if best_state is None or score > best_score:
             best_score, best_epoch, best_dev = score, epoch + 1, dev
@@ -266,6 +276,7 @@ def fine_tune_teacher(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _readable_by_others(out)
 
     summary = {
         "format": "hsk-teacher/1",

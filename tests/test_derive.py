@@ -20,7 +20,7 @@ from hskstore.schema import array_specs, layer_names, make_layout
 from hskstore.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
 from hskstore.writer import StoreWriter
 
-N, T, L, D, SEP, CLS = 23, 12, 6, 32, 102, 101
+N, T, L, D, HEADS, SEP, CLS = 23, 12, 6, 32, 3, 102, 101
 SHARD_ROWS = 8  # 3 shards, the last one partial
 
 
@@ -41,7 +41,8 @@ def teacher():
     hidden = rng.normal(size=(N, L + 1, T, D)).astype(np.float32)
     coarse = rng.integers(-4, 5, size=hidden.shape) * 0.5  # magnitude ties across indices
     hidden = np.where(rng.random(hidden.shape) < 0.5, coarse, hidden).astype(np.float32)
-    cls_rows = rng.integers(-3, 4, size=(N, L + 1, T)).astype(np.float32)  # ranking ties
+    # Per-head pre-softmax [CLS] query rows of each attention layer (index 1..L), on a grid: ranking ties.
+    cls_rows = rng.integers(-3, 4, size=(N, L + 1, HEADS, T)).astype(np.float32)
     return {"ids": ids, "types": types, "lengths": lengths, "hidden": hidden, "cls": cls_rows,
             "labels": rng.integers(0, 2, size=N), "logits": rng.normal(size=(N, 2)).astype(np.float32)}
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import build_tiny_tokenizer, make_tiny_bert
 
-from hskstore import CorruptStoreError, ProvenanceError
+from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
 from hskstore.config import HSKConfig
 from pipelines.distill import TrainOptions, map_layers, train
 from pipelines.dump import DumpOptions, dump
@@ -36,7 +36,11 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("teacher")
-    make_tiny_bert(num_layers=4, seed=1).save_pretrained(out)
+    teacher = make_tiny_bert(num_layers=4, seed=1)
+    with torch.no_grad():  # confident logits, so that stage 2's soft targets are far from uniform
+        teacher.classifier.weight.mul_(200.0)
+        teacher.classifier.bias.copy_(torch.tensor([1.5, -1.0]))
+    teacher.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
     return out
 
@@ -80,6 +84,8 @@ def options(**kw) -> TrainOptions:
         log_every=1,
         eval_limit=32,
         progress=False,
+        lr_hsk=1e-3,  # large steps: loss curves that diverge quickly if anything differs
+        lr_pred=1e-3,
         seed=7,
         workers=1,
         buffer_shards=2,
@@ -241,6 +247,24 @@ def test_corrupted_store_is_refused(tmp_path, store, student_dir, glue_dir):
         )
 
 
+def test_incomplete_store_is_refused(tmp_path, store, student_dir):
+    import zarr
+
+    half = tmp_path / "half.zarr"
+    shutil.copytree(store, half)
+    group = zarr.open_group(str(half), mode="r+")
+    meta = dict(group.attrs["hsk"], complete=False)  # as a dump killed before its last shard leaves it
+    group.attrs["hsk"] = meta
+    with pytest.raises(IncompleteStoreError, match="incomplete"):
+        train(
+            options(),
+            student=str(student_dir),
+            out_dir=str(tmp_path / "run"),
+            store=str(half),
+            log=lambda *_: None,
+        )
+
+
 def test_saved_student_reloads_with_plain_transformers(offline_run, glue_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -344,7 +368,7 @@ def test_bert_k_and_tinybert_random_fallback(monkeypatch, teacher_dir, caplog):
 
     model, info = build_student("bert2", num_labels=2, teacher_hidden_size=32, base=str(teacher_dir))
     assert info.num_layers == 2 and info.projection is None and info.init == "teacher-layers"
-    teacher = make_tiny_bert(num_layers=4, seed=1)
+    teacher = make_tiny_bert(num_layers=4, seed=1)  # the same weights (the scaled head is not compared)
     for name in ("bert.encoder.layer.1.output.dense.weight", "bert.embeddings.word_embeddings.weight"):
         torch.testing.assert_close(model.state_dict()[name], teacher.state_dict()[name])
 

@@ -1,0 +1,253 @@
+"""Training-step throughput: offline (targets from a store) vs online (teacher loaded) vs in-memory targets.
+
+    HF_HUB_OFFLINE=1 python benchmarks/train_throughput.py --data-dir ../shared/data/glue        # CPU
+    python benchmarks/train_throughput.py --data-dir ../shared/data/glue --device cuda --batch-size 64
+
+The paper's setting (METHOD.md section 4): a BERT-base-sized teacher (12 layers, d 768), a TinyBERT4
+student, sequence length 128 (every batch padded to it), config (1,9,0.1), stage-1 (HSK) steps.
+All three runs go through the real code: `pipelines.distill.train` offline (StoreStream reading
+and decoding the store) and online (teacher forward + selection + encoding per batch), timed per
+step from inside the run; the ceiling runs the same student step on batches decoded beforehand.
+The dump that writes the store is timed separately and is not part of any ratio. Random weights
+everywhere: throughput does not depend on them (the student's random init warning is expected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+from hskstore.config import HSKConfig
+from hskstore.reader import open_store
+from pipelines.distill import (
+    BatchMaker,
+    TrainOptions,
+    _open_offline,
+    _student_forward,
+    map_layers,
+    param_groups,
+    train,
+)
+from pipelines.dump import DumpOptions, dump
+from pipelines.losses import hsk_mse
+from pipelines.stream import StoreStream
+from pipelines.students import build_student
+from pipelines.tasks import get_task
+
+BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+
+
+def make_teacher(num_labels: int, folder: Path) -> str:
+    """A random-weight BERT-base classifier with the bert-base-uncased vocabulary, saved as a checkpoint."""
+    from pipelines.models import resolve_model
+
+    tok = BertTokenizerFast.from_pretrained(resolve_model("minilm"))
+    torch.manual_seed(0)
+    BertForSequenceClassification(
+        BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **BASE)
+    ).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def step_times(stamps: list[float], warmup: int) -> list[float]:
+    """Seconds of each step after the warm-up ones, from the end-of-step timestamps."""
+    return [b - a for a, b in zip(stamps[warmup - 1 : -1], stamps[warmup:], strict=True)]
+
+
+def timed_train(options: TrainOptions, out: Path, **kw) -> tuple[list[float], dict]:
+    stamps: list[float] = []
+    summary = train(
+        options,
+        out_dir=str(out),
+        on_step=lambda _r: stamps.append(time.perf_counter()),
+        log=lambda *_: None,
+        **kw,
+    )
+    return stamps, summary
+
+
+def in_memory_steps(
+    store_url: str, options: TrainOptions, student: str, teacher: str, n: int, warmup: int
+) -> list[float]:
+    """The same student step on batches already decoded (the ceiling: no reading, no teacher)."""
+    source = _open_offline(store_url, None)
+    torch.manual_seed(options.seed)
+    model, info = build_student(
+        student, num_labels=source.task.num_labels, teacher_hidden_size=768, tokenizer_fallback=teacher
+    )
+    device = options.device or "cpu"
+    model.to(device).train()
+    pairs = map_layers(source, info.num_layers, lambda *_: None)
+    layers = [f"layers/{i}" for i, _, _ in pairs]
+    stream = StoreStream(source.store, batch_size=options.batch_size, seed=options.seed, workers=0)
+    maker = BatchMaker(source, layers, device, source.meta["max_length"], None, 0)
+    batches = []
+    for raw in stream:
+        batches.append(maker(raw))
+        if len(batches) == n + warmup:
+            break
+    projection = info.projection.to(device)
+    modules = [model, projection]
+    optimizer = torch.optim.AdamW(param_groups(modules, 0.01), lr=options.lr_hsk)
+    accepted = set(__import__("inspect").signature(model.forward).parameters)
+    times = []
+    for k, batch in enumerate(batches):
+        start = time.perf_counter()
+        out = _student_forward(model, batch, accepted, hidden=True)
+        loss = sum(
+            hsk_mse(
+                out.hidden_states[s],
+                batch[f"positions_{i}"],
+                batch[f"valid_{i}"],
+                batch[f"dense_{i}"],
+                projection,
+            )
+            for i, s, _ in pairs
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for m in modules for p in m.parameters()], 1.0)
+        optimizer.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if k >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--task", default="qnli")
+    ap.add_argument("--split", default="dev", help="rows to train on (shared/ has QNLI dev only)")
+    ap.add_argument("--config", default="1,9,0.1")
+    ap.add_argument("--student", default="tinybert4")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+
+    task = get_task(args.task)
+    rows = (args.steps + args.warmup) * args.batch_size  # one epoch, no wrap-around
+    work = Path(tempfile.mkdtemp(prefix="hsk-train-bench-"))
+    try:
+        teacher = make_teacher(task.num_labels, work / "teacher")
+        dump_options = DumpOptions(
+            config=HSKConfig.parse(args.config),
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+            shard_rows=4 * args.batch_size,
+            device=args.device,
+            progress=False,
+        )
+        store = str(work / "store.zarr")
+        result = dump(
+            task.name,
+            dump_options,
+            teacher=teacher,
+            out=store,
+            split=args.split,
+            data_dir=args.data_dir,
+            limit=rows,
+            log=lambda *_: None,
+        )
+        dump_ex_s = result.examples_per_s
+        print(
+            f"dump: {rows} examples in {result.seconds:.1f}s ({dump_ex_s:.1f} ex/s), "
+            f"{sum(open_store(store).group[n].nbytes_stored() for n in open_store(store).specs)} bytes"
+        )
+
+        common = dict(
+            stages=("hsk",),
+            epochs_hsk=1,
+            max_steps=args.steps + args.warmup,
+            batch_size=args.batch_size,
+            pad_to_max_length=True,
+            device=args.device,
+            progress=False,
+            log_every=10**6,
+            checkpoint_every=10**6,
+            eval_limit=8,
+            seed=0,
+            data_dir=args.data_dir,
+        )
+        stamps_off, s_off = timed_train(
+            TrainOptions(**common), work / "offline", student=args.student, store=store
+        )
+        off = step_times(stamps_off, args.warmup)
+        print(f"offline:   {statistics.median(off):.3f} s/step (median of {len(off)})")
+        stamps_on, s_on = timed_train(
+            TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
+            work / "online",
+            student=args.student,
+            teacher=teacher,
+            task=task.name,
+            config=args.config,
+        )
+        on = step_times(stamps_on, args.warmup)
+        print(f"online:    {statistics.median(on):.3f} s/step (median of {len(on)})")
+        mem = in_memory_steps(store, TrainOptions(**common), args.student, teacher, args.steps, args.warmup)
+        print(f"in-memory: {statistics.median(mem):.3f} s/step (median of {len(mem)})")
+
+        def stats(times: list[float]) -> dict:
+            med = statistics.median(times)
+            return {
+                "median_s_per_step": med,
+                "mean_s_per_step": statistics.fmean(times),
+                "examples_per_s": args.batch_size / med,
+                "steps": len(times),
+            }
+
+        report = {
+            "task": task.name,
+            "split": args.split,
+            "config": args.config,
+            "teacher": "random BERT-base (12 layers, d 768)",
+            "student": args.student,
+            "student_init": s_off["student_init"],
+            "batch_size": args.batch_size,
+            "max_length": args.max_length,
+            "padded_to_max_length": True,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "device": args.device,
+            "torch_threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(),
+            "dump": {"examples": rows, "seconds": result.seconds, "examples_per_s": dump_ex_s},
+            "offline": stats(off),
+            "online": stats(on),
+            "in_memory": stats(mem),
+            "store_bytes": s_off["store_bytes"],
+        }
+        report["ratio_offline_over_online"] = (
+            report["online"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
+        )
+        report["ratio_offline_over_in_memory"] = (
+            report["in_memory"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
+        )
+        print(f"throughput offline / online:    {report['ratio_offline_over_online']:.2f}x")
+        print(f"throughput offline / in-memory: {report['ratio_offline_over_in_memory']:.3f}")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
