@@ -167,6 +167,20 @@ def run_offline(step: FakeStep, stream: StoreStream, layers, steps: int, epoch: 
     return {"step_s": per_step, "startup_s": startup, "wait_s": wait / steps, "decode_s": decode / steps}
 
 
+def loader_cpu(stream: StoreStream, layers, batches: int) -> float:
+    """CPU seconds (all threads) the loader and decoding cost per batch, with no training step beside
+    them: barely affected by other load on the machine. When the step keeps every core busy, each of these
+    seconds is lost to it, so 1 + this / step time is the overhead to expect on a quiet machine."""
+    stream.set_epoch(10**6)  # an epoch the timed rounds do not use
+    it = iter(stream)
+    decode_batch(next(it), layers, D, "cpu")  # the buffer's first fill is startup, not steady state
+    start = time.process_time()
+    for _ in range(batches):
+        decode_batch(next(it), layers, D, "cpu")
+    it.close()
+    return (time.process_time() - start) / batches
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store to read; built there (and kept) when missing")
@@ -179,8 +193,11 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=30.0, help="target time of the fake training step")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--buffer-shards", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="benchmarks/results/loader_overhead.json")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     work = Path(tempfile.mkdtemp(prefix="hsk-loader-bench-"))
     try:
@@ -216,6 +233,10 @@ def main() -> None:
                   f"offline step {offline['step_s'] * 1e3:.1f} ms "
                   f"(waiting {offline['wait_s'] * 1e3:.2f} ms, decoding {offline['decode_s'] * 1e3:.2f} ms), "
                   f"ratio {rows[-1]['ratio']:.3f}; first batch after {offline['startup_s'] * 1e3:.0f} ms")
+        cpu = loader_cpu(stream, store.layers, min(args.steps, len(stream) - 1))
+        in_memory_median = statistics.median(r["in_memory_step_s"] for r in rows)
+        print(f"loader + decode CPU time: {cpu * 1e3:.2f} ms per batch (all threads), i.e. "
+              f"{cpu / in_memory_median:.1%} of the in-memory step")
         result = {
             "examples": len(store), "config": str(store.config), "hidden_size": D, "max_length": T,
             "shard_rows": store.meta["layout"]["shard_rows"], "batch_size": args.batch_size,
@@ -223,8 +244,11 @@ def main() -> None:
             "fake_step_layers": len(step.weights), "torch_threads": torch.get_num_threads(),
             "store_build_s": built, "rounds": rows,
             "median_ratio": statistics.median(r["ratio"] for r in rows),
+            "loader_cpu_s_per_batch": cpu, "cpu_bound_ratio": 1 + cpu / in_memory_median,
             "note": "ratio = offline step / in-memory step, steady state (first batch excluded, reported as "
-                    "startup); both arms run the same fake step on the same machine, interleaved",
+                    "startup); both arms run the same fake step on the same machine, interleaved. "
+                    "cpu_bound_ratio = 1 + loader CPU per batch / in-memory step: the ratio to expect when "
+                    "the step keeps every core busy (the loader CPU time barely depends on other load)",
         }
         print(f"median offline / in-memory step time: {result['median_ratio']:.3f} (goal <= 1.05)")
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

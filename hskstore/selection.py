@@ -96,10 +96,15 @@ def width_mask(
     """
     d = vectors.shape[-1]
     if strategy == "mag":
-        magnitude = np.abs(vectors.astype(np.float16)).astype(np.float32)
-        top = np.argsort(-magnitude, axis=-1, kind="stable")[..., :n_width]
-        mask = np.zeros(vectors.shape, dtype=bool)
-        np.put_along_axis(mask, top, True, axis=-1)
+        if n_width >= d:
+            mask = np.ones(vectors.shape, dtype=bool)
+        else:
+            # One unique integer key per activation: fp16 |v| bits (monotone for v >= 0) above the
+            # reversed index, so ties go to the lower index and a partial sort is exact.
+            bits = np.abs(vectors.astype(np.float16)).view(np.uint16).astype(np.int64)
+            key = (bits << 16) | (d - 1 - np.arange(d))
+            kth = np.partition(key, d - n_width, axis=-1)[..., d - n_width : d - n_width + 1]
+            mask = key >= kth
     else:
         mask = np.zeros(vectors.shape, dtype=bool)
         mask[..., static_width_indices(strategy, d, n_width, seed)] = True

@@ -275,7 +275,8 @@ def test_hub_path_maps_splits_and_labels(monkeypatch, no_sources):
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     stsb = load_examples("stsb", "dev")
     assert calls[-1] == ("nyu-mll/glue", "stsb", "validation")
-    assert stsb.texts == (["a", "b", "c"], ["x", "y", "z"]) and stsb.source == "hub:nyu-mll/glue/stsb:validation"
+    assert stsb.texts == (["a", "b", "c"], ["x", "y", "z"])
+    assert stsb.source == "hub:nyu-mll/glue/stsb:validation"
     assert stsb.labels.dtype == np.float32 and np.isnan(stsb.labels[1]) and stsb.labels[0] == 4.5
     rte = load_examples("rte", "validation", limit=2)
     assert calls[-1] == ("nyu-mll/glue", "rte", "validation[:2]")
