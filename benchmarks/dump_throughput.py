@@ -57,7 +57,9 @@ def bare_forward(model, enc: dict, batch_size: int, device: str) -> float:
             t = int(enc["length"][batch].max())
             ids = torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)).to(device)
             tt = torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device)
-            mask = (torch.arange(t)[None, :] < torch.from_numpy(enc["length"][batch])[:, None]).long().to(device)
+            mask = (
+                (torch.arange(t)[None, :] < torch.from_numpy(enc["length"][batch])[:, None]).long().to(device)
+            )
             model(input_ids=ids, token_type_ids=tt, attention_mask=mask).logits.float().cpu()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -87,22 +89,51 @@ def main() -> None:
         examples = load_examples(task, args.split, data_dir=args.data_dir, limit=args.limit)
         tok = BertTokenizerFast.from_pretrained(teacher)
         enc = encode(tok, examples.texts, args.max_length)
-        options = DumpOptions(config=HSKConfig.parse(args.config), max_length=args.max_length,
-                              batch_size=args.batch_size, device=args.device, progress=False, overwrite=True)
+        options = DumpOptions(
+            config=HSKConfig.parse(args.config),
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=False,
+            overwrite=True,
+        )
         bare_forward(model, enc, args.batch_size, args.device)  # warm-up
         rows = []
         for r in range(args.rounds):
             base_s = bare_forward(model, enc, args.batch_size, args.device)
-            dump_s = dump(task.name, options, teacher=teacher, out=str(work / "store.zarr"), split=args.split,
-                          data_dir=args.data_dir, limit=args.limit, log=lambda *_: None).seconds
-            rows.append({"round": r, "bare_forward_ex_s": len(examples) / base_s, "dump_ex_s": len(examples) / dump_s,
-                         "ratio": base_s / dump_s})
-            print(f"round {r}: bare forward {rows[-1]['bare_forward_ex_s']:.1f} ex/s, "
-                  f"dump {rows[-1]['dump_ex_s']:.1f} ex/s, ratio {rows[-1]['ratio']:.3f}")
+            dump_s = dump(
+                task.name,
+                options,
+                teacher=teacher,
+                out=str(work / "store.zarr"),
+                split=args.split,
+                data_dir=args.data_dir,
+                limit=args.limit,
+                log=lambda *_: None,
+            ).seconds
+            rows.append(
+                {
+                    "round": r,
+                    "bare_forward_ex_s": len(examples) / base_s,
+                    "dump_ex_s": len(examples) / dump_s,
+                    "ratio": base_s / dump_s,
+                }
+            )
+            print(
+                f"round {r}: bare forward {rows[-1]['bare_forward_ex_s']:.1f} ex/s, "
+                f"dump {rows[-1]['dump_ex_s']:.1f} ex/s, ratio {rows[-1]['ratio']:.3f}"
+            )
         result = {
-            "task": task.name, "split": args.split, "examples": len(examples), "size": args.size,
-            "config": args.config, "max_length": args.max_length, "batch_size": args.batch_size,
-            "device": args.device, "torch_threads": torch.get_num_threads(), "rounds": rows,
+            "task": task.name,
+            "split": args.split,
+            "examples": len(examples),
+            "size": args.size,
+            "config": args.config,
+            "max_length": args.max_length,
+            "batch_size": args.batch_size,
+            "device": args.device,
+            "torch_threads": torch.get_num_threads(),
+            "rounds": rows,
             "median_ratio": statistics.median(r["ratio"] for r in rows),
             "note": "dump time: tokenizing, forward, selection, encoding, writing (not model/data loading)",
         }

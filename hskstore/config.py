@@ -105,7 +105,10 @@ class Selection:
         ]:
             if value not in allowed:
                 raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
-        if len(self.teacher_layers) != self.config.n_layers or len(self.ranking_layers) != self.config.n_layers:
+        if (
+            len(self.teacher_layers) != self.config.n_layers
+            or len(self.ranking_layers) != self.config.n_layers
+        ):
             raise ConfigError(
                 f"config {self.config} keeps {self.config.n_layers} layers but the layer map gives "
                 f"{list(self.teacher_layers)}"

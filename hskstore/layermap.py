@@ -54,10 +54,14 @@ def select_depth(
     if explicit_layers is not None:
         layers = sorted(set(explicit_layers))
         if len(layers) != n_keep:
-            raise ConfigError(f"--layers lists {len(layers)} distinct layers but the config keeps N^D={n_keep}")
+            raise ConfigError(
+                f"--layers lists {len(layers)} distinct layers but the config keeps N^D={n_keep}"
+            )
         bad = [j for j in layers if not 0 <= j <= teacher_num_layers]
         if bad:
-            raise ConfigError(f"--layers {bad} outside 0..{teacher_num_layers} for a {teacher_num_layers}-layer teacher")
+            raise ConfigError(
+                f"--layers {bad} outside 0..{teacher_num_layers} for a {teacher_num_layers}-layer teacher"
+            )
         # Without a student map the only sensible ranking is the layer's own attention.
         return layers, None, [max(1, j) for j in layers]
     if ref_student_layers is None:
@@ -76,7 +80,9 @@ def select_depth(
     return layers, entries, ranking
 
 
-def student_to_store_layers(n_student: int, stored_entries: list[int], ref_student_layers: int) -> dict[int, int]:
+def student_to_store_layers(
+    n_student: int, stored_entries: list[int], ref_student_layers: int
+) -> dict[int, int]:
     """Which student entry meets which stored entry when the student's depth differs from the reference.
 
     The student's top layers map onto the stored ones: reference entry s (of S_ref) is served to

@@ -11,7 +11,16 @@ from . import codec
 from .config import Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError
-from .schema import FORMAT_VERSION, META_KEY, PROGRESS_DIGESTS, PROGRESS_DONE, array_specs, layer_names, n_shards, shard_bounds
+from .schema import (
+    FORMAT_VERSION,
+    META_KEY,
+    PROGRESS_DIGESTS,
+    PROGRESS_DONE,
+    array_specs,
+    layer_names,
+    n_shards,
+    shard_bounds,
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,9 @@ class HSKStore:
         except FileNotFoundError:
             raise StoreError(f"no store at {self.url}: check the path (make one with `hsk dump`)") from None
         except Exception as exc:
-            raise CorruptStoreError(f"{self.url} cannot be opened as a zarr store ({exc}): it is damaged") from exc
+            raise CorruptStoreError(
+                f"{self.url} cannot be opened as a zarr store ({exc}): it is damaged"
+            ) from exc
         if meta is None:
             raise StoreError(f"{self.url} is a zarr group but not an hsk store (no '{META_KEY}' metadata)")
         if meta.get("format_version") != FORMAT_VERSION:
@@ -54,7 +65,9 @@ class HSKStore:
         self.specs = {s.name: s for s in array_specs(meta)}
         missing = [name for name in self.specs if name not in self._array_names()]
         if missing:
-            raise CorruptStoreError(f"{self.url} lacks arrays {missing[:5]}: the store is truncated or damaged")
+            raise CorruptStoreError(
+                f"{self.url} lacks arrays {missing[:5]}: the store is truncated or damaged"
+            )
 
     def _array_names(self) -> set[str]:
         return {path for path, obj in self.group.members(max_depth=None) if isinstance(obj, zarr.Array)}
@@ -84,8 +97,9 @@ class HSKStore:
         entries = sel.student_entries or [None] * len(sel.teacher_layers)
         return [
             KeptLayer(name, t, r, e)
-            for name, t, r, e in zip(layer_names(len(sel.teacher_layers)), sel.teacher_layers,
-                                     sel.ranking_layers, entries)
+            for name, t, r, e in zip(
+                layer_names(len(sel.teacher_layers)), sel.teacher_layers, sel.ranking_layers, entries
+            )
         ]
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
@@ -100,7 +114,9 @@ class HSKStore:
             try:
                 out[name] = arr.oindex[index] if isinstance(index, np.ndarray) else arr[index]
             except Exception as exc:
-                raise CorruptStoreError(f"{self.url}: cannot read {name} ({exc}); the store is damaged") from exc
+                raise CorruptStoreError(
+                    f"{self.url}: cannot read {name} ({exc}); the store is damaged"
+                ) from exc
         return out
 
     def __getitem__(self, index) -> dict[str, np.ndarray]:
@@ -112,7 +128,9 @@ class HSKStore:
             for i in range(len(data["row"])):
                 yield {k: v[i] for k, v in data.items()}
 
-    def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    def read_shard(
+        self, shard: int, *, verify: bool = True, names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """All rows of one shard; with verify, each array is checked against its stored digest."""
         start, stop = self.shard_bounds(shard)
         names = names or list(self.specs)

@@ -12,7 +12,9 @@ import numpy as np
 from .config import ConfigError
 
 
-def eligible_tokens(input_ids: np.ndarray, lengths: np.ndarray, sep_id: int | None, exclude_sep: bool) -> np.ndarray:
+def eligible_tokens(
+    input_ids: np.ndarray, lengths: np.ndarray, sep_id: int | None, exclude_sep: bool
+) -> np.ndarray:
     """Positions that may be selected: real tokens, without [SEP] when asked (found per example)."""
     positions = np.arange(input_ids.shape[1])[None, :]
     eligible = positions < np.asarray(lengths)[:, None]

@@ -29,7 +29,16 @@ from .schema import (
 )
 
 # Fields that decide the store's content; a resume must match them exactly.
-IDENTITY_FIELDS = ("format_version", "task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
+IDENTITY_FIELDS = (
+    "format_version",
+    "task",
+    "dataset",
+    "teacher",
+    "tokenizer",
+    "max_length",
+    "selection",
+    "layout",
+)
 
 
 def identity(meta: dict) -> str:
@@ -54,8 +63,12 @@ def _read_meta(url: str) -> dict | None:
 
 
 def _differences(a: dict, b: dict) -> list[str]:
-    return [k for k in IDENTITY_FIELDS if json.dumps(a.get(k), sort_keys=True, default=str)
-            != json.dumps(b.get(k), sort_keys=True, default=str)]
+    return [
+        k
+        for k in IDENTITY_FIELDS
+        if json.dumps(a.get(k), sort_keys=True, default=str)
+        != json.dumps(b.get(k), sort_keys=True, default=str)
+    ]
 
 
 class StoreWriter:
@@ -71,7 +84,9 @@ class StoreWriter:
         self._pool = ThreadPoolExecutor(max_workers=io_threads)
 
     @classmethod
-    def open(cls, url: str, meta: dict, *, overwrite: bool = False, software_version: str = "") -> StoreWriter:
+    def open(
+        cls, url: str, meta: dict, *, overwrite: bool = False, software_version: str = ""
+    ) -> StoreWriter:
         """Start a new store at url, or resume the interrupted dump of the same store there."""
         meta = dict(meta)
         meta.update(format_version=FORMAT_VERSION, complete=False)
@@ -100,8 +115,11 @@ class StoreWriter:
         group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0)
         n_arrays = len(array_specs(meta))
         group.create_array(
-            PROGRESS_DIGESTS, shape=(shards, n_arrays, DIGEST_BYTES), dtype="uint8",
-            chunks=(1, n_arrays, DIGEST_BYTES), fill_value=0,
+            PROGRESS_DIGESTS,
+            shape=(shards, n_arrays, DIGEST_BYTES),
+            dtype="uint8",
+            chunks=(1, n_arrays, DIGEST_BYTES),
+            fill_value=0,
         )
         group.attrs[META_KEY] = meta
         return cls(url, meta)
@@ -129,8 +147,10 @@ class StoreWriter:
         for spec in self.specs:
             data[spec.name] = np.asarray(arrays[spec.name]).astype(spec.dtype, copy=False)
             if data[spec.name].shape != (stop - start, *spec.shape[1:]):
-                raise ValueError(f"{spec.name}: shard {shard} has shape {data[spec.name].shape}, expected "
-                                 f"{(stop - start, *spec.shape[1:])}")
+                raise ValueError(
+                    f"{spec.name}: shard {shard} has shape {data[spec.name].shape}, expected "
+                    f"{(stop - start, *spec.shape[1:])}"
+                )
 
         def write(name: str) -> bytes:
             self._arrays[name][start:stop] = data[name]

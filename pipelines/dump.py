@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hskstore import __version__
 from hskstore.config import HSKConfig, Selection
 from hskstore.layermap import default_l_top, select_depth
 from hskstore.schema import make_layout
 from hskstore.writer import StoreWriter
 
-from hskstore import __version__
 from .batching import length_bucketed_batches
 from .data import Examples, load_examples
 from .models import load_classifier, load_tokenizer, model_revision, vocab_hash, weights_hash
@@ -91,23 +91,43 @@ def build_selection(options: DumpOptions, num_layers: int, hidden_size: int) -> 
     )
 
 
-def store_metadata(task: Task, split: str, examples: Examples, teacher: str, model, tokenizer,
-                   selection: Selection, max_length: int, shard_rows: int) -> dict:
+def store_metadata(
+    task: Task,
+    split: str,
+    examples: Examples,
+    teacher: str,
+    model,
+    tokenizer,
+    selection: Selection,
+    max_length: int,
+    shard_rows: int,
+) -> dict:
     cfg = model.config
     return {
         "task": {
-            "name": task.name, "split": split, "labels": list(task.labels) if task.labels else None,
-            "regression": task.is_regression, "metric": task.metric,
+            "name": task.name,
+            "split": split,
+            "labels": list(task.labels) if task.labels else None,
+            "regression": task.is_regression,
+            "metric": task.metric,
         },
         "dataset": {"source": examples.source, "fingerprint": examples.fingerprint, "n_rows": len(examples)},
         "teacher": {
-            "name": teacher, "revision": model_revision(teacher), "weights_hash": weights_hash(model),
-            "architecture": type(model).__name__, "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size, "num_labels": cfg.num_labels,
+            "name": teacher,
+            "revision": model_revision(teacher),
+            "weights_hash": weights_hash(model),
+            "architecture": type(model).__name__,
+            "num_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size,
+            "num_labels": cfg.num_labels,
         },
         "tokenizer": {
-            "name": teacher, "vocab_hash": vocab_hash(tokenizer), "vocab_size": len(tokenizer),
-            "cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id, "pad_id": tokenizer.pad_token_id,
+            "name": teacher,
+            "vocab_hash": vocab_hash(tokenizer),
+            "vocab_size": len(tokenizer),
+            "cls_id": tokenizer.cls_token_id,
+            "sep_id": tokenizer.sep_token_id,
+            "pad_id": tokenizer.pad_token_id,
         },
         "max_length": max_length,
         "selection": selection.to_dict(),
@@ -115,8 +135,15 @@ def store_metadata(task: Task, split: str, examples: Examples, teacher: str, mod
     }
 
 
-def compute_shard(probe: TeacherProbe, enc: dict[str, np.ndarray], selection: Selection, sep_id: int | None,
-                  batch_size: int, device: str, progress=None) -> dict[str, np.ndarray]:
+def compute_shard(
+    probe: TeacherProbe,
+    enc: dict[str, np.ndarray],
+    selection: Selection,
+    sep_id: int | None,
+    batch_size: int,
+    device: str,
+    progress=None,
+) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order."""
     n = len(enc["length"])
     parts: list[tuple[np.ndarray, dict]] = []
@@ -144,13 +171,31 @@ def compute_shard(probe: TeacherProbe, enc: dict[str, np.ndarray], selection: Se
     return result
 
 
-def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split: str = "train",
-         data_dir: str | None = None, data_file: str | None = None, text_columns: list[str] | None = None,
-         label_column: str | None = None, limit: int | None = None, log=print) -> DumpResult:
+def dump(
+    task_name: str,
+    options: DumpOptions,
+    *,
+    teacher: str,
+    out: str,
+    split: str = "train",
+    data_dir: str | None = None,
+    data_file: str | None = None,
+    text_columns: list[str] | None = None,
+    label_column: str | None = None,
+    limit: int | None = None,
+    log=print,
+) -> DumpResult:
     """Write (or finish) the store at `out`."""
     task = get_task(task_name)
-    examples = load_examples(task, split, data_dir=data_dir, data_file=data_file, text_columns=text_columns,
-                             label_column=label_column, limit=limit)
+    examples = load_examples(
+        task,
+        split,
+        data_dir=data_dir,
+        data_file=data_file,
+        text_columns=text_columns,
+        label_column=label_column,
+        limit=limit,
+    )
     model = load_classifier(teacher, device=options.device)
     tokenizer = load_tokenizer(teacher)
     if model.config.num_labels != task.num_labels:
@@ -162,8 +207,9 @@ def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split:
     selection = build_selection(options, model.config.num_hidden_layers, model.config.hidden_size)
     if selection.config.n_tokens > max_length:
         raise ValueError(f"N^L={selection.config.n_tokens} exceeds --max-length {max_length}")
-    meta = store_metadata(task, split, examples, teacher, model, tokenizer, selection, max_length,
-                          options.shard_rows)
+    meta = store_metadata(
+        task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows
+    )
     meta.update(options.extra_meta)
     writer = StoreWriter.open(out, meta, overwrite=options.overwrite, software_version=__version__)
     pending = writer.pending_shards()
@@ -182,11 +228,16 @@ def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split:
             start, stop = writer.shard_bounds(shard)
             texts = tuple(col[start:stop] for col in examples.texts)
             enc = encode(tokenizer, texts, max_length)
-            arrays = compute_shard(probe, enc, selection, tokenizer.sep_token_id, options.batch_size,
-                                   options.device, bar)
+            arrays = compute_shard(
+                probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar
+            )
             arrays.update(
-                row=examples.rows[start:stop], text_hash=hashes[start:stop], label=labels[start:stop],
-                input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"], length=enc["length"],
+                row=examples.rows[start:stop],
+                text_hash=hashes[start:stop],
+                label=labels[start:stop],
+                input_ids=enc["input_ids"],
+                token_type_ids=enc["token_type_ids"],
+                length=enc["length"],
             )
             if in_flight is not None:
                 in_flight.result()  # at most one shard waits in memory
@@ -199,6 +250,7 @@ def dump(task_name: str, options: DumpOptions, *, teacher: str, out: str, split:
         bar.close()
     result = DumpResult(writer.finalize(), todo_rows, time.perf_counter() - started)
     if todo_rows:
-        log(f"wrote {todo_rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.0f} ex/s) to {out}")
+        log(
+            f"wrote {todo_rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.0f} ex/s) to {out}"
+        )
     return result
-

@@ -86,7 +86,9 @@ class TeacherProbe:
             k = self._captured[(layer, "k")]  # [B, T, d]
             b, t, d = k.shape
             head = d // self.num_heads
-            s = torch.einsum("bhe,bthe->bht", q.view(b, self.num_heads, head), k.view(b, t, self.num_heads, head))
+            s = torch.einsum(
+                "bhe,bthe->bht", q.view(b, self.num_heads, head), k.view(b, t, self.num_heads, head)
+            )
             scores[layer] = s / math.sqrt(head)
         self._captured.clear()
         return ProbeOutput(out.logits, hidden, scores)

@@ -30,7 +30,9 @@ def encode_batch(
     out = {"logits": probe.logits.float().cpu().numpy()}
     if selection.config.logits_only:
         return out
-    eligible = eligible_tokens(input_ids, lengths, sep_id, exclude_sep=selection.token_strategy == "att-nosep")
+    eligible = eligible_tokens(
+        input_ids, lengths, sep_id, exclude_sep=selection.token_strategy == "att-nosep"
+    )
     ranked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for name, teacher_layer, ranking_layer in zip(
         layer_names(len(selection.teacher_layers)), selection.teacher_layers, selection.ranking_layers
@@ -38,11 +40,17 @@ def encode_batch(
         if ranking_layer not in ranked:  # layers ranked by the same attention share the ranking
             raw = probe.cls_scores[ranking_layer].float().cpu().numpy()
             scores = attention_scores(raw, lengths, selection.attention_scores)
-            ranked[ranking_layer] = rank_tokens(scores, eligible, selection.config.n_tokens, selection.token_strategy)
+            ranked[ranking_layer] = rank_tokens(
+                scores, eligible, selection.config.n_tokens, selection.token_strategy
+            )
         positions, kept_scores = ranked[ranking_layer]
         vectors = gather_tokens(probe.hidden[teacher_layer], positions)
         mask = width_mask(
-            vectors, selection.n_width, selection.width_strategy, seed=selection.width_seed, valid=positions >= 0
+            vectors,
+            selection.n_width,
+            selection.width_strategy,
+            seed=selection.width_seed,
+            valid=positions >= 0,
         )
         values, scale = codec.encode_values(vectors, mask, selection.n_width, selection.value_dtype)
         out[f"{name}/positions"] = positions

@@ -23,9 +23,29 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25", task="sst2"):
-    return ["dump", "--task", task, "--teacher", str(teacher_dir), "--config", config, "--data-dir",
-            str(glue_dir), "--limit", "24", "--shard-rows", "8", "--max-length", "32", "--no-progress",
-            "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "dump",
+        "--task",
+        task,
+        "--teacher",
+        str(teacher_dir),
+        "--config",
+        config,
+        "--data-dir",
+        str(glue_dir),
+        "--limit",
+        "24",
+        "--shard-rows",
+        "8",
+        "--max-length",
+        "32",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_help_teaches(capsys):
@@ -36,8 +56,13 @@ def test_help_teaches(capsys):
 
 @pytest.mark.parametrize(
     "config, message",
-    [("3,8", "ND,NL,W"), ("3,8,2", "width ratio"), ("x,8,0.2", "integers"), ("3,0,0.2", "all of ND, NL, W"),
-     ("6,8,0.2", "only 5 entries")],
+    [
+        ("3,8", "ND,NL,W"),
+        ("3,8,2", "width ratio"),
+        ("x,8,0.2", "integers"),
+        ("3,0,0.2", "all of ND, NL, W"),
+        ("6,8,0.2", "only 5 entries"),
+    ],
 )
 def test_bad_config_strings(teacher_dir, glue_dir, tmp_path, capsys, config, message):
     assert main(dump_args(teacher_dir, glue_dir, tmp_path / "s.zarr", config=config)) == 2

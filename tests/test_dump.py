@@ -37,10 +37,23 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 def run_dump(teacher_dir, glue_dir, out, config="3,4,0.25", limit=40, **kw):
-    options = DumpOptions(config=HSKConfig.parse(config), max_length=kw.pop("max_length", 32),
-                          shard_rows=kw.pop("shard_rows", 16), batch_size=8, progress=False, **kw)
-    return dump("sst2", options, teacher=str(teacher_dir), out=str(out), data_dir=str(glue_dir), limit=limit,
-                log=lambda *_: None)
+    options = DumpOptions(
+        config=HSKConfig.parse(config),
+        max_length=kw.pop("max_length", 32),
+        shard_rows=kw.pop("shard_rows", 16),
+        batch_size=8,
+        progress=False,
+        **kw,
+    )
+    return dump(
+        "sst2",
+        options,
+        teacher=str(teacher_dir),
+        out=str(out),
+        data_dir=str(glue_dir),
+        limit=limit,
+        log=lambda *_: None,
+    )
 
 
 def reference_hidden(teacher_dir, input_ids, lengths):
@@ -68,7 +81,9 @@ def test_round_trip_matches_teacher_masked_hidden_states(teacher_dir, glue_dir, 
         positions = data[f"{layer.name}/positions"]
         dense = store.dense(data, layer)
         hidden = ref.hidden_states[layer.teacher_layer].numpy()
-        cls_att = ref.attentions[layer.ranking_layer - 1][:, :, 0, :].mean(1).numpy()  # post-softmax [CLS] row
+        cls_att = (
+            ref.attentions[layer.ranking_layer - 1][:, :, 0, :].mean(1).numpy()
+        )  # post-softmax [CLS] row
         for i in range(40):
             n = data["length"][i]
             eligible = [p for p in range(n) if data["input_ids"][i, p] != sep]
@@ -76,7 +91,9 @@ def test_round_trip_matches_teacher_masked_hidden_states(teacher_dir, glue_dir, 
             got = [p for p in positions[i] if p >= 0]
             assert got == expect, (i, got, expect)
             assert all(data["input_ids"][i, p] != sep for p in got)
-            np.testing.assert_allclose(data[f"{layer.name}/scores"][i, : len(got)], cls_att[i, got], rtol=1e-4)
+            np.testing.assert_allclose(
+                data[f"{layer.name}/scores"][i, : len(got)], cls_att[i, got], rtol=1e-4
+            )
             for slot, p in enumerate(got):
                 vec = hidden[i, p]
                 kept = dense[i, slot] != 0
@@ -84,7 +101,7 @@ def test_round_trip_matches_teacher_masked_hidden_states(teacher_dir, glue_dir, 
                 # the kept activations are the largest magnitudes, stored to fp16 precision
                 assert np.abs(vec[kept]).min() >= np.abs(vec[~kept]).max() - 1e-3
                 np.testing.assert_allclose(dense[i, slot][kept], vec[kept], rtol=1e-3, atol=1e-3)
-            assert (dense[i, len(got):] == 0).all()
+            assert (dense[i, len(got) :] == 0).all()
 
 
 def test_store_records_provenance_and_deviations(teacher_dir, glue_dir, tmp_path):
@@ -111,8 +128,11 @@ def test_logits_only_int8_and_fsspec(teacher_dir, glue_dir, tmp_path):
 
 
 def chunk_bytes(url: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name != "zarr.json" and "_progress" not in p.parts}
+    return {
+        str(p.relative_to(url)): p.read_bytes()
+        for p in sorted(url.rglob("*"))
+        if p.is_file() and p.name != "zarr.json" and "_progress" not in p.parts
+    }
 
 
 def test_interrupted_dump_resumes_to_identical_bytes(teacher_dir, glue_dir, tmp_path, monkeypatch):
@@ -140,14 +160,43 @@ def test_interrupted_dump_resumes_to_identical_bytes(teacher_dir, glue_dir, tmp_
 
 
 def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path):
-    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.25",
-            "--data-dir", str(glue_dir), "--limit", "400", "--shard-rows", "8", "--max-length", "32",
-            "--batch-size", "4", "--no-progress", "--device", "cpu"]
+    args = [
+        "dump",
+        "--task",
+        "sst2",
+        "--teacher",
+        str(teacher_dir),
+        "--config",
+        "2,4,0.25",
+        "--data-dir",
+        str(glue_dir),
+        "--limit",
+        "400",
+        "--shard-rows",
+        "8",
+        "--max-length",
+        "32",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args,
-                             "--out", str(tmp_path / "k.zarr")], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from pipelines.cli import run; run()",
+            *args,
+            "--out",
+            str(tmp_path / "k.zarr"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -162,6 +211,8 @@ def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path)
     assert 0 < done.sum() < len(done), "the kill should land mid-dump"
     assert main(["verify", str(tmp_path / "k.zarr")]) == 1
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
-    assert open_store(str(tmp_path / "k.zarr")).meta["checksums"] == open_store(str(tmp_path / "ref.zarr")).meta[
-        "checksums"]
+    assert (
+        open_store(str(tmp_path / "k.zarr")).meta["checksums"]
+        == open_store(str(tmp_path / "ref.zarr")).meta["checksums"]
+    )
     assert main(["verify", str(tmp_path / "k.zarr")]) == 0

@@ -23,5 +23,7 @@ def test_every_cli_command_in_readme_exists():
 
     registered = {c.name or c.callback.__name__ for c in app.registered_commands}
     text = (ROOT / "README.md").read_text()
-    used = {line.split()[1] for line in text.splitlines() if line.startswith("hsk ") and len(line.split()) > 1}
+    used = {
+        line.split()[1] for line in text.splitlines() if line.startswith("hsk ") and len(line.split()) > 1
+    }
     assert used <= registered, used - registered

@@ -31,8 +31,11 @@ def make_meta(n_rows=10, config="2,3,0.25", value_dtype="float16", shard_rows=4)
 def shard_arrays(meta, start, stop, seed=0):
     rng = np.random.default_rng(seed + start)
     return {
-        s.name: (rng.integers(0, 50, size=(stop - start, *s.shape[1:])) if "int" in s.dtype
-                 else rng.normal(size=(stop - start, *s.shape[1:]))).astype(s.dtype)
+        s.name: (
+            rng.integers(0, 50, size=(stop - start, *s.shape[1:]))
+            if "int" in s.dtype
+            else rng.normal(size=(stop - start, *s.shape[1:]))
+        ).astype(s.dtype)
         for s in array_specs(meta)
     }
 
@@ -91,7 +94,9 @@ def test_existing_output_is_never_lost(tmp_path):
 
 
 def _chunk_files(url):
-    return sorted(p for p in Path(url).rglob("*") if p.is_file() and "c" in p.parts and "_progress" not in p.parts)
+    return sorted(
+        p for p in Path(url).rglob("*") if p.is_file() and "c" in p.parts and "_progress" not in p.parts
+    )
 
 
 def test_corrupted_and_truncated_stores_are_detected(tmp_path):

@@ -37,7 +37,15 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..probe import UnsupportedTeacherError
     from ..tasks import TaskError
 
-    return (ConfigError, StoreError, DataError, ModelLoadError, TaskError, UnsupportedTeacherError, ValueError)
+    return (
+        ConfigError,
+        StoreError,
+        DataError,
+        ModelLoadError,
+        TaskError,
+        UnsupportedTeacherError,
+        ValueError,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,14 +33,22 @@ def _int_list(text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated layer numbers like '4,8,12', got {text!r}") from None
+        raise typer.BadParameter(
+            f"expected comma-separated layer numbers like '4,8,12', got {text!r}"
+        ) from None
 
 
 @app.command(help=DUMP_HELP)
 def dump(
-    task: str = typer.Option(..., "--task", "-t", help="GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."),
-    config: str = typer.Option(..., "--config", "-c", help="ND,NL,W e.g. 3,8,0.2 (layers, tokens, width ratio)."),
-    teacher: str = typer.Option(..., "--teacher", help="Fine-tuned sequence-classification checkpoint: hub id or folder."),
+    task: str = typer.Option(
+        ..., "--task", "-t", help="GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."
+    ),
+    config: str = typer.Option(
+        ..., "--config", "-c", help="ND,NL,W e.g. 3,8,0.2 (layers, tokens, width ratio)."
+    ),
+    teacher: str = typer.Option(
+        ..., "--teacher", help="Fine-tuned sequence-classification checkpoint: hub id or folder."
+    ),
     out: str = typer.Option(None, "--out", "-o", help="Store path or fsspec URL [default: <task>.zarr]."),
     split: str = typer.Option("train", help="Split to dump: train, dev, dev_matched, dev_mismatched."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
@@ -48,18 +56,28 @@ def dump(
     text_columns: str = typer.Option(None, help="Text columns of --data-file, e.g. 'question,sentence'."),
     label_column: str = typer.Option(None, help="Gold label column of --data-file (optional)."),
     limit: int = typer.Option(None, help="Dump only the first N examples."),
-    student_layers: int = typer.Option(4, help="Depth S of the reference student whose layer map picks layers."),
+    student_layers: int = typer.Option(
+        4, help="Depth S of the reference student whose layer map picks layers."
+    ),
     l_top: int = typer.Option(None, help="Top teacher layer of the layer map [default: round(10/12 * L)]."),
     layers: str = typer.Option(None, help="Explicit teacher layers instead of a layer map, e.g. '2,4,6'."),
     tokens: str = typer.Option("att-nosep", help="Token strategy: att-nosep, att, left, cls."),
-    ranking: str = typer.Option("ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."),
-    scores: str = typer.Option("pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."),
+    ranking: str = typer.Option(
+        "ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."
+    ),
+    scores: str = typer.Option(
+        "pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."
+    ),
     width: str = typer.Option("mag", help="Width strategy: mag (per-vector magnitude), uniform, rand."),
     width_seed: int = typer.Option(0, help="Seed of the rand width mask."),
     values: str = typer.Option("float16", help="Value encoding: float16, or int8 with a per-vector scale."),
-    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
+    max_length: int = typer.Option(
+        None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."
+    ),
     batch_size: int = typer.Option(64, help="Teacher batch size."),
-    shard_rows: int = typer.Option(1024, help="Examples per shard (the unit of writing, resuming, streaming)."),
+    shard_rows: int = typer.Option(
+        1024, help="Examples per shard (the unit of writing, resuming, streaming)."
+    ),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -88,9 +106,17 @@ def dump(
     )
     out = out or f"{task.lower().replace('-', '')}.zarr"
     run_dump(
-        task, options, teacher=teacher, out=out, split=split, data_dir=data_dir,
-        data_file=data_file, text_columns=text_columns.split(",") if text_columns else None,
-        label_column=label_column, limit=limit, log=typer.echo,
+        task,
+        options,
+        teacher=teacher,
+        out=out,
+        split=split,
+        data_dir=data_dir,
+        data_file=data_file,
+        text_columns=text_columns.split(",") if text_columns else None,
+        label_column=label_column,
+        limit=limit,
+        log=typer.echo,
     )
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 

@@ -42,9 +42,20 @@ def teacher(
     from ..teacher import fine_tune_teacher
 
     summary = fine_tune_teacher(
-        get_task(task), base, out, data_dir=data_dir, data_file=data_file, epochs=epochs, lr=lr,
-        batch_size=batch_size, max_length=max_length, train_limit=train_limit, eval_limit=eval_limit,
-        seed=seed, device=pick_device(device), log=typer.echo,
+        get_task(task),
+        base,
+        out,
+        data_dir=data_dir,
+        data_file=data_file,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        max_length=max_length,
+        train_limit=train_limit,
+        eval_limit=eval_limit,
+        seed=seed,
+        device=pick_device(device),
+        log=typer.echo,
     )
     typer.echo(f"teacher saved to {out}: dev {summary.get('dev_metrics', summary.get('metrics'))}")
 
@@ -65,5 +76,12 @@ def quickstart(
     from ..devices import pick_device
     from ..quickstart import quickstart as run_quickstart
 
-    run_quickstart(out, data_dir=data_dir, config=config, teacher_examples=teacher_examples,
-                   dump_examples=dump_examples, device=pick_device(device), log=typer.echo)
+    run_quickstart(
+        out,
+        data_dir=data_dir,
+        config=config,
+        teacher_examples=teacher_examples,
+        dump_examples=dump_examples,
+        device=pick_device(device),
+        log=typer.echo,
+    )
