@@ -8,6 +8,8 @@ student, sequence length 128 (every batch padded to it), config (1,9,0.1), stage
 All three runs go through the real code: `pipelines.distill.train` offline (StoreStream reading
 and decoding the store) and online (teacher forward + selection + encoding per batch), timed per
 step from inside the run; the ceiling runs the same student step on batches decoded beforehand.
+The modes alternate round by round (each round: warm-up steps, then timed steps) so that machine
+noise, e.g. other jobs on a shared CPU, hits all three alike; medians over all timed steps.
 The dump that writes the store is timed separately and is not part of any ratio. Random weights
 everywhere: throughput does not depend on them (the student's random init warning is expected).
 """
@@ -15,9 +17,10 @@ everywhere: throughput does not depend on them (the student's random init warnin
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
-import platform
+import os
 import shutil
 import statistics
 import tempfile
@@ -53,9 +56,9 @@ def make_teacher(num_labels: int, folder: Path) -> str:
 
     tok = BertTokenizerFast.from_pretrained(resolve_model("minilm"))
     torch.manual_seed(0)
-    BertForSequenceClassification(
-        BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **BASE)
-    ).save_pretrained(folder)
+    BertForSequenceClassification(BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **BASE)).save_pretrained(
+        folder
+    )
     tok.save_pretrained(folder)
     return str(folder)
 
@@ -77,53 +80,57 @@ def timed_train(options: TrainOptions, out: Path, **kw) -> tuple[list[float], di
     return stamps, summary
 
 
-def in_memory_steps(
-    store_url: str, options: TrainOptions, student: str, teacher: str, n: int, warmup: int
-) -> list[float]:
-    """The same student step on batches already decoded (the ceiling: no reading, no teacher)."""
-    source = _open_offline(store_url, None)
-    torch.manual_seed(options.seed)
-    model, info = build_student(
-        student, num_labels=source.task.num_labels, teacher_hidden_size=768, tokenizer_fallback=teacher
-    )
-    device = options.device or "cpu"
-    model.to(device).train()
-    pairs = map_layers(source, info.num_layers, lambda *_: None)
-    layers = [f"layers/{i}" for i, _, _ in pairs]
-    stream = StoreStream(source.store, batch_size=options.batch_size, seed=options.seed, workers=0)
-    maker = BatchMaker(source, layers, device, source.meta["max_length"], None, 0)
-    batches = []
-    for raw in stream:
-        batches.append(maker(raw))
-        if len(batches) == n + warmup:
-            break
-    projection = info.projection.to(device)
-    modules = [model, projection]
-    optimizer = torch.optim.AdamW(param_groups(modules, 0.01), lr=options.lr_hsk)
-    accepted = set(__import__("inspect").signature(model.forward).parameters)
-    times = []
-    for k, batch in enumerate(batches):
-        start = time.perf_counter()
-        out = _student_forward(model, batch, accepted, hidden=True)
-        loss = sum(
-            hsk_mse(
-                out.hidden_states[s],
-                batch[f"positions_{i}"],
-                batch[f"valid_{i}"],
-                batch[f"dense_{i}"],
-                projection,
-            )
-            for i, s, _ in pairs
+class InMemory:
+    """The same student step on batches decoded beforehand (the ceiling: no reading, no teacher)."""
+
+    def __init__(self, store_url: str, options: TrainOptions, student: str, teacher: str, n_batches: int):
+        source = _open_offline(store_url, None)
+        torch.manual_seed(options.seed)
+        self.model, info = build_student(
+            student,
+            num_labels=source.task.num_labels,
+            teacher_hidden_size=source.selection.hidden_size,
+            tokenizer_fallback=teacher,
         )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for m in modules for p in m.parameters()], 1.0)
-        optimizer.step()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if k >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
+        self.device = options.device or "cpu"
+        self.model.to(self.device).train()
+        self.pairs = map_layers(source, info.num_layers, lambda *_: None)
+        layers = [f"layers/{i}" for i, _, _ in self.pairs]
+        stream = StoreStream(source.store, batch_size=options.batch_size, seed=options.seed, workers=0)
+        maker = BatchMaker(source, layers, self.device, source.meta["max_length"], None, 0)
+        self.batches = []
+        for raw in stream:
+            self.batches.append(maker(raw))
+            if len(self.batches) == n_batches:
+                break
+        self.projection = info.projection.to(self.device) if info.projection is not None else None
+        self.modules = [self.model] + ([self.projection] if self.projection is not None else [])
+        self.optimizer = torch.optim.AdamW(param_groups(self.modules, 0.01), lr=options.lr_hsk)
+        self.accepted = set(inspect.signature(self.model.forward).parameters)
+
+    def steps(self, warmup: int) -> list[float]:
+        times = []
+        for k, batch in enumerate(self.batches):
+            start = time.perf_counter()
+            out = _student_forward(self.model, batch, self.accepted, hidden=True)
+            loss = sum(
+                hsk_mse(
+                    out.hidden_states[s],
+                    batch[f"positions_{i}"],
+                    batch[f"valid_{i}"],
+                    batch[f"dense_{i}"],
+                    self.projection,
+                )
+                for i, s, _ in self.pairs
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for m in self.modules for p in m.parameters()], 1.0)
+            self.optimizer.step()
+            float(loss.detach())  # the training loop reads the loss too (and syncs a GPU)
+            if k >= warmup:
+                times.append(time.perf_counter() - start)
+        return times
 
 
 def main() -> None:
@@ -133,8 +140,9 @@ def main() -> None:
     ap.add_argument("--split", default="dev", help="rows to train on (shared/ has QNLI dev only)")
     ap.add_argument("--config", default="1,9,0.1")
     ap.add_argument("--student", default="tinybert4")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per mode, over all rounds")
+    ap.add_argument("--rounds", type=int, default=4, help="modes alternate round by round, so noise hits all")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of every round")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--device", default="cpu")
@@ -143,7 +151,10 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
 
     task = get_task(args.task)
-    rows = (args.steps + args.warmup) * args.batch_size  # one epoch, no wrap-around
+    per_round = max(1, args.steps // args.rounds)
+    run_steps = args.warmup + per_round
+    rows = run_steps * args.batch_size  # one epoch per round, no wrap-around
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="hsk-train-bench-"))
     try:
         teacher = make_teacher(task.num_labels, work / "teacher")
@@ -166,16 +177,14 @@ def main() -> None:
             limit=rows,
             log=lambda *_: None,
         )
-        dump_ex_s = result.examples_per_s
-        print(
-            f"dump: {rows} examples in {result.seconds:.1f}s ({dump_ex_s:.1f} ex/s), "
-            f"{sum(open_store(store).group[n].nbytes_stored() for n in open_store(store).specs)} bytes"
-        )
+        opened = open_store(store)
+        store_bytes = sum(opened.group[n].nbytes_stored() for n in opened.specs)
+        print(f"dump: {rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.1f} ex/s), {store_bytes} bytes")
 
         common = dict(
             stages=("hsk",),
             epochs_hsk=1,
-            max_steps=args.steps + args.warmup,
+            max_steps=run_steps,
             batch_size=args.batch_size,
             pad_to_max_length=True,
             device=args.device,
@@ -185,32 +194,39 @@ def main() -> None:
             eval_limit=8,
             seed=0,
             data_dir=args.data_dir,
+            resume=False,
         )
-        stamps_off, s_off = timed_train(
-            TrainOptions(**common), work / "offline", student=args.student, store=store
-        )
-        off = step_times(stamps_off, args.warmup)
-        print(f"offline:   {statistics.median(off):.3f} s/step (median of {len(off)})")
-        stamps_on, s_on = timed_train(
-            TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
-            work / "online",
-            student=args.student,
-            teacher=teacher,
-            task=task.name,
-            config=args.config,
-        )
-        on = step_times(stamps_on, args.warmup)
-        print(f"online:    {statistics.median(on):.3f} s/step (median of {len(on)})")
-        mem = in_memory_steps(store, TrainOptions(**common), args.student, teacher, args.steps, args.warmup)
-        print(f"in-memory: {statistics.median(mem):.3f} s/step (median of {len(mem)})")
+        memory = InMemory(store, TrainOptions(**common), args.student, teacher, run_steps)
+        times: dict[str, list[float]] = {"offline": [], "online": [], "in_memory": []}
+        summaries = {}
+        for r in range(args.rounds):
+            stamps, summaries["offline"] = timed_train(
+                TrainOptions(**common), work / "offline", student=args.student, store=store
+            )
+            times["offline"] += step_times(stamps, args.warmup)
+            stamps, summaries["online"] = timed_train(
+                TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
+                work / "online",
+                student=args.student,
+                teacher=teacher,
+                task=task.name,
+                config=args.config,
+            )
+            times["online"] += step_times(stamps, args.warmup)
+            times["in_memory"] += memory.steps(args.warmup)
+            print(
+                f"round {r}: " + ", ".join(f"{k} {statistics.median(v):.3f} s/step" for k, v in times.items()),
+                flush=True,
+            )
 
-        def stats(times: list[float]) -> dict:
-            med = statistics.median(times)
+        def stats(values: list[float]) -> dict:
+            med = statistics.median(values)
             return {
                 "median_s_per_step": med,
-                "mean_s_per_step": statistics.fmean(times),
+                "mean_s_per_step": statistics.fmean(values),
+                "min_s_per_step": min(values),
                 "examples_per_s": args.batch_size / med,
-                "steps": len(times),
+                "steps": len(values),
             }
 
         report = {
@@ -219,29 +235,46 @@ def main() -> None:
             "config": args.config,
             "teacher": "random BERT-base (12 layers, d 768)",
             "student": args.student,
-            "student_init": s_off["student_init"],
+            "student_init": summaries["offline"]["student_init"],
             "batch_size": args.batch_size,
             "max_length": args.max_length,
             "padded_to_max_length": True,
-            "steps": args.steps,
-            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "timed_steps_per_round": per_round,
+            "warmup_per_round": args.warmup,
             "device": args.device,
             "torch_threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine(),
-            "dump": {"examples": rows, "seconds": result.seconds, "examples_per_s": dump_ex_s},
-            "offline": stats(off),
-            "online": stats(on),
-            "in_memory": stats(mem),
-            "store_bytes": s_off["store_bytes"],
+            "cpu_count": os.cpu_count(),
+            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "dump": {
+                "examples": rows,
+                "seconds": result.seconds,
+                "examples_per_s": result.examples_per_s,
+                "store_bytes": store_bytes,
+            },
+            **{k: stats(v) for k, v in times.items()},
+            "raw_step_seconds": times,
         }
+        report["ratio_offline_over_online_min"] = (
+            report["online"]["min_s_per_step"] / report["offline"]["min_s_per_step"]
+        )
+        report["ratio_offline_over_in_memory_min"] = (
+            report["in_memory"]["min_s_per_step"] / report["offline"]["min_s_per_step"]
+        )
         report["ratio_offline_over_online"] = (
             report["online"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
         )
         report["ratio_offline_over_in_memory"] = (
             report["in_memory"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
         )
-        print(f"throughput offline / online:    {report['ratio_offline_over_online']:.2f}x")
-        print(f"throughput offline / in-memory: {report['ratio_offline_over_in_memory']:.3f}")
+        print(
+            f"throughput offline / online:    {report['ratio_offline_over_online']:.2f}x (median steps), "
+            f"{report['ratio_offline_over_online_min']:.2f}x (fastest steps)"
+        )
+        print(
+            f"throughput offline / in-memory: {report['ratio_offline_over_in_memory']:.3f} (median steps), "
+            f"{report['ratio_offline_over_in_memory_min']:.3f} (fastest steps)"
+        )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")

@@ -63,7 +63,8 @@ class HSKStore:
             )
         self.selection = Selection.from_dict(meta["selection"])
         self.specs = {s.name: s for s in array_specs(meta)}
-        missing = [name for name in self.specs if name not in self._array_names()]
+        present = self._array_names()
+        missing = [name for name in self.specs if name not in present]
         if missing:
             raise CorruptStoreError(
                 f"{self.url} lacks arrays {missing[:5]}: the store is truncated or damaged"

@@ -387,9 +387,7 @@ class BatchMaker:
         return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device)
 
 
-def _student_encoding(
-    source: Source, tokenizer, data_dir: str | None, log: Callable
-) -> dict[str, np.ndarray]:
+def _student_encoding(source: Source, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:
     """Row-indexed student token ids of the store's training texts (for another tokenizer)."""
     from .tokenize import encode
 
@@ -398,9 +396,7 @@ def _student_encoding(
     else:
         rows = source.store.read(slice(None), ["row"])["row"]
         task, split = source.task, source.meta["task"]["split"]
-        examples = load_examples(
-            task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0
-        )
+        examples = load_examples(task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0)
         log(f"re-tokenizing {len(examples)} {task.name}/{split} texts with the student's tokenizer")
     if not np.array_equal(examples.rows, np.arange(len(examples))):
         raise DataError("re-tokenizing needs the split's rows in source order")
@@ -420,12 +416,7 @@ def param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict]:
         for name, p in module.named_parameters():
             if not p.requires_grad:
                 continue
-            skip = (
-                name.endswith("bias")
-                or "LayerNorm" in name
-                or "layer_norm" in name
-                or "norm." in name.lower()
-            )
+            skip = name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name or "norm." in name.lower()
             (no_decay if skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
@@ -572,9 +563,7 @@ def train(
     device = _device(options)
 
     source = (
-        _open_offline(store, task)
-        if store is not None
-        else _open_online(teacher, task, config, options, data_dir, log)
+        _open_offline(store, task) if store is not None else _open_online(teacher, task, config, options, data_dir, log)
     )
     task_obj = source.task
     sel = source.selection
@@ -745,6 +734,7 @@ class _Run:
     stage_results: dict = field(default_factory=dict)
     names_read: set = field(default_factory=set)
     dev_enc: dict | None = None
+    stage_progress: tuple = (0, 0.0)  # examples and seconds of the current stage (survive a resume)
 
     def restore(self, state: dict) -> None:
         self.stage_index = state["stage_index"]
@@ -766,11 +756,7 @@ class _Run:
             if stage == "pred":
                 names.append("logits")
             for name in layers:
-                names += [
-                    n
-                    for n in self.source.store.specs
-                    if n.startswith(name + "/") and not n.endswith("scores")
-                ]
+                names += [n for n in self.source.store.specs if n.startswith(name + "/") and not n.endswith("scores")]
         self.names_read.update(names)
         stream = StoreStream(
             self.source.store,
@@ -801,6 +787,9 @@ class _Run:
             scheduler.load_state_dict(state["scheduler"])
             stream.load_state_dict(state["stream"])
             stage_step = state["stage_step"]
+            stage_examples, stage_seconds = state.get("stage_progress", (0, 0.0))
+        else:
+            stage_examples, stage_seconds = 0, 0.0
         if resumed:
             _set_rng_state(state["rng"])
         if not stage_step:
@@ -818,13 +807,9 @@ class _Run:
             pad_id,
         )
         accepted = _forward_kwargs(self.model)
-        bar = tqdm(
-            total=total, initial=stage_step, desc=f"train {stage}", unit="step", disable=not opts.progress
-        )
+        bar = tqdm(total=total, initial=stage_step, desc=f"train {stage}", unit="step", disable=not opts.progress)
         self.model.train()
         loss_value = float("nan")
-        stage_examples = 0
-        stage_seconds = 0.0
         try:
             while stage_step < total:
                 stream.set_epoch(stream.epoch)
@@ -837,9 +822,7 @@ class _Run:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if opts.max_grad_norm:
-                        torch.nn.utils.clip_grad_norm_(
-                            [p for m in modules for p in m.parameters()], opts.max_grad_norm
-                        )
+                        torch.nn.utils.clip_grad_norm_([p for m in modules for p in m.parameters()], opts.max_grad_norm)
                     optimizer.step()
                     scheduler.step()
                     loss_value = float(loss.detach())
@@ -870,6 +853,7 @@ class _Run:
                     if stage == "pred" and opts.eval_every and stage_step % opts.eval_every == 0 and not last:
                         self.evaluate(stage)
                     if stage_step % opts.checkpoint_every == 0 and not last:
+                        self.stage_progress = (stage_examples, stage_seconds)
                         self.checkpoint(index, stage_step, optimizer, scheduler, stream)
                     if self.on_step is not None:
                         self.on_step(record)
@@ -968,9 +952,7 @@ class _Run:
                 "best": is_best,
             }
         )
-        shown = ", ".join(
-            f"{split} {self.task.metric} {m[self.task.metric]:.4f}" for split, m in metrics.items()
-        )
+        shown = ", ".join(f"{split} {self.task.metric} {m[self.task.metric]:.4f}" for split, m in metrics.items())
         self.log(f"eval at step {self.global_step}: {shown}{' (best so far)' if is_best else ''}")
         if is_best or self.best is None:
             self.best = {"step": self.global_step, "stage": stage, "metrics": metrics, "score": score}
@@ -1019,6 +1001,7 @@ class _Run:
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "stream": stream.state_dict() if stream is not None else None,
+            "stage_progress": self.stage_progress,
             "rng": _rng_state(),
         }
         _atomic_save(state, self.ckpt_path)
@@ -1041,9 +1024,7 @@ class _Run:
             "best_step": best.get("step"),
             "dev": best.get("metrics"),
             "model_dir": str(self.out / "best"),
-            "layer_map": [
-                {"kept_layer": i, "student_entry": s, "teacher_layer": j} for i, s, j in self.pairs
-            ],
+            "layer_map": [{"kept_layer": i, "student_entry": s, "teacher_layer": j} for i, s, j in self.pairs],
             "store_bytes": _store_bytes(self.source, sorted(self.names_read)),
             "config": str(self.source.selection.config),
             "batch_size": self.batch_size,

@@ -1,0 +1,198 @@
+"""`hsk derive` (a smaller store from a larger one), `hsk sweep` (the marginal-utility experiment),
+`hsk report` (its plot and table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import app
+
+DERIVE_HELP = """Write the store of a smaller config from a larger store, without the teacher.
+
+Every selection step of a dump is nested (the last layers, the top-ranked tokens, the largest
+activations), so a smaller config is a sub-selection of a larger one: the result equals, array for
+array, what `hsk dump` at that config would write. --values int8 quantises float16 values (about
+half the bytes). An interrupted derive resumes when you rerun the same command.
+
+Examples:
+
+  hsk derive sst2.zarr --config 1,9,0.1 --out sst2-1_9_0.1.zarr
+
+  hsk derive sst2.zarr --config 3,8,0.2 --values int8 --out sst2-3_8_0.2-int8.zarr
+"""
+
+SWEEP_HELP = """From one source store, derive a grid of configs, distill students on each, record the results.
+
+Each run (config x value dtype x student x seed) derives its store (once, cached under
+WORK_DIR/stores/), trains with `hsk train`'s code in WORK_DIR/runs/<run>/, and appends one row to
+the Parquet results table as soon as it finishes. Rerun the same command after an interruption:
+finished runs (same run_id: source, config, dtype, student, seed, training settings) are skipped.
+
+--configs: entries separated by ';'
+
+\b
+  ND,NL,W        a config derivable from the source (each at most the source's)
+  table5         configs grouped by amount of HSK, A ~ 0.1, 0.5, 1, 2, 4, ...
+                 up to the source's (--per-amount configs each)
+  budget:BYTES   configs whose store fits BYTES per example (uncompressed estimate)
+  pred-only      logits-only KD (no HSK): the reference without hidden states
+  full           the source store itself (all the HSK it keeps)
+  no-kd          fine-tuning on gold labels only (alpha 0: pure cross-entropy)
+  ENTRY@int8     value dtypes for one entry instead of --values,
+                 e.g. '3,8,0.2@int8' or 'table5@float16+int8'
+
+Runs go in parallel with --workers N (a local dask cluster, one process per run, each with
+cores/N torch threads) or on a running dask scheduler with --scheduler tcp://host:8786 (workers
+must see the same paths). The training subset is the source store's rows: dump a subset with
+`hsk dump --limit N`.
+
+Examples:
+
+\b
+  hsk sweep --source sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
+      --epochs-hsk 2 --epochs-pred 1 --data-dir ../glue_data --workers 2
+  hsk sweep --source sst2.zarr --configs '1,9,0.1;3,8,0.2;pred-only' --values float16,int8 \\
+      --students bert2 --max-steps 200 --dry-run
+
+Then: hsk report runs/sweep/results.parquet --out runs/sweep/report
+"""
+
+REPORT_HELP = """Plot metric vs amount of HSK from a sweep's results table, and write the markdown table.
+
+Writes OUT/marginal_utility.png (mean over seeds with a min-max band, reference lines for
+pred-only / full / no-kd, store bytes per example below) and OUT/marginal_utility.md.
+
+Example:
+
+  hsk report runs/sweep/results.parquet --out runs/sweep/report
+"""
+
+
+def _list(text: str, what: str) -> list[str]:
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise typer.BadParameter(f"give at least one {what}")
+    return items
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _list(text, "seed")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers like '0,1,2', got {text!r}") from None
+
+
+@app.command("derive", help=DERIVE_HELP)
+def derive_cmd(
+    source: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
+    config: str = typer.Option(..., "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
+    out: str = typer.Option(..., "--out", "-o", help="Path or fsspec URL of the new store."),
+    values: str = typer.Option(None, help="Value encoding: float16 or int8 [default: the source's]."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    from tqdm.auto import tqdm
+
+    from hskstore.derive import derive
+    from hskstore.info import human_bytes, storage_report
+    from hskstore.reader import open_store
+
+    def bar(shards):
+        return tqdm(shards, desc="derive", unit="shard", disable=not progress)
+
+    derive(source, config, out, value_dtype=values, overwrite=overwrite, progress=bar)
+    new, src = open_store(out), open_store(source)
+    report = storage_report(new)
+    src_bytes = sum(int(src.group[name].nbytes_stored()) for name in src.specs)  # no full report: cheap
+    typer.echo(
+        f"done: {out}  config {new.config} (A={report['amount_of_hsk']:.3g} units), {new.selection.value_dtype}: "
+        f"{human_bytes(report['total_bytes'])} ({report['bytes_per_example']:.1f} B/example); source "
+        f"{human_bytes(src_bytes)}, {src_bytes / max(report['total_bytes'], 1):.1f}x larger. See `hsk info {out}`."
+    )
+
+
+@app.command("sweep", help=SWEEP_HELP)
+def sweep_cmd(
+    source: str = typer.Option(..., "--source", "-s", help="Source store, dumped once at a generous config."),
+    configs: str = typer.Option(
+        "table5;pred-only;full;no-kd", "--configs", "-c", help="Entries separated by ';' (see above)."
+    ),
+    students: str = typer.Option("bert2", help="Comma-separated students: tinybert4, bert<k>, hub id or folder."),
+    seeds: str = typer.Option("0", help="Comma-separated seeds, e.g. 0,1,2."),
+    values: str = typer.Option("float16", help="Value dtypes of the derived stores: float16, int8 or both."),
+    work_dir: str = typer.Option("runs/sweep", help="Folder for derived stores, run folders and results."),
+    results: str = typer.Option(None, help="Results table [default: WORK_DIR/results.parquet]."),
+    workers: int = typer.Option(1, help="Runs in parallel on a local dask cluster (one process each)."),
+    scheduler: str = typer.Option(None, help="Address of a running dask scheduler (instead of --workers)."),
+    per_amount: int = typer.Option(2, help="Configs per amount of HSK in the 'table5' grid."),
+    stages: str = typer.Option("hsk,pred", help="Stages of HSK runs (pred-only and no-kd run 'pred')."),
+    epochs_hsk: float = typer.Option(None, help="Stage 1 epochs [default: per task]."),
+    epochs_pred: float = typer.Option(None, help="Stage 2 epochs [default: 5]."),
+    max_steps: int = typer.Option(None, help="Cap on optimizer steps per stage."),
+    batch_size: int = typer.Option(None, help="Batch size [default: per task]."),
+    lr_hsk: float = typer.Option(None, help="Stage 1 learning rate [default: 5e-5]."),
+    lr_pred: float = typer.Option(None, help="Stage 2 learning rate [default: per task]."),
+    eval_limit: int = typer.Option(None, help="Evaluate on the first N dev examples only."),
+    data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
+    device: str = typer.Option(None, help="torch device of every run [default: cuda when available, else cpu]."),
+    keep_going: bool = typer.Option(True, "--keep-going/--fail-fast", help="Go on after a failed run."),
+    keep_checkpoints: bool = typer.Option(
+        False, "--keep-checkpoints", help="Keep each finished run's checkpoint/ (optimizer state); best/ is kept."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the planned runs and stores, run nothing."),
+) -> None:
+    from ..sweep import SweepError, SweepSpec, finished_run_ids, plan_runs, run_sweep, store_path
+
+    train: dict = {"stages": stages}
+    for key, value in [("epochs_hsk", epochs_hsk), ("epochs_pred", epochs_pred), ("max_steps", max_steps),
+                       ("batch_size", batch_size), ("lr_hsk", lr_hsk), ("lr_pred", lr_pred),
+                       ("eval_limit", eval_limit), ("device", device)]:
+        if value is not None:
+            train[key] = value
+    if train["stages"] == "hsk,pred":
+        del train["stages"]  # the default: keeps run_ids equal to those of an API sweep without it
+    spec = SweepSpec(
+        source=source, configs=configs, students=_list(students, "student"),
+        seeds=_seeds(seeds), value_dtypes=tuple(_list(values, "value dtype")),
+        train=train, work_dir=work_dir, results=results, data_dir=data_dir, per_amount=per_amount,
+        keep_checkpoints=keep_checkpoints,
+    )
+    if dry_run:
+        runs = plan_runs(spec)
+        done = finished_run_ids(spec.results_path)
+        typer.echo(f"{len(runs)} runs ({len([r for r in runs if r.run_id in done])} already in "
+                   f"{spec.results_path}):")
+        typer.echo(f"  {'run_id':<17}{'kind':<10}{'config':<12}{'values':<9}{'A':>8}  {'student':<12}seed  status")
+        for r in runs:
+            typer.echo(f"  {r.run_id:<17}{r.kind:<10}{r.config:<12}{r.value_dtype or '-':<9}{r.amount_hsk:>8.3g}  "
+                       f"{r.student:<12}{r.seed:<6}{'done' if r.run_id in done else 'pending'}")
+        stores = list(dict.fromkeys(r.store_key for r in runs if r.store_key is not None))
+        typer.echo(f"stores to derive or reuse ({len(stores)}):")
+        for cfg, dtype in stores:
+            path = store_path(spec, cfg, dtype)
+            typer.echo(f"  {cfg:<12}{dtype or 'logits':<9}{path}{'  (exists)' if Path(path).exists() else ''}")
+        return
+    try:
+        table = run_sweep(spec, scheduler=scheduler, workers=workers, log=typer.echo, keep_going=keep_going)
+    except SweepError as exc:
+        typer.echo(f"hsk: error: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(f"done: {table.num_rows} runs of this sweep in {spec.results_path}. "
+               f"Plot them: hsk report {spec.results_path} --out {Path(work_dir) / 'report'}")
+
+
+@app.command("report", help=REPORT_HELP)
+def report_cmd(
+    results: str = typer.Argument(..., help="Results table (Parquet) written by `hsk sweep`."),
+    out: str = typer.Option(..., "--out", "-o", help="Folder for marginal_utility.png and .md."),
+    metric: str = typer.Option(None, help="Metric to plot [default: the one most runs report]."),
+) -> None:
+    from ..report import report, results_markdown
+
+    if not Path(results).exists():
+        raise typer.BadParameter(f"no results table at {results}: run `hsk sweep` first", param_hint="RESULTS")
+    png, md = report(results, out, metric=metric)
+    typer.echo(results_markdown(results))
+    typer.echo(f"\nplot: {png}\nreport: {md}")
