@@ -45,9 +45,7 @@ def predict(
             mask = torch.from_numpy((np.arange(t)[None, :] < lengths[idx, None]).astype(np.int64)).to(device)
             kwargs = {"input_ids": ids, "attention_mask": mask}
             if use_types:
-                kwargs["token_type_ids"] = torch.from_numpy(
-                    enc["token_type_ids"][idx, :t].astype(np.int64)
-                ).to(device)
+                kwargs["token_type_ids"] = torch.from_numpy(enc["token_type_ids"][idx, :t].astype(np.int64)).to(device)
             logits = model(**kwargs).logits.float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(order), logits.shape[1]), dtype=np.float32)

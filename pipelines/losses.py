@@ -63,9 +63,7 @@ def hsk_mse(
     return ((picked - target) ** 2 * weight).sum() / denom
 
 
-def soft_cross_entropy(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 1.0
-) -> torch.Tensor:
+def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
     """Prediction distillation (METHOD.md section 5): -sum softmax(t/T) log softmax(s/T), batch mean.
 
     TinyBERT's reference code takes .mean() over batch and classes, i.e. this value / C; with Adam
@@ -87,9 +85,7 @@ def kd_loss(
     KL is averaged over the batch; rows without a gold label (label < 0) only contribute the KD term.
     """
     s, t = student_logits.float(), teacher_logits.float()
-    kl = F.kl_div(
-        F.log_softmax(s / T, dim=-1), F.log_softmax(t / T, dim=-1), reduction="batchmean", log_target=True
-    )
+    kl = F.kl_div(F.log_softmax(s / T, dim=-1), F.log_softmax(t / T, dim=-1), reduction="batchmean", log_target=True)
     labels = labels.long()
     has_label = labels >= 0
     ce = F.cross_entropy(s[has_label], labels[has_label]) if has_label.any() else s.sum() * 0.0
@@ -113,9 +109,7 @@ def pkd_loss(student_cls_list: list[torch.Tensor], teacher_cls_list: list[torch.
     the authors' code the pairs are stacked and averaged over all elements, hence the large beta.
     """
     if len(student_cls_list) != len(teacher_cls_list) or not student_cls_list:
-        raise ValueError(
-            f"pkd_loss needs equal, non-empty lists ({len(student_cls_list)} vs {len(teacher_cls_list)})"
-        )
+        raise ValueError(f"pkd_loss needs equal, non-empty lists ({len(student_cls_list)} vs {len(teacher_cls_list)})")
     s = F.normalize(torch.stack([x.float() for x in student_cls_list], dim=1), p=2, dim=-1)
     t = F.normalize(torch.stack([x.float() for x in teacher_cls_list], dim=1), p=2, dim=-1)
     return F.mse_loss(s, t)

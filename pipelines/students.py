@@ -162,9 +162,7 @@ def _build_bert_k(k: int, num_labels: int, base: str | None) -> tuple[nn.Module,
     if not 1 <= k <= depth:
         raise ModelLoadError(f"bert{k} needs 1..{depth} layers of {base}, which has {depth}")
     # from_pretrained with num_hidden_layers=k loads layers 0..k-1 and drops the rest (PKD's init).
-    model = _from_pretrained(
-        base, f"bert{k}", num_labels=num_labels, num_hidden_layers=k, ignore_mismatched_sizes=True
-    )
+    model = _from_pretrained(base, f"bert{k}", num_labels=num_labels, num_hidden_layers=k, ignore_mismatched_sizes=True)
     return model, base
 
 
@@ -187,9 +185,7 @@ def build_student(
     key = name.strip().lower()
     warnings: list[str] = []
     if key == "tinybert4":
-        model, init, source, tokenizer, tok_source, warnings = _build_tinybert4(
-            num_labels, weights, tokenizer_fallback
-        )
+        model, init, source, tokenizer, tok_source, warnings = _build_tinybert4(num_labels, weights, tokenizer_fallback)
         kind = "tinybert4"
     elif _BERT_K.match(key) and not Path(name).expanduser().is_dir():
         k = int(_BERT_K.match(key).group(1))
@@ -197,9 +193,7 @@ def build_student(
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "bert_k"
     else:
         source = weights or name
-        model = _from_pretrained(
-            source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True
-        )
+        model = _from_pretrained(source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "pretrained", "hf"
     for msg in warnings:
         logger.warning(msg)

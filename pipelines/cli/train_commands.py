@@ -55,25 +55,17 @@ def _stages(text: str) -> tuple[str, ...]:
 @app.command(help=TRAIN_HELP)
 def train(
     store: str = typer.Option(None, "--store", "-s", help="Store path or fsspec URL (offline mode)."),
-    student: str = typer.Option(
-        ..., "--student", help="tinybert4, bert<k> (e.g. bert3), or a hub id / folder."
-    ),
-    out: str = typer.Option(
-        ..., "--out", "-o", help="Run folder: checkpoint/, best/, metrics.jsonl, summary.json."
-    ),
+    student: str = typer.Option(..., "--student", help="tinybert4, bert<k> (e.g. bert3), or a hub id / folder."),
+    out: str = typer.Option(..., "--out", "-o", help="Run folder: checkpoint/, best/, metrics.jsonl, summary.json."),
     stages: str = typer.Option("hsk,pred", help="Stages to run: 'hsk,pred', 'hsk' or 'pred'."),
     epochs_hsk: float = typer.Option(None, help="Stage 1 epochs (fractions allowed) [default: per task]."),
     epochs_pred: float = typer.Option(5.0, help="Stage 2 epochs (fractions allowed)."),
     lr_hsk: float = typer.Option(5e-5, help="Stage 1 learning rate (constant)."),
-    lr_pred: float = typer.Option(
-        None, help="Stage 2 learning rate, linear decay [default: 2e-5; MNLI 5e-5]."
-    ),
+    lr_pred: float = typer.Option(None, help="Stage 2 learning rate, linear decay [default: 2e-5; MNLI 5e-5]."),
     batch_size: int = typer.Option(None, help="Batch size [default: 32; 64 for QNLI, MNLI, QQP]."),
     temperature: float = typer.Option(1.0, help="Softmax temperature T of prediction distillation."),
     alpha: float = typer.Option(None, help="KD mixture (1-a) CE(gold) + a T^2 KL [default: pure soft CE]."),
-    hsk_loss: str = typer.Option(
-        "mse", help="Stage 1 loss: mse (reference), masked-mse, pkd ([CLS], --tokens cls)."
-    ),
+    hsk_loss: str = typer.Option("mse", help="Stage 1 loss: mse (reference), masked-mse, pkd ([CLS], --tokens cls)."),
     seed: int = typer.Option(42, help="Seed of the student init, dropout and data order."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     workers: int = typer.Option(2, help="Store reading threads."),
@@ -82,22 +74,14 @@ def train(
     eval_limit: int = typer.Option(None, help="Evaluate on the first N dev examples only."),
     checkpoint_every: int = typer.Option(500, help="Save a resumable checkpoint every N steps."),
     log_every: int = typer.Option(50, help="Write a metrics.jsonl record every N steps."),
-    student_base: str = typer.Option(
-        None, help="bert<k>: checkpoint whose first k layers start the student."
-    ),
+    student_base: str = typer.Option(None, help="bert<k>: checkpoint whose first k layers start the student."),
     student_weights: str = typer.Option(None, help="Local weights folder for the student (e.g. TinyBERT4)."),
-    data_dir: str = typer.Option(
-        None, help="glue_data folder for dev data (or set HSK_DATA_DIR); else the hub."
-    ),
-    teacher: str = typer.Option(
-        None, help="Online mode: fine-tuned teacher (hub id or folder) run per batch."
-    ),
+    data_dir: str = typer.Option(None, help="glue_data folder for dev data (or set HSK_DATA_DIR); else the hub."),
+    teacher: str = typer.Option(None, help="Online mode: fine-tuned teacher (hub id or folder) run per batch."),
     task: str = typer.Option(None, help="Online mode: the GLUE task to train on."),
     config: str = typer.Option(None, help="Online mode: ND,NL,W of the targets, e.g. 1,9,0.1."),
     train_limit: int = typer.Option(None, help="Online mode: first N training examples."),
-    shard_rows: int = typer.Option(
-        1024, help="Online mode: rows per shard (match the dump for the same order)."
-    ),
+    shard_rows: int = typer.Option(1024, help="Online mode: rows per shard (match the dump for the same order)."),
     resume: bool = typer.Option(True, help="Resume from OUT/checkpoint when there is one."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
@@ -107,9 +91,7 @@ def train(
     from ..distill import train as run_train
     from ..dump import DumpOptions
 
-    online = (
-        DumpOptions(config=HSKConfig.parse(config), shard_rows=shard_rows) if teacher and config else None
-    )
+    online = DumpOptions(config=HSKConfig.parse(config), shard_rows=shard_rows) if teacher and config else None
     options = TrainOptions(
         stages=_stages(stages),
         epochs_hsk=epochs_hsk,
@@ -156,14 +138,10 @@ def train(
 def eval_(
     model: str = typer.Argument(..., help="Saved model folder or hub id (a sequence classifier)."),
     task: str = typer.Option(..., "--task", "-t", help="GLUE task the model was trained for."),
-    split: str = typer.Option(
-        "dev", help="dev (all dev splits; MNLI: matched and mismatched), or one split."
-    ),
+    split: str = typer.Option("dev", help="dev (all dev splits; MNLI: matched and mismatched), or one split."),
     data_dir: str = typer.Option(None, help="glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     batch_size: int = typer.Option(64, help="Evaluation batch size."),
-    max_length: int = typer.Option(
-        None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."
-    ),
+    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     limit: int = typer.Option(None, help="Evaluate on the first N examples only."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
