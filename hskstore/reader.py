@@ -63,6 +63,7 @@ class HSKStore:
             )
         self.selection = Selection.from_dict(meta["selection"])
         self.specs = {s.name: s for s in array_specs(meta)}
+        self._arrays: dict = {}  # opened array handles, reused across reads
         present = self._array_names()
         missing = [name for name in self.specs if name not in present]
         if missing:
@@ -111,7 +112,7 @@ class HSKStore:
         """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
         out = {}
         for name in names or list(self.specs):
-            arr = self.group[name]
+            arr = self._arrays.get(name) or self._arrays.setdefault(name, self.group[name])
             try:
                 out[name] = arr.oindex[index] if isinstance(index, np.ndarray) else arr[index]
             except Exception as exc:
