@@ -32,20 +32,13 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from hskstore.config import HSKConfig
 from hskstore.reader import open_store
-from pipelines.distill import (
-    BatchMaker,
-    TrainOptions,
-    _open_offline,
-    _student_forward,
-    map_layers,
-    param_groups,
-    train,
-)
+from pipelines.distill import TrainOptions, _student_forward, param_groups, train
 from pipelines.dump import DumpOptions, dump
 from pipelines.losses import hsk_mse
 from pipelines.stream import StoreStream
 from pipelines.students import build_student
 from pipelines.tasks import get_task
+from pipelines.train_sources import BatchMaker, map_layers, open_offline
 
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 
@@ -84,7 +77,7 @@ class InMemory:
     """The same student step on batches decoded beforehand (the ceiling: no reading, no teacher)."""
 
     def __init__(self, store_url: str, options: TrainOptions, student: str, teacher: str, n_batches: int):
-        source = _open_offline(store_url, None)
+        source = open_offline(store_url, None)
         torch.manual_seed(options.seed)
         self.model, info = build_student(
             student,

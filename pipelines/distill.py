@@ -18,7 +18,6 @@ with plain transformers), metrics.jsonl (one JSON record per log or eval step) a
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import logging
@@ -36,23 +35,29 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hskstore.config import ConfigError, HSKConfig
-from hskstore.errors import ProvenanceError
-from hskstore.layermap import student_to_store_layers
-from hskstore.reader import open_store
-from hskstore.schema import array_specs
+from hskstore.config import ConfigError
 
-from .data import DataError, Examples, load_examples
+from .data import DataError, load_examples
 from .losses import hsk_mse, kd_loss, pkd_loss, regression_mse, soft_cross_entropy
-from .stream import StoreStream, decode_batch
+from .run_state import MetricsLog, atomic_save, json_default, rng_state, set_rng_state, write_json
+from .stream import StoreStream
 from .students import StudentInfo, build_student
-from .tasks import Task, get_task
+from .tasks import Task
+from .train_sources import (
+    BatchMaker,
+    Source,
+    check_provenance,
+    map_layers,
+    open_offline,
+    open_online,
+    run_device,
+    student_encoding,
+)
 
 logger = logging.getLogger("hsk.train")
 
 STAGES = ("hsk", "pred")
 HSK_LOSSES = ("mse", "masked-mse", "pkd")
-INPUT_NAMES = ["row", "text_hash", "label", "input_ids", "token_type_ids", "length"]
 CHECKPOINT_VERSION = 1
 
 
@@ -113,299 +118,6 @@ class TrainOptions:
 
 
 # --------------------------------------------------------------------------------------------------
-# Sources of training rows
-
-
-class OnlineSource:
-    """The parts of an HSKStore a StoreStream reads, holding only the tokenized inputs in memory.
-
-    Same metadata, layout and array dtypes as the store a dump of the same data would write, so the
-    stream plans the very same batches; the teacher targets are computed per batch instead.
-    """
-
-    def __init__(self, meta: dict, inputs: dict[str, np.ndarray], url: str):
-        self.url = url
-        self.meta = meta
-        self.specs = {s.name: s for s in array_specs(meta)}
-        self._inputs = {name: inputs[name].astype(self.specs[name].dtype) for name in INPUT_NAMES}
-
-    @property
-    def n_shards(self) -> int:
-        return -(-self.meta["layout"]["n_rows"] // self.meta["layout"]["shard_rows"])
-
-    def __len__(self) -> int:
-        return self.meta["layout"]["n_rows"]
-
-    def shard_bounds(self, shard: int) -> tuple[int, int]:
-        rows = self.meta["layout"]["shard_rows"]
-        return shard * rows, min((shard + 1) * rows, len(self))
-
-    def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
-        start, stop = self.shard_bounds(shard)
-        return {n: self._inputs[n][start:stop] for n in (names or INPUT_NAMES)}
-
-
-@dataclass
-class Source:
-    """What a run trains from: a store, or a teacher + data that stand in for one."""
-
-    mode: str  # "offline" | "online"
-    store: Any  # HSKStore or OnlineSource
-    meta: dict
-    task: Task
-    teacher_name: str
-    teacher: nn.Module | None = None
-    teacher_tokenizer: Any = None
-    examples: Examples | None = None  # online: the training texts
-
-    @property
-    def selection(self):
-        return self.store.selection if self.mode == "offline" else self._selection
-
-    _selection: Any = None
-
-
-def _open_offline(url: str, task: str | None) -> Source:
-    store = open_store(url)  # refuses incomplete stores; damaged shards fail their digests when read
-    meta = store.meta
-    store_task = get_task(meta["task"]["name"])
-    if task is not None and get_task(task) != store_task:
-        raise ConfigError(f"--task {task} but the store {url} holds task {store_task.name}")
-    return Source("offline", store, meta, store_task, meta["teacher"]["name"])
-
-
-def _open_online(
-    teacher: str,
-    task_name: str,
-    config: str | None,
-    options: TrainOptions,
-    data_dir: str | None,
-    log: Callable,
-) -> Source:
-    from .dump import DumpOptions, build_selection, store_metadata
-    from .models import load_classifier, load_tokenizer
-    from .tokenize import encode
-
-    task = get_task(task_name)
-    dump_options = options.online or DumpOptions(config=HSKConfig.parse(config or "0,0,0"))
-    if config is not None:
-        dump_options = dataclasses.replace(dump_options, config=HSKConfig.parse(config))
-    tokenizer = load_tokenizer(teacher)
-    model = load_classifier(teacher, num_labels=task.num_labels, device=_device(options))
-    examples = load_examples(task, options.train_split, data_dir=data_dir, limit=options.train_limit)
-    max_length = dump_options.max_length or task.max_length
-    selection = build_selection(dump_options, model.config.num_hidden_layers, model.config.hidden_size)
-    meta = store_metadata(
-        task,
-        options.train_split,
-        examples,
-        teacher,
-        model,
-        tokenizer,
-        selection,
-        max_length,
-        dump_options.shard_rows,
-    )
-    meta["complete"] = True
-    enc = encode(tokenizer, examples.texts, max_length)
-    inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
-    log(
-        f"online: teacher {teacher} computes the targets of each batch "
-        f"({len(examples)} examples, config {selection.config})"
-    )
-    source = Source(
-        "online",
-        OnlineSource(meta, inputs, f"online:{teacher}"),
-        meta,
-        task,
-        teacher,
-        model,
-        tokenizer,
-        examples,
-    )
-    source._selection = selection
-    return source
-
-
-def _device(options: TrainOptions) -> str:
-    from .devices import pick_device
-
-    return pick_device(options.device)
-
-
-# --------------------------------------------------------------------------------------------------
-# Layer map and provenance
-
-
-def map_layers(source: Source, n_student: int, log: Callable) -> list[tuple[int, int, int]]:
-    """[(kept layer index i, student entry s, teacher layer j)] and a log line per pair.
-
-    The store's reference student entries are used as they are when the student has the reference
-    depth; otherwise hskstore.layermap.student_to_store_layers maps the student's top layers onto the
-    stored ones. A store written from an explicit layer list maps teacher layer j to round(j*S/L).
-    """
-    sel = source.selection
-    if sel.config.logits_only:
-        return []
-    pairs = []
-    if sel.student_entries is not None:
-        ref = sel.ref_student_layers
-        if n_student == ref:
-            entries = list(sel.student_entries)
-            how = f"the store's reference student has the student's depth ({ref})"
-        else:
-            m = student_to_store_layers(n_student, list(sel.student_entries), ref)
-            entries = [m[e] for e in sel.student_entries]
-            how = f"{n_student}-layer student mapped onto a {ref}-layer reference (top layers meet)"
-    else:
-        entries = [round(j * n_student / sel.teacher_num_layers) for j in sel.teacher_layers]
-        if len(set(entries)) != len(entries):
-            raise ConfigError(
-                f"a {n_student}-layer student cannot take the stored teacher layers "
-                f"{list(sel.teacher_layers)} one to one: derive fewer layers"
-            )
-        how = f"explicit teacher layers mapped by round(j * {n_student} / {sel.teacher_num_layers})"
-    log(f"layer map ({how}):")
-    for i, (s, j) in enumerate(zip(entries, sel.teacher_layers, strict=True)):
-        if not 0 <= s <= n_student:
-            raise ConfigError(f"stored layer {j} maps to student entry {s}, outside 0..{n_student}")
-        pairs.append((i, s, j))
-        log(
-            f"  student {'embeddings' if s == 0 else f'layer {s}'} <- stored teacher "
-            f"{'embeddings' if j == 0 else f'layer {j}'}"
-        )
-    return pairs
-
-
-def check_provenance(source: Source, info: StudentInfo, token_level: bool, log: Callable) -> bool:
-    """True when the student shares the store's tokenizer; raises when token-level HSK needs it."""
-    stored = source.meta["tokenizer"]["vocab_hash"]
-    if info.vocab_hash == stored:
-        return True
-    what = (
-        f"the student's tokenizer ({info.tokenizer_source}, {str(info.vocab_hash)[:19]}) is not the one the "
-        f"store was tokenized with ({source.meta['tokenizer']['name']}, {stored[:19]})"
-    )
-    if token_level:
-        raise ProvenanceError(
-            f"{what}: token-level HSK gathers the student's states at the teacher's token positions, so it "
-            "needs the teacher's tokenizer. Use a student with the teacher's vocabulary (e.g. bert<k>, or "
-            "--student-base), or train logits only with --stages pred."
-        )
-    msg = f"{what}: logits-only KD re-tokenizes the training texts with the student's tokenizer"
-    logger.warning(msg)
-    log(f"WARNING: {msg}")
-    return False
-
-
-# --------------------------------------------------------------------------------------------------
-# Batches
-
-
-class BatchMaker:
-    """Raw stream batch (numpy) -> dict of tensors on the device, with the teacher targets decoded."""
-
-    def __init__(
-        self,
-        source: Source,
-        layers: list,
-        device: str,
-        pad_to: int | None,
-        student_inputs: dict[str, np.ndarray] | None,
-        pad_id: int,
-    ):
-        self.source = source
-        self.layers = layers  # KeptLayer-like objects with .name, or names
-        self.device = device
-        self.pad_to = pad_to
-        self.student_inputs = student_inputs  # row-indexed student encoding (other tokenizer) or None
-        self.pad_id = pad_id
-        self.probe = None
-        if source.mode == "online":
-            from .probe import TeacherProbe
-
-            ranking = list(source.selection.ranking_layers) if layers else []
-            self.probe = TeacherProbe(source.teacher, ranking)
-
-    def close(self) -> None:
-        if self.probe is not None:
-            self.probe.close()
-
-    def _pad(self, batch: dict[str, np.ndarray], pad_to: int) -> None:
-        for name, fill in (("input_ids", self.pad_id), ("token_type_ids", 0)):
-            arr = batch[name]
-            if arr.shape[1] < pad_to:
-                extra = np.full((arr.shape[0], pad_to - arr.shape[1]), fill, dtype=arr.dtype)
-                batch[name] = np.concatenate([arr, extra], axis=1)
-
-    def _teacher_targets(self, batch: dict[str, np.ndarray]) -> None:
-        """Online: the dump's own computation on this batch, cast to the store's dtypes."""
-        from .targets import encode_batch
-
-        sel = self.source.selection
-        ids = batch["input_ids"].astype(np.int64)
-        lengths = batch["length"].astype(np.int64)
-        mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
-        dev = self.device
-        out = self.probe(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(batch["token_type_ids"].astype(np.int64)).to(dev),
-            torch.from_numpy(mask).to(dev),
-            hidden_layers=sorted(set(sel.teacher_layers)) if self.layers else [],
-        )
-        if self.layers:
-            arrays = encode_batch(out, ids, lengths, sel, self.source.meta["tokenizer"]["sep_id"])
-        else:
-            arrays = {"logits": out.logits.float().cpu().numpy()}
-        specs = self.source.store.specs
-        for name, value in arrays.items():
-            batch[name] = np.asarray(value).astype(specs[name].dtype, copy=False)
-
-    def _restudent(self, batch: dict[str, np.ndarray]) -> None:
-        """Swap in the student's own token ids for these rows (logits-only KD, other tokenizer)."""
-        rows = batch["row"].astype(np.int64)
-        inputs = self.student_inputs
-        if not np.array_equal(inputs["text_hash"][rows], batch["text_hash"]):
-            raise ProvenanceError(
-                "the training texts loaded for re-tokenizing do not match the store's rows (text hashes "
-                "differ): pass the --data-dir the store was dumped from"
-            )
-        lengths = inputs["length"][rows]
-        width = self.pad_to or max(1, int(lengths.max()))
-        batch["input_ids"] = inputs["input_ids"][rows, :width]
-        batch["token_type_ids"] = inputs["token_type_ids"][rows, :width]
-        batch["length"] = lengths
-
-    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        batch = dict(raw)
-        if self.pad_to:
-            self._pad(batch, self.pad_to)
-        if self.probe is not None:
-            self._teacher_targets(batch)
-        if self.student_inputs is not None:
-            self._restudent(batch)
-        return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device)
-
-
-def _student_encoding(source: Source, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:
-    """Row-indexed student token ids of the store's training texts (for another tokenizer)."""
-    from .tokenize import encode
-
-    if source.examples is not None:
-        examples = source.examples
-    else:
-        rows = source.store.read(slice(None), ["row"])["row"]
-        task, split = source.task, source.meta["task"]["split"]
-        examples = load_examples(task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0)
-        log(f"re-tokenizing {len(examples)} {task.name}/{split} texts with the student's tokenizer")
-    if not np.array_equal(examples.rows, np.arange(len(examples))):
-        raise DataError("re-tokenizing needs the split's rows in source order")
-    enc = encode(tokenizer, examples.texts, source.meta["max_length"])
-    enc["text_hash"] = examples.text_hashes()
-    return enc
-
-
-# --------------------------------------------------------------------------------------------------
 # Optimisation
 
 
@@ -442,61 +154,6 @@ def _student_forward(model: nn.Module, batch: dict, accepted: set[str], hidden: 
 
 # --------------------------------------------------------------------------------------------------
 # Checkpoints and records
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a run killed while saving keeps the previous checkpoint
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_json_default))
-    os.replace(tmp, path)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
-
-
-class MetricsLog:
-    """metrics.jsonl: one JSON record per log or eval step; a resume drops records past its checkpoint."""
-
-    def __init__(self, path: Path, keep_until_step: int | None):
-        self.path = path
-        if keep_until_step is None:
-            path.write_text("")
-        elif path.exists():
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= keep_until_step
-            ]
-            path.write_text("".join(f"{line}\n" for line in kept))
-
-    def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, default=_json_default) + "\n")
 
 
 def _run_identity(options: TrainOptions, student: str, source: Source, batch_size: int) -> dict:
@@ -560,10 +217,10 @@ def train(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint" / "state.pt"
-    device = _device(options)
+    device = run_device(options)
 
     source = (
-        _open_offline(store, task) if store is not None else _open_online(teacher, task, config, options, data_dir, log)
+        open_offline(store, task) if store is not None else open_online(teacher, task, config, options, data_dir, log)
     )
     task_obj = source.task
     sel = source.selection
@@ -618,7 +275,7 @@ def train(
             f"{model.config.max_position_embeddings} positions"
         )
     pairs = map_layers(source, info.num_layers, log) if "hsk" in stages else []
-    student_inputs = None if same_tokenizer else _student_encoding(source, info.tokenizer, data_dir, log)
+    student_inputs = None if same_tokenizer else student_encoding(source, info.tokenizer, data_dir, log)
 
     # Dev data, tokenized once with the student's tokenizer.
     dev = _load_dev(task_obj, data_dir, options.eval_limit, log, warnings_)
@@ -678,7 +335,7 @@ def train(
         if source.teacher is not None:
             source.teacher.to("cpu")
     summary = run.summary(warnings_)
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     log(
         f"done: {summary['metric']} {summary['score']} (best student in {summary['model_dir']}); "
         f"{summary['examples_per_s']:.1f} examples/s"
@@ -791,7 +448,7 @@ class _Run:
         else:
             stage_examples, stage_seconds = 0, 0.0
         if resumed:
-            _set_rng_state(state["rng"])
+            set_rng_state(state["rng"])
         if not stage_step:
             self.log(
                 f"stage {stage}: {epochs:g} epochs x {steps_per_epoch} steps (batch {self.batch_size}) -> "
@@ -975,7 +632,7 @@ class _Run:
                     "best": self.best,
                 },
                 indent=2,
-                default=_json_default,
+                default=json_default,
             )
         )
         if target.exists():
@@ -1002,9 +659,9 @@ class _Run:
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "stream": stream.state_dict() if stream is not None else None,
             "stage_progress": self.stage_progress,
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
-        _atomic_save(state, self.ckpt_path)
+        atomic_save(state, self.ckpt_path)
 
     def summary(self, warnings_: list[str]) -> dict:
         best = self.best or {}

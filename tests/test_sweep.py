@@ -23,13 +23,11 @@ from pipelines.results import read_results
 from pipelines.sweep import (
     SweepError,
     SweepSpec,
-    budget_grid,
-    estimate_bytes_per_example,
     plan_runs,
     run_sweep,
     store_path,
-    table5_grid,
 )
+from pipelines.sweep_grid import budget_grid, estimate_bytes_per_example, table5_grid
 
 SOURCE_CONFIG = "2,4,0.5"
 TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred=1, workers=1, buffer_shards=2)

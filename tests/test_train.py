@@ -18,8 +18,9 @@ from conftest import build_tiny_tokenizer, make_tiny_bert
 
 from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
 from hskstore.config import HSKConfig
-from pipelines.distill import TrainOptions, map_layers, train
+from pipelines.distill import TrainOptions, train
 from pipelines.dump import DumpOptions, dump
+from pipelines.train_sources import map_layers
 
 CONFIG = "2,4,0.5"
 ROWS = 48
@@ -353,9 +354,9 @@ def test_cli_train_and_eval(tmp_path, store, student_dir, glue_dir, offline_run,
 
 
 def test_layer_map_for_another_depth(store, teacher_dir):
-    from pipelines.distill import _open_offline
+    from pipelines.train_sources import open_offline
 
-    source = _open_offline(store, None)
+    source = open_offline(store, None)
     lines = []
     pairs = map_layers(source, 1, lines.append)  # a 1-layer student on a 2-layer reference store
     assert pairs == [(0, 0, 2), (1, 1, 3)]

@@ -82,6 +82,8 @@ def train(
     config: str = typer.Option(None, help="Online mode: ND,NL,W of the targets, e.g. 1,9,0.1."),
     train_limit: int = typer.Option(None, help="Online mode: first N training examples."),
     shard_rows: int = typer.Option(1024, help="Online mode: rows per shard (match the dump for the same order)."),
+    student_layers: int = typer.Option(4, help="Online mode: reference student depth of the layer map (as dump)."),
+    l_top: int = typer.Option(None, help="Online mode: L_top of the layer map [default: round(10/12 * L)]."),
     resume: bool = typer.Option(True, help="Resume from OUT/checkpoint when there is one."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
@@ -91,7 +93,13 @@ def train(
     from ..distill import train as run_train
     from ..dump import DumpOptions
 
-    online = DumpOptions(config=HSKConfig.parse(config), shard_rows=shard_rows) if teacher and config else None
+    online = (
+        DumpOptions(
+            config=HSKConfig.parse(config), shard_rows=shard_rows, ref_student_layers=student_layers, l_top=l_top
+        )
+        if teacher and config
+        else None
+    )
     options = TrainOptions(
         stages=_stages(stages),
         epochs_hsk=epochs_hsk,

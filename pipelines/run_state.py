@@ -1,0 +1,67 @@
+"""A training run's state on disk: RNG state, atomic checkpoint and JSON writes, the metrics.jsonl log."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # a run killed while saving keeps the previous checkpoint
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=json_default))
+    os.replace(tmp, path)
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON record per log or eval step; a resume drops records past its checkpoint."""
+
+    def __init__(self, path: Path, keep_until_step: int | None):
+        self.path = path
+        if keep_until_step is None:
+            path.write_text("")
+        elif path.exists():
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= keep_until_step
+            ]
+            path.write_text("".join(f"{line}\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, default=json_default) + "\n")
