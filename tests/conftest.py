@@ -136,3 +136,22 @@ def tiny_base_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path
     make_tiny_bert(head=False).save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
     return out
+
+
+def save_tiny_teacher(out: str | Path, tokenizer_dir: str | Path, *, num_layers: int = 4, seed: int = 1,
+                      confident: bool = False) -> Path:
+    """Save a 'fine-tuned' tiny teacher (random BertForSequenceClassification) with its tokenizer.
+
+    confident=True scales the head so the teacher's soft targets are far from uniform.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    teacher = make_tiny_bert(num_layers=num_layers, seed=seed)
+    if confident:
+        with torch.no_grad():
+            teacher.classifier.weight.mul_(200.0)
+            teacher.classifier.bias.copy_(torch.tensor([1.5, -1.0]))
+    teacher.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return Path(out)

@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_bert
-from transformers import AutoTokenizer
+from conftest import save_tiny_teacher
 
 from hskstore.writer import StoreWriter
 from pipelines.cli import main
@@ -16,10 +15,7 @@ from pipelines.cli import main
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    out = tmp_path_factory.mktemp("teacher")
-    make_tiny_bert(num_layers=2, seed=2).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
-    return out
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=2, seed=2)
 
 
 def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25", task="sst2"):

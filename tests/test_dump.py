@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import make_tiny_bert
+from conftest import save_tiny_teacher
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
@@ -30,10 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     """A 'fine-tuned' tiny teacher: 4 layers, hidden 32, saved with its tokenizer."""
-    out = tmp_path_factory.mktemp("teacher")
-    make_tiny_bert(num_layers=4, seed=1).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
-    return out
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
 def run_dump(teacher_dir, glue_dir, out, config="3,4,0.25", limit=40, **kw):

@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import make_tiny_bert
+from conftest import save_tiny_teacher
 
 import pipelines.sweep as sweep
 from hskstore import ConfigError
@@ -35,15 +34,9 @@ TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("teacher")
-    teacher = make_tiny_bert(num_layers=4, seed=1)
-    with torch.no_grad():  # confident logits
-        teacher.classifier.weight.mul_(200.0)
-    teacher.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
-    return out
+    return save_tiny_teacher(out, tiny_tokenizer, num_layers=4, seed=1, confident=True)
 
 
 @pytest.fixture(scope="module")

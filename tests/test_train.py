@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_tiny_tokenizer, make_tiny_bert
+from conftest import build_tiny_tokenizer, make_tiny_bert, save_tiny_teacher
 
 from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
 from hskstore.config import HSKConfig
@@ -34,16 +34,9 @@ def dump_options() -> DumpOptions:
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("teacher")
-    teacher = make_tiny_bert(num_layers=4, seed=1)
-    with torch.no_grad():  # confident logits, so that stage 2's soft targets are far from uniform
-        teacher.classifier.weight.mul_(200.0)
-        teacher.classifier.bias.copy_(torch.tensor([1.5, -1.0]))
-    teacher.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(out)
-    return out
+    return save_tiny_teacher(out, tiny_tokenizer, num_layers=4, seed=1, confident=True)
 
 
 @pytest.fixture(scope="module")
