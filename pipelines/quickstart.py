@@ -12,6 +12,7 @@ from hskstore.config import HSKConfig
 from hskstore.info import format_report, storage_report
 from hskstore.reader import open_store
 
+from .distill import TrainOptions, train
 from .dump import DumpOptions, dump
 from .tasks import get_task
 
@@ -35,10 +36,10 @@ def quickstart(
     teacher_dir, store = out / "teacher", out / f"{task}.zarr"
     data_flag = f" --data-dir {data_dir}" if data_dir else ""
     if (teacher_dir / "hsk_teacher.json").exists():
-        log(f"[1/3] teacher already at {teacher_dir}")
+        log(f"[1/4] teacher already at {teacher_dir}")
     else:
         log(
-            f"[1/3] hsk teacher --task {task} --base {base} --train-limit {teacher_examples} --epochs 1"
+            f"[1/4] hsk teacher --task {task} --base {base} --train-limit {teacher_examples} --epochs 1"
             f"{data_flag} --out {teacher_dir}"
         )
         fine_tune_teacher(
@@ -52,10 +53,13 @@ def quickstart(
             log=log,
         )
     log(
-        f"[2/3] hsk dump --task {task} --teacher {teacher_dir} --config {config} --limit {dump_examples}"
-        f"{data_flag} --out {store}"
+        f"[2/4] hsk dump --task {task} --teacher {teacher_dir} --config {config} --limit {dump_examples}"
+        f" --student-layers 2{data_flag} --out {store}"
     )
-    options = DumpOptions(config=HSKConfig.parse(config), device=device, shard_rows=512, overwrite=True)
+    # The reference student is the 2-layer student trained in step 4, so its layers meet the store's one to one.
+    options = DumpOptions(
+        config=HSKConfig.parse(config), ref_student_layers=2, device=device, shard_rows=512, overwrite=True
+    )
     dump(
         task,
         options,
@@ -65,18 +69,32 @@ def quickstart(
         limit=dump_examples,
         log=log,
     )
-    log(f"[3/3] hsk info {store}")
+    log(f"[3/4] hsk info {store}")
     s = open_store(str(store))
     report = storage_report(s)
     log(format_report(s, report))
     problems = s.verify()
     log("verify: ok" if not problems else f"verify: {problems}")
+    student_dir = out / student
+    log(
+        f"[4/4] hsk train --store {store} --student {student} --epochs-hsk 1 --epochs-pred 1 --lr-hsk 1e-4 "
+        f"--lr-pred 1e-4{data_flag} --out {student_dir}"
+    )
+    trained = train(
+        TrainOptions(epochs_hsk=1, epochs_pred=1, lr_hsk=1e-4, lr_pred=1e-4, device=device, data_dir=data_dir),
+        student=student,
+        out_dir=str(student_dir),
+        store=str(store),
+        log=log,
+    )
     summary = {
         "teacher": str(teacher_dir),
         "store": str(store),
         "rows": len(s),
         "bytes_per_kept_value": report["bytes_per_kept_value"],
         "ratio_vs_paper": report["ratio_vs_paper"],
+        "student": str(student_dir / "best"),
+        "student_metric": {trained["metric"]: trained["score"]},
     }
     (out / "quickstart.json").write_text(json.dumps(summary, indent=2))
     return summary

