@@ -56,3 +56,9 @@ hsk sweep --source "$WORK/sst2-3_32_1.zarr" \
 
 # 4. Report: marginal_utility.png and marginal_utility.md next to the results.
 hsk report "$OUT/results.parquet" --out "$OUT"
+
+# 5. Offline vs online: the 3,8,0.2 student trained with the teacher loaded, same seed and data order
+#    (same reference student depth and shard layout as the dump), to compare with the sweep's seed-0 row.
+hsk train --teacher "$WORK/teacher" --task sst2 --config 3,8,0.2 --student-layers 2 --train-limit "$TRAIN_ROWS" \
+  --shard-rows 1024 --student bert2 --seed 0 --epochs-hsk 1 --epochs-pred 1 --lr-hsk 1e-4 --lr-pred 1e-4 \
+  --batch-size 32 --data-dir "$DATA_DIR" --out "$WORK/online-3_8_0.2-seed0"
