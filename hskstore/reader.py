@@ -112,7 +112,9 @@ class HSKStore:
         """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
         out = {}
         for name in names or list(self.specs):
-            arr = self._arrays.get(name) or self._arrays.setdefault(name, self.group[name])
+            if name not in self._arrays:
+                self._arrays[name] = self.group[name]
+            arr = self._arrays[name]
             try:
                 out[name] = arr.oindex[index] if isinstance(index, np.ndarray) else arr[index]
             except Exception as exc:

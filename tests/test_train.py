@@ -34,9 +34,7 @@ def dump_options() -> DumpOptions:
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-
-    out = tmp_path_factory.mktemp("teacher")
-    return save_tiny_teacher(out, tiny_tokenizer, num_layers=4, seed=1, confident=True)
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
 
 
 @pytest.fixture(scope="module")
