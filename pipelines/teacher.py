@@ -129,6 +129,13 @@ def _select_score(dev: dict[str, dict[str, float]], task: Task) -> float:
     return -math.inf if math.isnan(value) else value
 
 
+def default_teacher_dir(task: str | Task) -> str:
+    """Where `hsk teacher` saves and `hsk dump` looks when no --teacher is given."""
+    from .tasks import get_task
+
+    return f"runs/teacher-{get_task(task).name}"
+
+
 def fine_tune_teacher(
     task: Task | str,
     base: str,

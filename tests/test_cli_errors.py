@@ -121,3 +121,11 @@ def test_truncated_store_is_refused_by_verify_and_info(teacher_dir, glue_dir, tm
     shutil.rmtree(out / "layers" / "1")
     assert main(["verify", str(out)]) == 2
     assert "truncated" in capsys.readouterr().err
+
+
+def test_dump_without_teacher_points_to_hsk_teacher(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["dump", "--task", "QNLI", "--config", "3,8,0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "runs/teacher-qnli" in err and "hsk teacher --task qnli" in err
+    assert not (tmp_path / "qnli.zarr").exists()

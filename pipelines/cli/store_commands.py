@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -33,9 +34,7 @@ def _int_list(text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(
-            f"expected comma-separated layer numbers like '4,8,12', got {text!r}"
-        ) from None
+        raise typer.BadParameter(f"expected comma-separated layer numbers like '4,8,12', got {text!r}") from None
 
 
 @app.command(help=DUMP_HELP)
@@ -43,11 +42,12 @@ def dump(
     task: str = typer.Option(
         ..., "--task", "-t", help="GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."
     ),
-    config: str = typer.Option(
-        ..., "--config", "-c", help="ND,NL,W e.g. 3,8,0.2 (layers, tokens, width ratio)."
-    ),
+    config: str = typer.Option(..., "--config", "-c", help="ND,NL,W e.g. 3,8,0.2 (layers, tokens, width ratio)."),
     teacher: str = typer.Option(
-        ..., "--teacher", help="Fine-tuned sequence-classification checkpoint: hub id or folder."
+        None,
+        "--teacher",
+        help="Fine-tuned sequence-classification checkpoint: hub id or folder "
+        "[default: runs/teacher-<task>, where `hsk teacher` saves].",
     ),
     out: str = typer.Option(None, "--out", "-o", help="Store path or fsspec URL [default: <task>.zarr]."),
     split: str = typer.Option("train", help="Split to dump: train, dev, dev_matched, dev_mismatched."),
@@ -56,28 +56,18 @@ def dump(
     text_columns: str = typer.Option(None, help="Text columns of --data-file, e.g. 'question,sentence'."),
     label_column: str = typer.Option(None, help="Gold label column of --data-file (optional)."),
     limit: int = typer.Option(None, help="Dump only the first N examples."),
-    student_layers: int = typer.Option(
-        4, help="Depth S of the reference student whose layer map picks layers."
-    ),
+    student_layers: int = typer.Option(4, help="Depth S of the reference student whose layer map picks layers."),
     l_top: int = typer.Option(None, help="Top teacher layer of the layer map [default: round(10/12 * L)]."),
     layers: str = typer.Option(None, help="Explicit teacher layers instead of a layer map, e.g. '2,4,6'."),
     tokens: str = typer.Option("att-nosep", help="Token strategy: att-nosep, att, left, cls."),
-    ranking: str = typer.Option(
-        "ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."
-    ),
-    scores: str = typer.Option(
-        "pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."
-    ),
+    ranking: str = typer.Option("ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."),
+    scores: str = typer.Option("pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."),
     width: str = typer.Option("mag", help="Width strategy: mag (per-vector magnitude), uniform, rand."),
     width_seed: int = typer.Option(0, help="Seed of the rand width mask."),
     values: str = typer.Option("float16", help="Value encoding: float16, or int8 with a per-vector scale."),
-    max_length: int = typer.Option(
-        None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."
-    ),
+    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
     batch_size: int = typer.Option(64, help="Teacher batch size."),
-    shard_rows: int = typer.Option(
-        1024, help="Examples per shard (the unit of writing, resuming, streaming)."
-    ),
+    shard_rows: int = typer.Option(1024, help="Examples per shard (the unit of writing, resuming, streaming)."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -85,6 +75,8 @@ def dump(
     from ..devices import pick_device
     from ..dump import DumpOptions
     from ..dump import dump as run_dump
+    from ..tasks import get_task
+    from ..teacher import default_teacher_dir
 
     options = DumpOptions(
         config=HSKConfig.parse(config),
@@ -104,7 +96,15 @@ def dump(
         overwrite=overwrite,
         progress=progress,
     )
-    out = out or f"{task.lower().replace('-', '')}.zarr"
+    task = get_task(task).name
+    if teacher is None:
+        teacher = default_teacher_dir(task)
+        if not Path(teacher).is_dir():
+            raise ValueError(
+                f"no --teacher given and no teacher at {teacher}: fine-tune one with `hsk teacher --task {task}` "
+                "(it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
+            )
+    out = out or f"{task}.zarr"
     run_dump(
         task,
         options,

@@ -24,7 +24,9 @@ Example:
 @app.command(help=TEACHER_HELP)
 def teacher(
     task: str = typer.Option(..., "--task", "-t", help="GLUE task to fine-tune on."),
-    out: str = typer.Option(..., "--out", "-o", help="Folder for the fine-tuned checkpoint."),
+    out: str = typer.Option(
+        None, "--out", "-o", help="Folder for the fine-tuned checkpoint [default: runs/teacher-<task>]."
+    ),
     base: str = typer.Option("minilm", help="Base encoder: hub id, local folder, or 'minilm' (offline)."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     data_file: str = typer.Option(None, help="Your own labelled csv/tsv/json/parquet file."),
@@ -39,8 +41,9 @@ def teacher(
 ) -> None:
     from ..devices import pick_device
     from ..tasks import get_task
-    from ..teacher import fine_tune_teacher
+    from ..teacher import default_teacher_dir, fine_tune_teacher
 
+    out = out or default_teacher_dir(task)
     summary = fine_tune_teacher(
         get_task(task),
         base,
