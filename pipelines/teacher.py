@@ -26,6 +26,8 @@ from tqdm.auto import tqdm
 
 from pipelines.batching import length_bucketed_batches
 from pipelines.data import DataError, Examples, load_examples
+from pipelines.distill import param_groups
+from pipelines.evaluate import predict
 from pipelines.metrics import compute_metrics
 from pipelines.models import (
     load_classifier,
@@ -51,36 +53,6 @@ def _to_device(enc: dict[str, np.ndarray], batch: np.ndarray, device: str | torc
         "token_type_ids": torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
         "attention_mask": torch.from_numpy(mask.astype(np.int64)).to(device),
     }
-
-
-@torch.inference_mode()
-def predict_logits(
-    model: torch.nn.Module, enc: dict[str, np.ndarray], batch_size: int, device: str | torch.device = "cpu"
-) -> np.ndarray:
-    """float32 logits [N, C] of a sequence classifier over encoded inputs, in row order."""
-    was_training = model.training
-    model.eval()
-    n = len(enc["length"])
-    out: np.ndarray | None = None
-    for batch in length_bucketed_batches(enc["length"], batch_size):
-        logits = model(**_to_device(enc, batch, device)).logits.float().cpu().numpy()
-        if out is None:
-            out = np.zeros((n, logits.shape[1]), dtype=np.float32)
-        out[batch] = logits
-    model.train(was_training)
-    return out if out is not None else np.zeros((0, model.config.num_labels), dtype=np.float32)
-
-
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    # BERT recipe: no weight decay on biases and LayerNorm weights.
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        lowered = name.lower()
-        skip = name.endswith("bias") or "layernorm" in lowered or "layer_norm" in lowered
-        (no_decay if skip else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def _linear_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
@@ -218,7 +190,7 @@ def fine_tune_teacher(
 
     steps_per_epoch = math.ceil(len(train) / batch_size)
     total_steps = max(1, math.ceil(epochs * steps_per_epoch))
-    optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
+    optimizer = torch.optim.AdamW(param_groups([model], weight_decay), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _linear_warmup(int(warmup_ratio * total_steps), total_steps)
     )
@@ -258,7 +230,7 @@ def fine_tune_teacher(
 
         dev = {
             split: compute_metrics(
-                task, predict_logits(model, dev_enc[split], batch_size * 2, device), ex.labels
+                task, predict(model, dev_enc[split], batch_size=batch_size * 2, device=device), ex.labels
             )
             for split, ex in dev_sets.items()
         }

@@ -8,9 +8,10 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from pipelines.data import load_examples
+from pipelines.evaluate import predict
 from pipelines.metrics import compute_metrics
 from pipelines.models import load_classifier, load_tokenizer
-from pipelines.teacher import SUMMARY_FILE, fine_tune_teacher, predict_logits
+from pipelines.teacher import SUMMARY_FILE, fine_tune_teacher
 from pipelines.tokenize import encode
 
 COMMON = dict(epochs=1.0, lr=1e-3, batch_size=16, train_limit=64, eval_limit=48, progress=False)
@@ -52,7 +53,7 @@ def test_checkpoint_reloads_with_plain_transformers(sst2_teacher, glue_dir):
     got = compute_metrics("sst2", plain, dev.labels)["accuracy"]
     assert got == pytest.approx(summary["dev_metrics"]["dev"]["accuracy"], abs=1e-6)
     # hsk's own loader + length-trimmed batches give the same logits as padded plain HF.
-    ours = predict_logits(load_classifier(str(out)), encode(load_tokenizer(str(out)), dev.texts, 64), 7)
+    ours = predict(load_classifier(str(out)), encode(load_tokenizer(str(out)), dev.texts, 64), batch_size=7)
     np.testing.assert_allclose(ours, plain, rtol=1e-5, atol=1e-5)
 
 
