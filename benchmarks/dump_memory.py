@@ -1,64 +1,129 @@
-"""Peak memory of `hsk dump` against the number of examples: it should stay flat.
+"""Peak memory of `hsk dump` against the number of examples, next to a bare teacher forward loop.
 
     python benchmarks/dump_memory.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
 
-Runs the real CLI in a fresh process per size and reads the child's peak resident set size
-(ru_maxrss). The dump holds one shard being computed and at most one being written, so memory
-depends on shard size, batch size and model, not on the number of examples.
+Each measurement is a fresh process whose own peak resident set size (ru_maxrss) is read:
+- `dump`: the real CLI (`hsk dump`), which holds one shard being computed and at most one being
+  written, so nothing it keeps grows with the number of examples;
+- `forward`: the same teacher over the same shards and length-bucketed batches, logits only,
+  nothing kept: the floor that any CPU job running this model sits on.
+Both run twice: with glibc's default allocator, and with `MALLOC_MMAP_THRESHOLD_=131072`.
+glibc raises its mmap threshold each time a large block is freed, after which the forward's
+variously sized activations come from the heap and fragment it, so the resident set of even the
+bare forward loop creeps up with run length. A fixed threshold keeps them on mmap (returned to
+the OS when freed) at some CPU throughput cost, which the benchmark also reports. On a GPU the
+activations live on the device, not in this heap.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+PEAK = "import resource; print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 
-def peak_rss_mib(args: list[str]) -> float:
-    """Peak RSS of one fresh process running the CLI, as it reports its own ru_maxrss."""
-    code = (
-        "import resource, sys; from pipelines.cli import main; rc = main(sys.argv[1:]); "
-        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+
+def run_child(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(peak RSS in MiB, examples/s) of one fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
     )
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
-    peak_kib = int(next(line for line in out.stdout.splitlines() if line.startswith("PEAK")).split()[1])
-    return peak_kib / 1024
+    text = out.stdout + out.stderr
+    peak_kib = int(re.search(r"^PEAK (\d+)", text, re.M).group(1))
+    rate = float(re.search(r"\((\d+(?:\.\d+)?) ex/s\)", text).group(1))
+    return peak_kib / 1024, rate
+
+
+DUMP_CHILD = f"import sys; from pipelines.cli import main; rc = main(sys.argv[1:]); {PEAK}; sys.exit(rc)"
+
+# The dump's loop without the dump: same shards, tokenization, batches and model, logits only.
+FORWARD_CHILD = f"""
+import sys, time
+import numpy as np, torch
+from pipelines.batching import length_bucketed_batches
+from pipelines.data import load_examples
+from pipelines.dump import DumpOptions
+from pipelines.models import load_classifier, load_tokenizer
+from pipelines.tasks import get_task
+from pipelines.tokenize import encode
+teacher, data_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+task = get_task("sst2")
+shard_rows, batch_size = DumpOptions.shard_rows, DumpOptions.batch_size  # the dump's defaults
+examples = load_examples(task, "train", data_dir=data_dir, limit=n)
+model, tokenizer = load_classifier(teacher), load_tokenizer(teacher)
+start = time.perf_counter()
+with torch.inference_mode():
+    for s in range(0, n, shard_rows):
+        enc = encode(tokenizer, tuple(col[s : s + shard_rows] for col in examples.texts), task.max_length)
+        for batch in length_bucketed_batches(enc["length"], batch_size):
+            t = int(enc["length"][batch].max())
+            mask = np.arange(t)[None, :] < enc["length"][batch][:, None]
+            model(
+                input_ids=torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)),
+                token_type_ids=torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)),
+                attention_mask=torch.from_numpy(mask.astype(np.int64)),
+            ).logits.numpy()
+print(f"({{n / (time.perf_counter() - start):.1f}} ex/s)")
+{PEAK}
+"""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher", required=True)
     ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--sizes", default="1000,4000,16000")
+    ap.add_argument("--sizes", default="2000,8000,32000")
     ap.add_argument("--config", default="3,8,0.2")
     ap.add_argument("--out", default="benchmarks/results/dump_memory.json")
     args = ap.parse_args()
     rows = []
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hsk-mem-") as work:
-        for n in [int(x) for x in args.sizes.split(",")]:
-            cli = [
-                "dump",
-                "--task",
-                "sst2",
-                "--teacher",
-                args.teacher,
-                "--config",
-                args.config,
-                "--data-dir",
-                args.data_dir,
-                "--limit",
-                str(n),
-                "--out",
-                str(Path(work) / f"s{n}.zarr"),
-                "--no-progress",
-            ]
-            rows.append({"examples": n, "peak_rss_mib": peak_rss_mib(cli)})
-            print(f"{n:>7} examples: peak RSS {rows[-1]['peak_rss_mib']:.0f} MiB")
+        for allocator, env in (("glibc default", {}), ("MALLOC_MMAP_THRESHOLD_=131072", PINNED)):
+            for n in [int(x) for x in args.sizes.split(",")]:
+                dump_args = [
+                    *("dump", "--task", "sst2", "--teacher", args.teacher, "--config", args.config),
+                    *("--data-dir", args.data_dir, "--limit", str(n), "--no-progress"),
+                    *("--out", str(Path(work) / f"s{n}-{len(rows)}.zarr")),
+                ]
+                dump_peak, dump_rate = run_child(DUMP_CHILD, dump_args, env)
+                fwd_peak, fwd_rate = run_child(FORWARD_CHILD, [args.teacher, args.data_dir, str(n)], env)
+                rows.append(
+                    {
+                        "allocator": allocator,
+                        "examples": n,
+                        "dump_peak_rss_mib": round(dump_peak, 1),
+                        "forward_peak_rss_mib": round(fwd_peak, 1),
+                        "dump_ex_per_s": dump_rate,
+                        "forward_ex_per_s": fwd_rate,
+                    }
+                )
+                print(
+                    f"{allocator:>30} {n:>7} examples: dump peak {dump_peak:4.0f} MiB ({dump_rate:.0f} ex/s), "
+                    f"bare forward peak {fwd_peak:4.0f} MiB ({fwd_rate:.0f} ex/s)",
+                    flush=True,
+                )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"config": args.config, "teacher": args.teacher, "rows": rows}, indent=2))
+    result = {
+        "config": args.config,
+        "teacher": args.teacher,
+        "cpus": os.cpu_count(),
+        "seconds": round(time.perf_counter() - started),
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def compute_shard(
 ) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order."""
     n = len(enc["length"])
-    parts: list[tuple[np.ndarray, dict]] = []
+    result: dict[str, np.ndarray] = {}  # each batch goes straight into the shard's buffers
     for batch in length_bucketed_batches(enc["length"], batch_size):
         t = int(enc["length"][batch].max())
         ids = enc["input_ids"][batch, :t]
@@ -158,16 +158,12 @@ def compute_shard(
             torch.from_numpy(mask).to(device),
             hidden_layers=sorted(set(selection.teacher_layers)),
         )
-        parts.append((batch, encode_batch(out, ids, lengths, selection, sep_id)))
+        for name, array in encode_batch(out, ids, lengths, selection, sep_id).items():
+            if name not in result:
+                result[name] = np.zeros((n, *array.shape[1:]), dtype=array.dtype)
+            result[name][batch] = array
         if progress is not None:
             progress.update(len(batch))
-    result = {}
-    for name in parts[0][1]:
-        first = parts[0][1][name]
-        full = np.zeros((n, *first.shape[1:]), dtype=first.dtype)
-        for batch, arrays in parts:
-            full[batch] = arrays[name]
-        result[name] = full
     return result
 
 
