@@ -71,9 +71,11 @@ def bare_forward(model, enc: dict, batch_size: int, device: str) -> float:
 def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     """Milliseconds per example of the dump's work that stays on the host whatever the device.
 
-    On a GPU the forward leaves the host, so the host's own work bounds the dump's throughput:
-    tokenizing and selection/encoding run on the main thread (the ceiling below); writing runs on
-    background threads while the next shard is computed.
+    On a GPU the forward leaves the host, so the host's own work bounds the dump's throughput.
+    There the dump runs it in stages on their own threads (tokenizing the next shard, selecting
+    and encoding the previous batch, writing the previous shard) while the main thread queues
+    forwards; the slower of tokenizing and selection is the ceiling reported here (writing is
+    concurrent Blosc encoding on several threads).
     """
     selection = build_selection(options, model.config.num_hidden_layers, model.config.hidden_size)
     probe = TeacherProbe(model, list(selection.ranking_layers))
@@ -98,7 +100,7 @@ def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     probe.close()
     n = len(enc["length"])
     per_ex = {"tokenize_ms": 1e3 * tokenize_s / n, "select_encode_ms": 1e3 * select_s / n}
-    per_ex["main_thread_ceiling_ex_s"] = 1e3 / (per_ex["tokenize_ms"] + per_ex["select_encode_ms"])
+    per_ex["host_ceiling_ex_s"] = 1e3 / max(per_ex["tokenize_ms"], per_ex["select_encode_ms"])
     return per_ex
 
 
@@ -162,7 +164,7 @@ def main() -> None:
         host = host_side_ms_per_example(model, tok, examples.texts, options)
         print(
             f"host side: tokenize {host['tokenize_ms']:.3f} ms/ex, selection + encoding "
-            f"{host['select_encode_ms']:.3f} ms/ex: main-thread ceiling {host['main_thread_ceiling_ex_s']:.0f} ex/s"
+            f"{host['select_encode_ms']:.3f} ms/ex: host ceiling for a GPU dump {host['host_ceiling_ex_s']:.0f} ex/s"
         )
         result = {
             "task": task.name,

@@ -24,7 +24,7 @@ from hskstore.writer import StoreWriter
 from .batching import length_bucketed_batches
 from .data import Examples, load_examples
 from .models import load_classifier, load_tokenizer, model_revision, vocab_hash, weights_hash
-from .probe import TeacherProbe
+from .probe import ProbeOutput, TeacherProbe
 from .targets import encode_batch
 from .tasks import Task, get_task
 from .tokenize import encode
@@ -135,6 +135,27 @@ def store_metadata(
     }
 
 
+def _select_on_host(out: ProbeOutput, copied: torch.cuda.Event | None, *args) -> dict[str, np.ndarray]:
+    if copied is not None:
+        copied.synchronize()
+    return encode_batch(out, *args)
+
+
+class _Inline:
+    """The executor interface, running each job at once on the calling thread."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def submit(self, fn, *args) -> Future:
+        job: Future = Future()
+        job.set_result(fn(*args))
+        return job
+
+
 def compute_shard(
     probe: TeacherProbe,
     enc: dict[str, np.ndarray],
@@ -143,27 +164,46 @@ def compute_shard(
     batch_size: int,
     device: str,
     progress=None,
+    overlap: bool | None = None,
 ) -> dict[str, np.ndarray]:
-    """Teacher forward + selection + encoding for the rows of one shard, back in source order."""
+    """Teacher forward + selection + encoding for the rows of one shard, back in source order.
+
+    With `overlap` (default: when the forward runs off the CPU), selection and encoding of batch k
+    run on a worker thread while the main thread starts the forward of batch k+1, so the host's
+    work hides behind the device's. A CPU forward already uses every core: there it only competes.
+    """
+    if overlap is None:
+        overlap = torch.device(device).type != "cpu"
     n = len(enc["length"])
     result: dict[str, np.ndarray] = {}  # each batch goes straight into the shard's buffers
-    for batch in length_bucketed_batches(enc["length"], batch_size):
-        t = int(enc["length"][batch].max())
-        ids = enc["input_ids"][batch, :t]
-        lengths = enc["length"][batch]
-        mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
-        out = probe(
-            torch.from_numpy(ids.astype(np.int64)).to(device),
-            torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
-            torch.from_numpy(mask).to(device),
-            hidden_layers=sorted(set(selection.teacher_layers)),
-        )
-        for name, array in encode_batch(out, ids, lengths, selection, sep_id).items():
+
+    def place(batch: np.ndarray, job: Future) -> None:
+        for name, array in job.result().items():
             if name not in result:
                 result[name] = np.zeros((n, *array.shape[1:]), dtype=array.dtype)
             result[name][batch] = array
         if progress is not None:
             progress.update(len(batch))
+
+    with ThreadPoolExecutor(max_workers=1) if overlap else _Inline() as host:
+        pending: tuple[np.ndarray, Future] | None = None
+        for batch in length_bucketed_batches(enc["length"], batch_size):
+            t = int(enc["length"][batch].max())
+            ids = enc["input_ids"][batch, :t]
+            lengths = enc["length"][batch]
+            mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
+            out = probe(
+                torch.from_numpy(ids.astype(np.int64)).to(device),
+                torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
+                torch.from_numpy(mask).to(device),
+                hidden_layers=sorted(set(selection.teacher_layers)),
+            )
+            job = host.submit(_select_on_host, *out.start_host_copy(), ids, lengths, selection, sep_id)
+            if pending is not None:
+                place(*pending)  # at most two batches' outputs wait: one encoding, one queued
+            pending = (batch, job)
+        if pending is not None:
+            place(*pending)
     return result
 
 
@@ -217,16 +257,24 @@ def dump(
     todo_rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
     bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress)
     started = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=1)
+    writing, tokenizing = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
+
+    def tokenized(shard: int) -> Future:
+        start, stop = writer.shard_bounds(shard)
+        return tokenizing.submit(encode, tokenizer, tuple(col[start:stop] for col in examples.texts), max_length)
+
+    # Three stages overlap: shard k+1 is tokenized while shard k is computed and shard k-1 written.
+    next_enc = tokenized(pending[0]) if pending else None
     in_flight: Future | None = None
     try:
-        for shard in pending:
-            start, stop = writer.shard_bounds(shard)
-            texts = tuple(col[start:stop] for col in examples.texts)
-            enc = encode(tokenizer, texts, max_length)
+        for i, shard in enumerate(pending):
+            enc = next_enc.result()
+            if i + 1 < len(pending):
+                next_enc = tokenized(pending[i + 1])
             arrays = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar
             )
+            start, stop = writer.shard_bounds(shard)
             arrays.update(
                 row=examples.rows[start:stop],
                 text_hash=hashes[start:stop],
@@ -237,11 +285,12 @@ def dump(
             )
             if in_flight is not None:
                 in_flight.result()  # at most one shard waits in memory
-            in_flight = pool.submit(writer.write_shard, shard, arrays)
+            in_flight = writing.submit(writer.write_shard, shard, arrays)
         if in_flight is not None:
             in_flight.result()
     finally:
-        pool.shutdown(wait=True)
+        writing.shutdown(wait=True)
+        tokenizing.shutdown(wait=True, cancel_futures=True)
         probe.close()
         bar.close()
     result = DumpResult(writer.finalize(), todo_rows, time.perf_counter() - started)

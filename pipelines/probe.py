@@ -45,6 +45,28 @@ class ProbeOutput:
     hidden: dict[int, torch.Tensor]  # teacher layer (0 = embeddings) -> [B, T, d]
     cls_scores: dict[int, torch.Tensor]  # attention layer (1..L) -> [B, heads, T] pre-softmax [CLS] rows
 
+    def start_host_copy(self) -> tuple[ProbeOutput, torch.cuda.Event | None]:
+        """A host copy of this output, started without waiting: wait on the event before reading it.
+
+        Copying right after the forward, before the next forward is queued, lets the device run
+        that forward while the host selects from this one. Outputs already on the CPU come back
+        as they are, with no event.
+        """
+        if self.logits.device.type != "cuda":
+            return self, None
+
+        def start(x: torch.Tensor) -> torch.Tensor:
+            return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
+
+        copy = ProbeOutput(
+            start(self.logits),
+            {j: start(h) for j, h in self.hidden.items()},
+            {layer: start(s) for layer, s in self.cls_scores.items()},
+        )
+        done = torch.cuda.Event()
+        done.record()
+        return copy, done
+
 
 class TeacherProbe:
     """Wraps a sequence classifier; call it on a batch to get a ProbeOutput."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from hskstore import open_store
 from hskstore.config import HSKConfig
 from hskstore.schema import PROGRESS_DONE
 from hskstore.writer import StoreWriter
+from pipelines import dump as dump_stage
 from pipelines.cli import main
 from pipelines.dump import DumpOptions, dump
 
@@ -154,6 +156,17 @@ def test_interrupted_dump_resumes_to_identical_bytes(teacher_dir, glue_dir, tmp_
     full, cut = open_store(str(tmp_path / "full.zarr")), open_store(str(tmp_path / "cut.zarr"))
     assert full.meta["checksums"] == cut.meta["checksums"]
     assert chunk_bytes(tmp_path / "full.zarr") == chunk_bytes(tmp_path / "cut.zarr")
+
+
+def test_overlapped_selection_writes_the_same_bytes(teacher_dir, glue_dir, tmp_path, monkeypatch):
+    """Selection on a worker thread (the GPU path, forced on here) writes the inline path's store."""
+    run_dump(teacher_dir, glue_dir, tmp_path / "inline.zarr", limit=48)
+    overlapped = functools.partial(dump_stage.compute_shard, overlap=True)
+    monkeypatch.setattr(dump_stage, "compute_shard", overlapped)
+    run_dump(teacher_dir, glue_dir, tmp_path / "overlap.zarr", limit=48)
+    inline, overlap = open_store(str(tmp_path / "inline.zarr")), open_store(str(tmp_path / "overlap.zarr"))
+    assert inline.meta["checksums"] == overlap.meta["checksums"]
+    assert chunk_bytes(tmp_path / "inline.zarr") == chunk_bytes(tmp_path / "overlap.zarr")
 
 
 def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path):
