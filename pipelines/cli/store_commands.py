@@ -20,10 +20,10 @@ vector's activations (largest magnitudes). '0,0,0' keeps logits only.
 
 An interrupted dump resumes where it stopped when you rerun the same command.
 
-Memory: one shard being computed and one being written, whatever the number of examples. On CPU,
-glibc's allocator lets the resident set of any long torch forward loop creep up (fragmentation);
-MALLOC_MMAP_THRESHOLD_=131072 keeps it flat, at about 30% lower CPU throughput
-(benchmarks/dump_memory.py measures both).
+Memory: one shard being tokenized, one computed and one written, whatever the number of
+examples. On CPU, glibc's allocator lets the resident set of any long torch forward loop creep
+up (fragmentation); MALLOC_MMAP_THRESHOLD_=131072 keeps it flat, at about a third less CPU
+throughput (benchmarks/dump_memory.py measures both).
 
 Examples:
 
