@@ -51,8 +51,8 @@ DUMP_CHILD = f"import sys; from pipelines.cli import main; rc = main(sys.argv[1:
 # The dump's loop without the dump: same shards, tokenization, batches and model, logits only.
 FORWARD_CHILD = f"""
 import sys, time
-import numpy as np, torch
-from pipelines.batching import length_bucketed_batches
+import torch
+from pipelines.batching import batch_inputs, length_bucketed_batches
 from pipelines.data import load_examples
 from pipelines.dump import DumpOptions
 from pipelines.models import load_classifier, load_tokenizer
@@ -68,13 +68,7 @@ with torch.inference_mode():
     for s in range(0, n, shard_rows):
         enc = encode(tokenizer, tuple(col[s : s + shard_rows] for col in examples.texts), task.max_length)
         for batch in length_bucketed_batches(enc["length"], batch_size):
-            t = int(enc["length"][batch].max())
-            mask = np.arange(t)[None, :] < enc["length"][batch][:, None]
-            model(
-                input_ids=torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)),
-                token_type_ids=torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)),
-                attention_mask=torch.from_numpy(mask.astype(np.int64)),
-            ).logits.numpy()
+            model(**batch_inputs(enc, batch, "cpu")).logits.numpy()
 print(f"({{n / (time.perf_counter() - start):.1f}} ex/s)")
 {PEAK}
 """

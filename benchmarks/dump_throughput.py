@@ -20,12 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from hskstore.config import HSKConfig
-from pipelines.batching import length_bucketed_batches
+from pipelines.batching import batch_inputs, length_bucketed_batches
 from pipelines.data import load_examples
 from pipelines.dump import DumpOptions, build_selection, dump
 from pipelines.probe import TeacherProbe
@@ -56,13 +55,7 @@ def bare_forward(model, enc: dict, batch_size: int, device: str) -> float:
     start = time.perf_counter()
     with torch.inference_mode():
         for batch in length_bucketed_batches(enc["length"], batch_size):
-            t = int(enc["length"][batch].max())
-            ids = torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)).to(device)
-            tt = torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device)
-            mask = (
-                (torch.arange(t)[None, :] < torch.from_numpy(enc["length"][batch])[:, None]).long().to(device)
-            )
-            model(input_ids=ids, token_type_ids=tt, attention_mask=mask).logits.float().cpu()
+            model(**batch_inputs(enc, batch, device)).logits.float().cpu()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -84,14 +77,9 @@ def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     tokenize_s = time.perf_counter() - start
     select_s = 0.0
     for batch in length_bucketed_batches(enc["length"], options.batch_size):
-        t = int(enc["length"][batch].max())
-        ids, lengths = enc["input_ids"][batch, :t], enc["length"][batch]
-        out = probe(
-            torch.from_numpy(ids.astype(np.int64)).to(options.device),
-            torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(options.device),
-            torch.from_numpy((np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)).to(options.device),
-            hidden_layers=sorted(set(selection.teacher_layers)),
-        )
+        inputs = batch_inputs(enc, batch, options.device)
+        ids, lengths = enc["input_ids"][batch, : inputs["input_ids"].shape[1]], enc["length"][batch]
+        out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
         host_out, copied = out.start_host_copy()  # as the dump does; the transfer is not timed
         if copied is not None:
             copied.synchronize()

@@ -1,6 +1,7 @@
 """Length-bucketed batching: group examples of similar length so padding does not dominate compute.
 
-Used by teacher fine-tuning (shuffled) and by the dump (deterministic). Pure numpy.
+Used by teacher fine-tuning (shuffled), evaluation and the dump (deterministic). The batching is
+pure numpy; `batch_inputs` turns one batch of tokenized rows into the model's tensors.
 """
 
 from __future__ import annotations
@@ -8,6 +9,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+
+
+def batch_inputs(enc: dict[str, np.ndarray], batch: np.ndarray, device: str | torch.device) -> dict:
+    """Model inputs (input_ids, token_type_ids, attention_mask) of rows `batch`, trimmed to their longest."""
+    lengths = enc["length"][batch]
+    t = max(int(lengths.max()), 1)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    return {
+        "input_ids": torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)).to(device),
+        "token_type_ids": torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
+        "attention_mask": torch.from_numpy(mask.astype(np.int64)).to(device),
+    }
 
 
 def length_bucketed_batches(

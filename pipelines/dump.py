@@ -21,7 +21,7 @@ from hskstore.layermap import default_l_top, select_depth
 from hskstore.schema import make_layout
 from hskstore.writer import StoreWriter
 
-from .batching import length_bucketed_batches
+from .batching import batch_inputs, length_bucketed_batches
 from .data import Examples, load_examples
 from .models import load_classifier, load_tokenizer, model_revision, vocab_hash, weights_hash
 from .probe import ProbeOutput, TeacherProbe
@@ -188,17 +188,12 @@ def compute_shard(
     with ThreadPoolExecutor(max_workers=1) if overlap else _Inline() as host:
         pending: tuple[np.ndarray, Future] | None = None
         for batch in length_bucketed_batches(enc["length"], batch_size):
-            t = int(enc["length"][batch].max())
-            ids = enc["input_ids"][batch, :t]
-            lengths = enc["length"][batch]
-            mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
-            out = probe(
-                torch.from_numpy(ids.astype(np.int64)).to(device),
-                torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
-                torch.from_numpy(mask).to(device),
-                hidden_layers=sorted(set(selection.teacher_layers)),
+            inputs = batch_inputs(enc, batch, device)
+            ids = enc["input_ids"][batch, : inputs["input_ids"].shape[1]]
+            out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
+            job = host.submit(
+                _select_on_host, *out.start_host_copy(), ids, enc["length"][batch], selection, sep_id
             )
-            job = host.submit(_select_on_host, *out.start_host_copy(), ids, lengths, selection, sep_id)
             if pending is not None:
                 place(*pending)  # at most two batches' outputs wait: one encoding, one queued
             pending = (batch, job)

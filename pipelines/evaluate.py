@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .batching import batch_inputs
 from .data import Examples, load_examples
 from .metrics import compute_metrics
 from .tasks import Task, get_task
@@ -40,12 +41,9 @@ def predict(
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            t = max(int(lengths[idx].max()), 1)
-            ids = torch.from_numpy(enc["input_ids"][idx, :t].astype(np.int64)).to(device)
-            mask = torch.from_numpy((np.arange(t)[None, :] < lengths[idx, None]).astype(np.int64)).to(device)
-            kwargs = {"input_ids": ids, "attention_mask": mask}
-            if use_types:
-                kwargs["token_type_ids"] = torch.from_numpy(enc["token_type_ids"][idx, :t].astype(np.int64)).to(device)
+            kwargs = batch_inputs(enc, idx, device)
+            if not use_types:
+                del kwargs["token_type_ids"]
             logits = model(**kwargs).logits.float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(order), logits.shape[1]), dtype=np.float32)

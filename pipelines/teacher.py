@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from pipelines.batching import length_bucketed_batches
+from pipelines.batching import batch_inputs, length_bucketed_batches
 from pipelines.data import DataError, Examples, load_examples
 from pipelines.distill import param_groups
 from pipelines.evaluate import predict
@@ -41,18 +41,6 @@ from pipelines.tasks import Task, get_task
 from pipelines.tokenize import encode
 
 SUMMARY_FILE = "hsk_teacher.json"
-
-
-def _to_device(enc: dict[str, np.ndarray], batch: np.ndarray, device: str | torch.device) -> dict:
-    """One batch trimmed to its longest sequence (batches are length-bucketed, so little padding)."""
-    lengths = enc["length"][batch]
-    t = int(lengths.max())
-    mask = np.arange(t)[None, :] < lengths[:, None]
-    return {
-        "input_ids": torch.from_numpy(enc["input_ids"][batch, :t].astype(np.int64)).to(device),
-        "token_type_ids": torch.from_numpy(enc["token_type_ids"][batch, :t].astype(np.int64)).to(device),
-        "attention_mask": torch.from_numpy(mask.astype(np.int64)).to(device),
-    }
 
 
 def _linear_warmup(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
@@ -210,7 +198,7 @@ def fine_tune_teacher(
             disable=not progress,
         )
         for batch in batches:
-            logits = model(**_to_device(enc, batch, device)).logits
+            logits = model(**batch_inputs(enc, batch, device)).logits
             target = y_all[batch].to(device)
             if task.is_regression:
                 loss = F.mse_loss(logits.squeeze(-1).float(), target)
