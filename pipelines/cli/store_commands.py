@@ -22,7 +22,7 @@ An interrupted dump resumes where it stopped when you rerun the same command.
 
 Memory: one shard being tokenized, one computed and one written, whatever the number of
 examples. On CPU, glibc's allocator lets the resident set of any long torch forward loop creep
-up (fragmentation); MALLOC_MMAP_THRESHOLD_=131072 keeps it flat, at about a third less CPU
+up (fragmentation); MALLOC_MMAP_THRESHOLD_=131072 keeps it flat, at 30-35% less CPU
 throughput (benchmarks/dump_memory.py measures both).
 
 Examples:
