@@ -29,7 +29,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$WORK" benchmarks/results
 
 [ -f "$TEACHER/config.json" ] || { echo "no fine-tuned teacher at $TEACHER (set TEACHER)" >&2; exit 2; }
-[ -f "$MLM_WORK/corpus.zarr/zarr.json" ] || bash benchmarks/mlm_store.sh "$DATA_DIR"
+[ -f "$MLM_WORK/corpus.zarr/zarr.json" ] || WORK="$MLM_WORK" bash benchmarks/mlm_store.sh "$DATA_DIR"
 
 # Fine-tuning data: the first TRAIN_ROWS rows with labels; (c) adds the next UNLABELED_ROWS without.
 python - "$DATA_DIR/SST-2/train.tsv" "$WORK" "$TRAIN_ROWS" "$UNLABELED_ROWS" <<'PY'
@@ -52,17 +52,17 @@ done
 COMMON=(--epochs "$EPOCHS" --max-steps "$MAX_STEPS" --batch-size 32 --data-dir "$DATA_DIR" --no-progress)
 for seed in $SEEDS; do
   if [ ! -f "$WORK/pre-seed$seed/summary.json" ]; then
-    OMP_NUM_THREADS=2 hsk train --method lightpaff-pretrain --store "$MLM_WORK/corpus.zarr" --student bert3 \
+    OMP_NUM_THREADS="${THREADS:-2}" hsk train --method lightpaff-pretrain --store "$MLM_WORK/corpus.zarr" --student bert3 \
       --seed "$seed" --max-steps "$PRE_STEPS" --batch-size 32 --no-progress --out "$WORK/pre-seed$seed" \
       > "$WORK/pre-seed$seed.log" 2>&1
   fi
   # the three fine-tuning runs of a seed, one core each would starve: run them one after another
-  [ -f "$WORK/kd-seed$seed/summary.json" ] || OMP_NUM_THREADS=2 hsk train --method kd --store "$WORK/labelled.zarr" \
+  [ -f "$WORK/kd-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method kd --store "$WORK/labelled.zarr" \
     --student bert3 --seed "$seed" "${COMMON[@]}" --out "$WORK/kd-seed$seed" > "$WORK/kd-seed$seed.log" 2>&1
-  [ -f "$WORK/lightpaff-seed$seed/summary.json" ] || OMP_NUM_THREADS=2 hsk train --method lightpaff \
+  [ -f "$WORK/lightpaff-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method lightpaff \
     --store "$WORK/labelled.zarr" --init "$WORK/pre-seed$seed/best" --seed "$seed" "${COMMON[@]}" \
     --out "$WORK/lightpaff-seed$seed" > "$WORK/lightpaff-seed$seed.log" 2>&1
-  [ -f "$WORK/lightpaff_u-seed$seed/summary.json" ] || OMP_NUM_THREADS=2 hsk train --method lightpaff \
+  [ -f "$WORK/lightpaff_u-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method lightpaff \
     --store "$WORK/with_pool.zarr" --init "$WORK/pre-seed$seed/best" --seed "$seed" "${COMMON[@]}" \
     --out "$WORK/lightpaff_u-seed$seed" > "$WORK/lightpaff_u-seed$seed.log" 2>&1
 done

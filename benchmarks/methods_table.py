@@ -1,20 +1,24 @@
 """The methods table: every distillation method on the same student, SST-2 and MRPC, 2 seeds, one CPU schedule.
 
-For each task, with the fine-tuned MiniLM-L6 teacher (6 layers, d 384) and a `bert3` student (its
-first 3 layers), everything through the CLI a user runs:
+For each task, with the fine-tuned MiniLM-L6 teacher (6 layers, d 384) and students of 3 layers'
+parameters (`bert3`: the teacher's first 3 layers; PEA-KD's `sps3`: the same 3 layers run twice,
+Q and K swapped on the second pass), everything through the CLI a user runs:
 
-  1. `hsk dump` twice over the first --train-rows training rows: the mud store (config 3,8,0.2, a
-     3-layer reference student) and the Patient KD store ([CLS] vectors of teacher layers 2, 4, 5:
-     Skip {2,4} and Last {4,5} of a 6 -> 3 student);
-  2. `hsk sweep --methods ...` on each store, every run appending to one results table: mud at
-     3,8,0.2 (its stages 1 epoch each), and finetune, kd, pkd-skip, pkd-last (2 epochs), all at
-     learning rate --lr, batch 32, dev metric on the whole dev set, the best dev evaluation kept;
+  1. `hsk dump` three times over the first --train-rows training rows: the mud store (config
+     3,8,0.2, a 3-layer reference student), the same with the teacher's attention rows
+     (`--attention-rows`, for tinybert-att) and the Patient KD store ([CLS] vectors of teacher
+     layers 1..5: Skip {2,4} and Last {4,5} of a 6 -> 3 student, and all five for PEA-KD's sps3,
+     whose effective depth is 6);
+  2. `hsk sweep --methods ...` on each store, every run appending to one results table. One
+     schedule: --epochs (2) epochs in all, a two-stage method 1 + 1 (mud, tinybert-att: HSK then
+     prediction; pea: PTP then KD), learning rate --lr, batch 32, dev metric on the whole dev set,
+     the best dev evaluation kept;
   3. a markdown table: dev metric mean ± sample std over seeds, store bytes per example (of the
-     store each method trained from: logits-only methods read the derived 0,0,0 store), train time.
+     store each method trained from: logits-only methods read the derived 0,0,0 store; the [CLS]
+     store holds 5 layers, more than pkd-skip and pkd-last read), train time.
 
-Methods of other modules (e.g. `pea`, `tinybert-att`) join with --methods NAME@STORE, STORE being
-`mud` or `cls` or a store path. Every step resumes when rerun (dumps resume, sweeps skip finished
-runs). Not run by the tests.
+--methods takes NAME@STORE[:STUDENT], STORE being `mud`, `att`, `cls` or a store path. Every step
+resumes when rerun (dumps resume, sweeps skip finished runs). Not run by the tests.
 
     python benchmarks/methods_table.py --data-dir ../shared/data/glue
 """
@@ -28,7 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_METHODS = "finetune@mud,kd@mud,pkd-skip@cls,pkd-last@cls,mud@mud"
+DEFAULT_METHODS = "finetune@mud,kd@mud,pkd-skip@cls,pkd-last@cls,pea@cls:sps3,mud@mud,tinybert-att@att"
+TWO_STAGE = {  # method -> its stage flags, each stage half of --epochs
+    "mud": ("--epochs-hsk", "--epochs-pred", "--lr-hsk", "--lr-pred"),
+    "tinybert-att": ("--epochs-hsk", "--epochs-pred", "--lr-hsk", "--lr-pred"),
+}
 
 
 def sh(*args: str) -> None:
@@ -37,28 +45,34 @@ def sh(*args: str) -> None:
 
 
 def dump_stores(task: str, teacher: str, data_dir: str, rows: int, work: Path) -> dict[str, str]:
-    stores = {"mud": work / f"{task}-3_8_0.2.zarr", "cls": work / f"{task}-cls-2_4_5.zarr"}
+    stores = {"mud": work / f"{task}-3_8_0.2.zarr", "att": work / f"{task}-3_8_0.2-att.zarr",
+              "cls": work / f"{task}-cls-1_5.zarr"}
     flags = {"mud": ["--student-layers", "3", "--config", "3,8,0.2"],
-             "cls": ["--tokens", "cls", "--layers", "2,4,5", "--config", "3,1,1"]}
+             "att": ["--student-layers", "3", "--config", "3,8,0.2", "--attention-rows"],
+             "cls": ["--tokens", "cls", "--layers", "1,2,3,4,5", "--config", "5,1,1"]}
     for name, path in stores.items():
         if subprocess.run(["hsk", "verify", str(path)], capture_output=True).returncode != 0:
             sh("hsk", "dump", "--task", task, "--teacher", teacher, "--data-dir", data_dir, "--limit", str(rows),
-               *flags[name], "--out", str(path))
+               *flags[name], "--no-progress", "--out", str(path))
     return {k: str(v) for k, v in stores.items()}
 
 
-def sweep(store: str, methods: list[str], args, work: Path, results: Path) -> None:
-    common = ["--students", "bert3", "--seeds", args.seeds, "--batch-size", "32", "--data-dir", args.data_dir,
+def sweep(store: str, method: str, student: str, args, work: Path, results: Path) -> None:
+    common = ["--students", student, "--seeds", args.seeds, "--batch-size", "32", "--data-dir", args.data_dir,
               "--work-dir", str(work / "sweep"), "--results", str(results)]
     if args.eval_limit:
         common += ["--eval-limit", str(args.eval_limit)]
-    for method in methods:
-        if method == "mud":
-            sh("hsk", "sweep", "--source", store, "--methods", "mud", "--configs", "3,8,0.2", "--epochs-hsk", "1",
-               "--epochs-pred", "1", "--lr-hsk", str(args.lr), "--lr-pred", str(args.lr), *common)
-        else:
-            sh("hsk", "sweep", "--source", store, "--methods", method, "--epochs", str(args.epochs), "--lr",
-               str(args.lr), *common)
+    half = str(args.epochs / 2)
+    if method in TWO_STAGE:
+        e1, e2, l1, l2 = TWO_STAGE[method]
+        schedule = [e1, half, e2, half, l1, str(args.lr), l2, str(args.lr)]
+        schedule += ["--configs", "3,8,0.2"] if method == "mud" else []
+    elif method == "pea":  # PTP then KD; the PTP stage takes the same LR
+        schedule = ["--epochs", half, "--lr", str(args.lr), "--set", f"ptp_epochs={half}", "--set",
+                    f"ptp_lr={args.lr}"]
+    else:
+        schedule = ["--epochs", str(args.epochs), "--lr", str(args.lr)]
+    sh("hsk", "sweep", "--source", store, "--methods", method, *schedule, *common)
 
 
 def table(results: Path, tasks: list[str]) -> str:
@@ -68,15 +82,15 @@ def table(results: Path, tasks: list[str]) -> str:
     for r in pq.read_table(results).to_pylist():
         parts = Path(r["source_store"]).parts  # every store of a task lives under WORK/<task>/
         task = next((t for t in tasks if t in parts), "?")
-        groups.setdefault((r["method"] or "mud", task, r["metric_name"]), []).append(r)
-    lines = ["| method | task | dev metric (mean ± std) | seeds | store bytes/example | train s (mean) |",
-             "|---|---|---:|---:|---:|---:|"]
-    for (method, task, metric), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        groups.setdefault((r["method"] or "mud", r["student"], task, r["metric_name"]), []).append(r)
+    lines = ["| method | student | task | dev metric (mean ± std) | seeds | store bytes/example | train s (mean) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for (method, student, task, metric), runs in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0])):
         values = [100 * r["metric"] for r in runs if r["metric"] is not None]
         mean = sum(values) / len(values) if values else float("nan")
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
         secs = sum(r["train_seconds"] or 0 for r in runs) / len(runs)
-        lines.append(f"| {method} | {task} | {metric} {mean:.2f} ± {std:.2f} | {len(values)} | "
+        lines.append(f"| {method} | {student} | {task} | {metric} {mean:.2f} ± {std:.2f} | {len(values)} | "
                      f"{runs[0]['bytes_per_example']:,.0f} | {secs:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -107,12 +121,10 @@ def main() -> None:
         work = Path(args.work) / task
         work.mkdir(parents=True, exist_ok=True)
         stores = dump_stores(task, teacher, args.data_dir, args.train_rows, work)
-        by_store: dict[str, list[str]] = {}
         for item in args.methods.split(","):
             name, _, where = item.partition("@")
-            by_store.setdefault(stores.get(where or "mud", where), []).append(name)
-        for store, methods in by_store.items():
-            sweep(store, methods, args, work, results)
+            where, _, student = where.partition(":")
+            sweep(stores.get(where or "mud", where), name, student or "bert3", args, work, results)
     text = table(results, args.tasks.split(","))
     (out / "methods_table.md").write_text(text)
     print(text)

@@ -12,12 +12,13 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import save_tiny_teacher, tiny_bert_config
 from transformers import AutoTokenizer, BertForMaskedLM, BertForSequenceClassification
 
-from hskstore.config import HSKConfig
+from hskstore.config import ConfigError, HSKConfig
 from pipelines.cli import main
 from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 from pipelines.dump.stage import DumpOptions, dump
@@ -176,6 +177,51 @@ def test_pretrain_then_finetune(mlm_store, task_stores, tmp_path):
     assert summary["method"] == "lightpaff" and summary["method_options"]["lam"] == 0.5
     student = BertForSequenceClassification.from_pretrained(ft / "best")
     assert student.config.num_hidden_layers == 2
+
+
+def test_pretrain_resumes_mid_run_to_the_same_curve(mlm_store, tmp_path):
+    # 40 rows / batch 8 = 5 steps an epoch, so 7 steps cross an epoch boundary. The run dies at step 5,
+    # after the checkpoint of step 4: steps 5-7 are recomputed from it (step 5's record is dropped)
+    from pipelines.train.distill import train
+    from pipelines.train.options import TrainOptions
+
+    def opts(**kw) -> TrainOptions:
+        base = dict(method="lightpaff-pretrain", method_options={"epochs": 2, "lam": 0.5}, max_steps=7,
+                    batch_size=8, log_every=1, checkpoint_every=2, seed=5, workers=0, progress=False)
+        return TrainOptions(**{**base, **kw})
+
+    def losses(out: Path) -> list[tuple[int, float]]:
+        return [(r["step"], r["loss"]) for r in _records(out) if r["type"] == "train"]
+
+    whole = train(opts(), student="bert2", out_dir=str(tmp_path / "whole"), store=str(mlm_store), log=lambda *_: None)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(record: dict) -> None:
+        if record["step"] == 5:
+            raise Stop
+
+    cut = tmp_path / "cut"
+    with pytest.raises(Stop):
+        train(opts(), student="bert2", out_dir=str(cut), store=str(mlm_store), log=lambda *_: None,
+              on_step=interrupt)
+    assert torch.load(cut / "checkpoint" / "state.pt", weights_only=False)["progress"]["step"] == 4
+    assert not (cut / "best").exists()
+    lines: list[str] = []
+    resumed = train(opts(), student="bert2", out_dir=str(cut), store=str(mlm_store), log=lines.append)
+    assert any("resuming" in line and "step 4 of 7" in line for line in lines)
+    assert [s for s, _ in losses(cut)] == list(range(1, 8))
+    np.testing.assert_allclose([x for _, x in losses(cut)], [x for _, x in losses(tmp_path / "whole")], rtol=1e-5)
+    assert resumed["steps"] == whole["steps"] == 7
+    a = BertForMaskedLM.from_pretrained(cut / "best")
+    b = BertForMaskedLM.from_pretrained(tmp_path / "whole" / "best")
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=name)
+
+    # another run's checkpoint in --out is refused in one line, before anything is trained
+    with pytest.raises(ConfigError, match="checkpoint of another run"):
+        train(opts(seed=6), student="bert2", out_dir=str(cut), store=str(mlm_store), log=lambda *_: None)
 
 
 def _curve(store: str, out: Path, lam: str) -> list[float]:

@@ -354,3 +354,22 @@ def test_sweep_over_methods(stores, teacher_dir, glue_dir, tmp_path):
     assert read_results(spec().results_path).num_rows == 2
     with pytest.raises(ConfigError, match="--tokens cls"):
         sweep.plan_runs(sweep.SweepSpec(source=stores["mud"], methods="pkd-last", work_dir=str(tmp_path / "x")))
+
+
+def test_sweep_cli_set_reaches_the_method_and_its_run_id(stores, tmp_path, capsys):
+    from pipelines.cli import main
+
+    def planned(*extra: str) -> str:
+        args = ["sweep", "--source", stores["cls"], "--methods", "pea", "--students", "bert2",
+                "--work-dir", str(tmp_path / "w"), "--dry-run", *extra]
+        assert main(args) == 0
+        return capsys.readouterr().out
+
+    plain, one_epoch = planned(), planned("--set", "ptp_epochs=1")
+    run_id = [line.split()[0] for line in plain.splitlines() if " method " in line]
+    assert len(run_id) == 1 and run_id[0] not in one_epoch  # the option is part of what the run computes
+    assert planned("--set", "ptp-epochs=1") == one_epoch  # dashes or underscores
+    assert main(["sweep", "--source", stores["cls"], "--methods", "pea", "--set", "bogus=1", "--dry-run",
+                 "--work-dir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bogus" in err and not (tmp_path / "w").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from . import app
+from .train_commands import method_options
 
 DERIVE_HELP = """Write the store of a smaller config from a larger store, without the teacher.
 
@@ -158,6 +159,9 @@ def sweep_cmd(
     alpha: float = typer.Option(None, help="KD mixture weight a of every method that has one."),
     temperature: float = typer.Option(None, help="Softmax temperature T of every method that has one."),
     beta: float = typer.Option(None, help="pkd-*: weight of the [CLS] loss [default: 500]."),
+    set_: list[str] = typer.Option(  # noqa: B008
+        None, "--set", help="Any option of a swept method as NAME=VALUE (repeatable), e.g. ptp_epochs=1."
+    ),
     eval_limit: int = typer.Option(None, help="Evaluate on the first N dev examples only."),
     evaluate: bool = typer.Option(True, "--eval/--no-eval", help="--no-eval: train without dev data."),
     teacher: str = typer.Option(None, help="Where the source store's teacher is now (bert<k>; weights checked)."),
@@ -180,6 +184,7 @@ def sweep_cmd(
                        ("teacher", teacher), ("student_base", student_base)]:
         if value is not None:
             train[key] = value
+    train.update(method_options({}, set_))
     if not evaluate:
         train["evaluate"] = False
     if train["stages"] == "hsk,pred":

@@ -44,6 +44,7 @@ def teacher(
     objective: str = typer.Option("task", help="task (fine-tune a classifier) or mlm (train an MLM head)."),
     text_file: str = typer.Option(None, help="--objective mlm: raw in-domain text, one example per line."),
     train_layers: int = typer.Option(0, help="--objective mlm: also train the top N encoder layers."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
 ) -> None:
     from pipelines.core.devices import pick_device
     from pipelines.core.tasks import get_task
@@ -51,7 +52,7 @@ def teacher(
 
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
-                     seed, pick_device(device))
+                     seed, pick_device(device), progress)
         return
     if objective != "task":
         raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
@@ -73,13 +74,14 @@ def teacher(
         seed=seed,
         device=pick_device(device),
         overwrite=overwrite,
+        progress=progress,
         log=typer.echo,
     )
     typer.echo(f"teacher saved to {out}: dev {summary.get('dev_metrics', summary.get('metrics'))}")
 
 
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
-                 device) -> None:
+                 device, progress) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.mlm_teacher import train_mlm_teacher
 
@@ -88,7 +90,7 @@ def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, l
     corpus = load_corpus(text_file, data_file, None, limit)
     summary = train_mlm_teacher(base, corpus, out, train_layers=train_layers, epochs=epochs, lr=lr,
                                 batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,
-                                log=typer.echo)
+                                progress=progress, log=typer.echo)
     typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
 
 

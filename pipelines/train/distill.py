@@ -138,20 +138,6 @@ def _identity(options: TrainOptions, student: str, source: Source, batch_size: i
     }
 
 
-def _resume_state(options: TrainOptions, checkpoints: Checkpoints, out: Path, log: Callable) -> dict | None:
-    if not options.resume:
-        if checkpoints.path.exists():
-            log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
-        return None
-    state = checkpoints.load()
-    if state is not None and state.get("foreign"):
-        raise ConfigError(
-            f"{out} holds a checkpoint of another run (student, store, method, options, batch size or seed "
-            "differ): use another --out, or --no-resume to start over"
-        )
-    return state
-
-
 def train(
     options: TrainOptions,
     *,
@@ -210,7 +196,7 @@ def _train(
 
         if store is None:
             raise ConfigError("--method lightpaff-pretrain distils from a masked-LM store: give --store")
-        return pretrain(options, student=student, out_dir=out_dir, store=store, log=log)
+        return pretrain(options, student=student, out_dir=out_dir, store=store, log=log, on_step=on_step)
     if teacher is not None and task is None:
         raise ConfigError("online training (--teacher) needs --task")
     claim_output(out_dir, RUN_KIND, overwrite=False)  # refuse a foreign --out before anything else
@@ -240,7 +226,7 @@ def _train(
     ranks.barrier()
     checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
                               _identity(options, student, source, batch_size, method, method_options, ranks))
-    state = _resume_state(options, checkpoints, out, log)
+    state = checkpoints.resume(options.resume, out, log)
     if state is not None and state["position"]["stage_index"] >= len(stages) and (out / "summary.json").exists():
         log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
         return json.loads((out / "summary.json").read_text())

@@ -5,8 +5,10 @@ the original token and the teacher's top-k ids, logits and full log-sum-exp. The
 BertForMaskedLM (decoder tied to the word embeddings): its encoder and MLM head are trained on the
 stage's terms (pipelines.methods.lightpaff) at the masked positions only, with the same stream,
 optimiser, schedule and loss-term machinery as every other method. There is no task, dev set or
-classifier here, so this runs its own short loop instead of pipelines.train.loop; it keeps the
-final model (OUT/best, plain transformers) and does not resume mid-run (a rerun starts over).
+classifier here, so this runs its own short loop instead of pipelines.train.loop. It keeps the
+final model (OUT/best, plain transformers) and, like every run, checkpoints every
+--checkpoint-every steps to OUT/checkpoint/state.pt (model, optimiser, schedule, stream position,
+RNG): a rerun of the same command continues from there and computes the same steps.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from torch import nn
 from hskstore import open_store
 from hskstore.config import ConfigError
 from hskstore.outputs import claim_output, mark_output
-from pipelines.core.run_state import MetricsLog, write_json
+from pipelines.core.run_state import MetricsLog, atomic_save, rng_state, set_rng_state, write_json
 from pipelines.methods import Context, get_method
 from pipelines.methods.base import Stage
-from pipelines.train.loop import param_groups, schedule_factor
+from pipelines.train.loop import CHECKPOINT_VERSION, Checkpoints, param_groups, schedule_factor
 from pipelines.train.losses import TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions
 from pipelines.train.sources import Source, run_device, store_teacher
@@ -133,8 +135,16 @@ def _save(model: nn.Module, tokenizer: Any, out: Path, card: dict) -> Path:
     return target
 
 
+def _identity(options: TrainOptions, student: str, store: Any, method: Any, method_options: Any,
+              batch_size: int) -> dict:
+    """What a checkpoint must share with the run that resumes it."""
+    return {"student": student, "source": str(store.url), "address": store.content_address,
+            "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
+            "seed": options.seed, "max_steps": options.max_steps}
+
+
 def pretrain(options: TrainOptions, *, student: str, out_dir: str, store: str,
-             log: Callable[[str], Any] = print) -> dict:
+             log: Callable[[str], Any] = print, on_step: Callable[[dict], Any] | None = None) -> dict:
     """Distil `student` from the masked-LM store at `store`; OUT/best holds a plain BertForMaskedLM."""
     from pipelines.train.distill import RUN_KIND
 
@@ -147,33 +157,66 @@ def pretrain(options: TrainOptions, *, student: str, out_dir: str, store: str,
     _check_student(model, tokenizer, hsk_store.meta)
     device = run_device(options)
     out = Path(out_dir)
+    batch_size = options.batch_size or 32
+    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
+                              _identity(options, student, hsk_store, method, method_options, batch_size))
+    state = checkpoints.resume(options.resume, out, log)
     mark_output(str(out), RUN_KIND, method=method.name)
     model.to(device).train()
-    stream = StoreStream(hsk_store, batch_size=options.batch_size or 32, seed=options.seed,
+    stream = StoreStream(hsk_store, batch_size=batch_size, seed=options.seed,
                          buffer_shards=options.buffer_shards, workers=options.workers, names=MLM_ARRAYS)
     total = math.ceil(stage.epochs * len(stream))
     if options.max_steps is not None:
         total = min(total, options.max_steps)
     optimizer = torch.optim.AdamW(param_groups([model], options.weight_decay), lr=stage.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(stage.schedule, total, stage.warmup_ratio))
-    metrics = MetricsLog(out / "metrics.jsonl", None)
+    progress = {"step": 0, "seconds": 0.0, "last": {}}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        set_rng_state(state["rng"])
+        progress = state["progress"]
+        log(f"resuming from {checkpoints.path} at step {progress['step']} of {total}")
+    metrics = MetricsLog(out / "metrics.jsonl", progress["step"] if state is not None else None)
     log(f"lightpaff-pretrain: {init}; {total} steps over {len(hsk_store)} rows, terms "
         + ", ".join(f"{t.weight:g} {t.name}" for t in stage.terms))
-    step, started, last = 0, time.perf_counter(), {}
-    while step < total:
+
+    def save() -> None:
+        atomic_save({"version": CHECKPOINT_VERSION, "identity": checkpoints.identity, "progress": progress,
+                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "stream": stream.state_dict(), "rng": rng_state()},
+                    checkpoints.path)
+
+    checkpoints.path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter() - progress["seconds"]
+    while progress["step"] < total:
         for raw in stream:
-            last = _step(model, stage, optimizer, scheduler, raw, device, options.max_grad_norm)
-            step += 1
-            if step % options.log_every == 0 or step == total:
-                metrics.write({"type": "train", "stage": stage.name, "step": step, "loss": last["loss"],
-                               "terms": last["terms"], "lr": scheduler.get_last_lr()[0]})
-            if step >= total:
+            progress["last"] = _step(model, stage, optimizer, scheduler, raw, device, options.max_grad_norm)
+            progress["step"] += 1
+            progress["seconds"] = time.perf_counter() - started
+            record = {"type": "train", "stage": stage.name, "step": progress["step"], "loss": progress["last"]["loss"],
+                      "terms": progress["last"]["terms"], "lr": scheduler.get_last_lr()[0]}
+            if progress["step"] % options.log_every == 0 or progress["step"] == total:
+                metrics.write(record)
+            if progress["step"] % options.checkpoint_every == 0 or progress["step"] == total:
+                save()
+            if on_step is not None:
+                on_step(record)
+            if progress["step"] >= total:
                 break
-    seconds = round(time.perf_counter() - started, 2)
+    return _finish(progress, model, tokenizer, out, init, hsk_store, method, method_options, student, stage, log)
+
+
+def _finish(progress: dict, model: nn.Module, tokenizer: Any, out: Path, init: str, hsk_store: Any, method: Any,
+            method_options: Any, student: str, stage: Stage, log: Callable[[str], Any]) -> dict:
+    step, last, seconds = progress["step"], progress["last"], round(progress["seconds"], 2)
+    options_dict = method.option_dict(method_options)
     card = {"reason": "end of pre-training distillation", "step": step, "init": init, "source": str(hsk_store.url),
-            "method": method.name, "method_options": method.option_dict(method_options)}
+            "method": method.name, "method_options": options_dict}
     best = _save(model, tokenizer, out, card)
-    summary = {"method": method.name, "method_options": method.option_dict(method_options), "student": student,
+    summary = {"method": method.name, "method_options": options_dict, "student": student,
                "student_init": init, "store": str(hsk_store.url), "steps": step, "train_seconds": seconds,
                "final_losses": last, "stage": stage.describe(), "model_dir": str(best)}
     write_json(out / "summary.json", summary)

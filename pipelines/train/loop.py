@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from hskstore.config import ConfigError
 from pipelines.core.run_state import MetricsLog, atomic_save, json_default, rng_state, set_rng_state
 from pipelines.core.tasks import Task
 from pipelines.methods.base import Stage
@@ -241,6 +242,20 @@ class Checkpoints:
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if state.get("version") != CHECKPOINT_VERSION or state.get("identity") != self.identity:
             return {"foreign": True}
+        return state
+
+    def resume(self, resume: bool, out: Path, log: Callable[[str], Any]) -> dict | None:
+        """The state to continue from (None: start); another run's checkpoint is refused in one line."""
+        if not resume:
+            if self.path.exists():
+                log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
+            return None
+        state = self.load()
+        if state is not None and state.get("foreign"):
+            raise ConfigError(
+                f"{out} holds a checkpoint of another run (student, store, method, options, batch size or seed "
+                "differ): use another --out, or --no-resume to start over"
+            )
         return state
 
 
