@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -373,3 +375,31 @@ def test_sweep_cli_set_reaches_the_method_and_its_run_id(stores, tmp_path, capsy
                  "--work-dir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bogus" in err and not (tmp_path / "w").exists()
+
+
+def test_the_readme_example_method_runs_as_written(stores, teacher_dir, tmp_path):
+    """README "Adding a method": its code, executed as it stands, registers a method the one loop trains."""
+    from pipelines.methods.base import _REGISTRY
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Adding a method", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) <= 40
+    module = types.ModuleType("readme_example")  # a real module: dataclasses look their module up
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, "README.md: Adding a method", "exec"), module.__dict__)
+        out = tmp_path / "cos"
+        train(options("cosine-kd", method_options={"gamma": "0.5"}, max_steps=2, student_base=str(teacher_dir)),
+              student="bert2", out_dir=str(out), store=stores["mud"], log=lambda *_: None)
+        records = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"]
+        assert [r["step"] for r in records] == [1, 2]
+        for r in records:
+            t = r["terms"]
+            assert set(t) == {"ce", "kl", "cos"} and 0 <= t["cos"] <= 2
+            assert r["loss"] == pytest.approx(0.5 * t["ce"] + 0.5 * t["kl"] + 0.5 * t["cos"], rel=1e-5)
+        assert json.loads((out / "summary.json").read_text())["method_options"]["gamma"] == 0.5
+    finally:
+        _REGISTRY.pop("cosine-kd", None)
+        LOSS_TERMS.pop("logit_cosine", None)
+        sys.modules.pop(module.__name__, None)
