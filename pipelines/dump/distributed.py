@@ -47,6 +47,7 @@ from pipelines.dump.stage import (
     DumpResult,
     attention_probe_layers,
     compute_shard,
+    pending_shards,
     plan_dump,
     shard_payload,
 )
@@ -248,12 +249,9 @@ def dump_distributed(
     # through plain StoreWriter(url, meta) objects, which take no lease, into writer.url (with
     # --overwrite a hidden staged sibling, swapped in when this block ends).
     with writing(out, plan.meta, overwrite=options.overwrite, software_version=__version__, log=log) as writer:
-        if writer.complete:
-            log(f"{out} is already complete, nothing to do")
+        pending = pending_shards(writer, out, log)
+        if pending is None:
             return DumpResult(writer.meta, 0, 0.0)
-        pending = writer.pending_shards()
-        if len(pending) < writer.n_shards:
-            log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
         rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
         seconds = 0.0
         if pending:

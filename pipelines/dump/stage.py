@@ -437,13 +437,21 @@ def dump(
     )
     # Everything is validated above: only now may anything on disk change.
     with writing(out, plan.meta, overwrite=options.overwrite, software_version=__version__, log=log) as writer:
-        if writer.complete:
-            log(f"{out} is already complete, nothing to do")
+        pending = pending_shards(writer, out, log)
+        if pending is None:
             return DumpResult(writer.meta, 0, 0.0)
-        pending = writer.pending_shards()
-        if len(pending) < writer.n_shards:
-            log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
         return _write_pending(writer, pending, out, plan, options, log)
+
+
+def pending_shards(writer: StoreWriter, out: str, log) -> list[int] | None:
+    """The shards still to write (saying so when some are done), or None for a complete store."""
+    if writer.complete:
+        log(f"{out} is already complete, nothing to do")
+        return None
+    pending = writer.pending_shards()
+    if len(pending) < writer.n_shards:
+        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
+    return pending
 
 
 def _write_pending(
