@@ -25,6 +25,13 @@ class ConfigError(ValueError):
     """A config string or selection choice that cannot be used."""
 
 
+def check_choices(choices: list[tuple[str, str, tuple[str, ...]]]) -> None:
+    """Refuse the first (label, value, allowed) whose value is not allowed, in one line."""
+    for label, value, allowed in choices:
+        if value not in allowed:
+            raise ConfigError(f"unknown {label} {value!r}; choose one of {', '.join(allowed)}")
+
+
 @dataclass(frozen=True)
 class HSKConfig:
     """How much hidden-state knowledge to keep: N^D layers, N^L tokens, a width ratio W."""
@@ -100,15 +107,13 @@ class Selection:
     attention_heads: int = 0
 
     def __post_init__(self) -> None:
-        for name, value, allowed in [
+        check_choices([
             ("token strategy", self.token_strategy, TOKEN_STRATEGIES),
             ("width strategy", self.width_strategy, WIDTH_STRATEGIES),
             ("attention scores", self.attention_scores, ATTENTION_SCORES),
             ("ranking map", self.ranking_map, RANKING_MAPS),
             ("value dtype", self.value_dtype, VALUE_DTYPES),
-        ]:
-            if value not in allowed:
-                raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+        ])
         if (
             len(self.teacher_layers) != self.config.n_layers
             or len(self.ranking_layers) != self.config.n_layers

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from . import codec
-from .config import VALUE_DTYPES, ConfigError, HSKConfig, Selection
+from .config import VALUE_DTYPES, ConfigError, HSKConfig, Selection, check_choices
 from .digest import array_checksum
 from .errors import CorruptStoreError, StoreExistsError
 from .layermap import select_depth
@@ -65,8 +65,7 @@ class DerivePlan:
 
 def _check_values(where: str, src: Selection, new_dtype: str, narrower: bool) -> None:
     """Precision only goes down (float16 -> int8 -> int4 or mxfp4); only float16 re-ranks a narrower width."""
-    if new_dtype not in VALUE_DTYPES:
-        raise ConfigError(f"unknown value dtype {new_dtype!r}; choose one of {', '.join(VALUE_DTYPES)}")
+    check_choices([("value dtype", new_dtype, VALUE_DTYPES)])
     if not codec.can_convert(src.value_dtype, new_dtype):
         raise ConfigError(f"{where}: {src.value_dtype} values cannot become {new_dtype} (the precision is gone); "
                           "derive from the float16 store instead")

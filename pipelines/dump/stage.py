@@ -25,6 +25,7 @@ from hskstore.config import (
     ConfigError,
     HSKConfig,
     Selection,
+    check_choices,
 )
 from hskstore.errors import printable
 from hskstore.layermap import default_l_top, select_depth
@@ -105,15 +106,13 @@ class DumpOptions:
             at_least("--student-layers", self.ref_student_layers, 1)
         elif not self.layers or any(not isinstance(j, int) or j < 0 for j in self.layers):
             raise ConfigError(f"--layers takes teacher layer numbers >= 0 (0 = embeddings), got {self.layers}")
-        for name, value, allowed in [
+        check_choices([
             ("--tokens", self.token_strategy, TOKEN_STRATEGIES),
             ("--width", self.width_strategy, WIDTH_STRATEGIES),
             ("--scores", self.attention_scores, ATTENTION_SCORES),
             ("--ranking", self.ranking_map, RANKING_MAPS),
             ("--values", self.value_dtype, VALUE_DTYPES),
-        ]:
-            if value not in allowed:
-                raise ConfigError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        ])
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
         check_device(self.device)
