@@ -24,6 +24,7 @@ UNLABELED_ROWS="${UNLABELED_ROWS:-8000}"
 SEEDS="${SEEDS:-0 1}"
 EPOCHS="${EPOCHS:-2}"
 MAX_STEPS="${MAX_STEPS:-400}"
+LR="${LR:-1e-4}"  # the sweep's CPU schedule: at the paper's 2e-5 a few hundred steps leave the student at the majority class
 PRE_STEPS="${PRE_STEPS:-400}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$WORK" benchmarks/results
@@ -49,7 +50,7 @@ for name in labelled with_pool; do
   fi
 done
 
-COMMON=(--epochs "$EPOCHS" --max-steps "$MAX_STEPS" --batch-size 32 --data-dir "$DATA_DIR" --no-progress)
+COMMON=(--epochs "$EPOCHS" --lr "$LR" --max-steps "$MAX_STEPS" --batch-size 32 --data-dir "$DATA_DIR" --no-progress)
 for seed in $SEEDS; do
   if [ ! -f "$WORK/pre-seed$seed/summary.json" ]; then
     OMP_NUM_THREADS="${THREADS:-2}" hsk train --method lightpaff-pretrain --store "$MLM_WORK/corpus.zarr" --student bert3 \

@@ -32,4 +32,4 @@ for configs in '1,9,0.1;1,9,0.1@int4;3,8,0.2;3,8,0.2@int4' '1,9,0.1@mxfp4;3,8,0.
     --workers "${WORKERS:-2}"
 done
 
-hsk report "$OUT/results.parquet" --out "$OUT"
+hsk report "$OUT/results.parquet" --out "$OUT/report"
