@@ -2,6 +2,8 @@
 # LightPAFF on SST-2 (issue 10, LightPAFF item 5): a 3-layer student, the same CPU budget, 2 seeds.
 #
 #   (a) kd:           KD from the fine-tuned teacher into its first 3 layers (bert3), on TRAIN_ROWS rows
+#   (a') kd_base:     the same KD into the MiniLM base encoder's first 3 layers (not fine-tuned on the
+#                     task), the init (b) and (c) compete with: what pre-training distillation adds
 #   (b) lightpaff:    pre-training distillation (lightpaff-pretrain, l = 1) of the MLM teacher's first 3
 #                     layers on the SST-2 training sentences (the MLM store of benchmarks/mlm_store.sh),
 #                     then fine-tuning distillation (lightpaff, l = 0.5) on the same TRAIN_ROWS rows
@@ -11,7 +13,6 @@
 # Same budget: each fine-tuning run has the same epochs, LR, batch size and step cap (MAX_STEPS);
 # (b) and (c) add the pre-training steps (PRE_STEPS), reported in the table.
 # Needs the fine-tuned teacher (TEACHER) and the MLM store (runs/mlm_sst2, from benchmarks/mlm_store.sh).
-# A long CPU run: not run yet.
 #
 # Usage: bash benchmarks/lightpaff_sst2.sh [DATA_DIR]   (default ../shared/data/glue)
 set -euo pipefail
@@ -60,6 +61,9 @@ for seed in $SEEDS; do
   # the three fine-tuning runs of a seed, one core each would starve: run them one after another
   [ -f "$WORK/kd-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method kd --store "$WORK/labelled.zarr" \
     --student bert3 --seed "$seed" "${COMMON[@]}" --out "$WORK/kd-seed$seed" > "$WORK/kd-seed$seed.log" 2>&1
+  [ -f "$WORK/kd_base-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method kd \
+    --store "$WORK/labelled.zarr" --student bert3 --student-base minilm --seed "$seed" "${COMMON[@]}" \
+    --out "$WORK/kd_base-seed$seed" > "$WORK/kd_base-seed$seed.log" 2>&1
   [ -f "$WORK/lightpaff-seed$seed/summary.json" ] || OMP_NUM_THREADS="${THREADS:-2}" hsk train --method lightpaff \
     --store "$WORK/labelled.zarr" --init "$WORK/pre-seed$seed/best" --seed "$seed" "${COMMON[@]}" \
     --out "$WORK/lightpaff-seed$seed" > "$WORK/lightpaff-seed$seed.log" 2>&1
