@@ -20,7 +20,7 @@ Q and K swapped on the second pass), everything through the CLI a user runs:
 --methods takes NAME@STORE[:STUDENT], STORE being `mud`, `att`, `cls` or a store path. Every step
 resumes when rerun (dumps resume, sweeps skip finished runs). Not run by the tests.
 
-    python benchmarks/methods_table.py --data-dir ../shared/data/glue
+    python benchmarks/methods_table.py --data-dir ../shared/data/glue --train-rows 2000 --teachers runs/teachers
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=os.environ.get("HSK_DATA_DIR", "../shared/data/glue"))
     ap.add_argument("--tasks", default="sst2,mrpc")
-    ap.add_argument("--teachers", default="/work/teachers", help="folder with one fine-tuned teacher per task")
+    ap.add_argument("--teachers", default="runs/teachers",
+                    help="folder with one fine-tuned teacher per task (`hsk teacher --task T --out TEACHERS/T`)")
     ap.add_argument("--methods", default=DEFAULT_METHODS, help="NAME@STORE, STORE: mud, cls or a store path")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--train-rows", type=int, default=4000)
