@@ -10,6 +10,7 @@ bundle behind a URL such as s3://bucket/sst2.hsk.zip); `unpack` turns it back in
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -113,6 +114,8 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
         raise StoreError(f"a bundle's name ends in .zip (e.g. {out.name}{BUNDLE_SUFFIX}): got {out}")
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another name")
+    if out.exists() and not _is_bundle_file(out):
+        raise StoreExistsError(f"{out} exists and is not an hsk bundle: it is never replaced; choose another name")
     source = HSKStore(store_url)  # refuses incomplete stores
     keys = [k for k in store_keys(source.group) if _packable(k)]
     tmp = _temporary(out, "tmp.zip")
@@ -129,6 +132,16 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def _is_bundle_file(path: Path) -> bool:
+    """A zip whose root zarr.json is an hsk store's (damaged or not: --overwrite may replace it)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            root = json.loads(zf.read("zarr.json"))
+        return META_KEY in root.get("attributes", {})
+    except (OSError, KeyError, ValueError, AttributeError, zipfile.BadZipFile):
+        return False
 
 
 def _is_store_folder(path: Path) -> bool:

@@ -140,6 +140,21 @@ def test_pack_is_deterministic_checked_and_never_overwrites(store, bundle, tmp_p
     assert hashlib.sha256(again.read_bytes()).hexdigest() == digest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again.hsk.zip"]  # no temporary left behind
 
+    # --overwrite replaces a bundle only: a user's zip (or folder) of that name is never touched
+    mine = tmp_path / "mine.hsk.zip"
+    with zipfile.ZipFile(mine, "w") as zf:
+        zf.writestr("zarr.json", '{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+        zf.writestr("thesis.tex", "my thesis")
+    (tmp_path / "dir.hsk.zip").mkdir()
+    (tmp_path / "dir.hsk.zip" / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in [mine, tmp_path / "dir.hsk.zip" / "notes.txt"]}
+    for target in (mine, tmp_path / "dir.hsk.zip"):
+        assert main(["pack", str(store), str(target), "--no-progress", "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert "not an hsk bundle" in err and len(err.strip().splitlines()) == 1, err
+    assert {p.name: p.read_bytes() for p in [mine, tmp_path / "dir.hsk.zip" / "notes.txt"]} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.hsk.zip", "dir.hsk.zip", "mine.hsk.zip"]
+
 
 def test_pack_refuses_incomplete_and_damaged_stores(teacher_dir, glue_dir, store, tmp_path, capsys):
     import shutil

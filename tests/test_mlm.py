@@ -199,3 +199,38 @@ def test_cli_mlm_teacher_dump_info_verify(tmp_path, tiny_base_dir, corpus_file, 
     assert main(["train", "--store", str(store), "--student", "bert2", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("hsk: error:") and "masked-LM store" in line for line in err)
+
+
+def test_mlm_teacher_resumes_to_the_same_teacher(tmp_path, tiny_base_dir, corpus_file):
+    """A run cut short mid-epoch leaves no teacher at --out; the same call then resumes from the hidden
+    work folder and saves the teacher an uninterrupted run saves."""
+    from pipelines.train.mlm_teacher import train_mlm_teacher
+    from pipelines.train.teacher import work_dir
+
+    corpus = load_corpus(str(corpus_file))  # 60 rows: 54 train, 6 held out; batch 16 -> 4 steps an epoch
+
+    def run(out: Path, **kw) -> dict:
+        return train_mlm_teacher(str(tiny_base_dir), corpus, out, train_layers=1, epochs=2, batch_size=16,
+                                 max_length=32, seed=2, checkpoint_every=2, progress=False, log=lambda *_: None,
+                                 **kw)
+
+    whole = run(tmp_path / "whole")
+
+    class Stop(Exception):
+        pass
+
+    def die_at_step_7(step: int) -> None:
+        if step == 7:
+            raise Stop
+
+    cut = tmp_path / "cut"
+    with pytest.raises(Stop):
+        run(cut, on_step=die_at_step_7)
+    assert not cut.exists() and (work_dir(cut) / "mlm-state.pt").is_file()
+    assert torch.load(work_dir(cut) / "mlm-state.pt", weights_only=False)["progress"]["step"] == 6
+    resumed = run(cut)
+    assert resumed["steps"] == whole["steps"] == 8
+    assert resumed["history"] == whole["history"]
+    assert resumed["weights_hash"] == whole["weights_hash"]
+    assert not work_dir(cut).exists()
+    assert json.loads((cut / ".hsk-output.json").read_text())["kind"] == "teacher"

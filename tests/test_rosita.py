@@ -248,6 +248,20 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path, teacher_dir, glue_dir, ca
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
-    assert main(build_args(teacher_dir, glue_dir, taken)) == 2
-    assert "--overwrite" in capsys.readouterr().err
-    assert (taken / "notes.txt").read_text() == "mine"
+    for extra in ([], ["--overwrite"]):  # a folder hsk did not make is never written into
+        assert main(build_args(teacher_dir, glue_dir, taken, *extra)) == 2
+        assert "choose another --out" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"] and (taken / "notes.txt").read_text() == "mine"
+
+
+def test_cli_overwrite_replaces_only_a_student(tmp_path, teacher_dir, glue_dir, capsys):
+    out = tmp_path / "rosita"
+    assert main(build_args(teacher_dir, glue_dir, out)) == 0
+    first = json.loads((out / SUMMARY_FILE).read_text())
+    capsys.readouterr()
+    assert main(build_args(teacher_dir, glue_dir, out, heads="1")) == 2
+    assert "already holds a student" in capsys.readouterr().err
+    assert json.loads((out / SUMMARY_FILE).read_text()) == first
+    assert main(build_args(teacher_dir, glue_dir, out, "--overwrite", heads="1")) == 0
+    assert json.loads((out / SUMMARY_FILE).read_text())["shape"]["heads"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rosita"]  # nothing staged left behind

@@ -127,7 +127,12 @@ def _results_table(path: Path) -> Path:
 WRITERS = {
     "teacher": lambda out, d: ["teacher", "--task", "sst2", "--base", str(d["base"]), "--data-dir", str(d["glue"]),
                                "--train-limit", "16", "--eval-limit", "8", "--epochs", "1", "--out", str(out)],
+    "teacher-mlm": lambda out, d: ["teacher", "--objective", "mlm", "--base", str(d["base"]), "--text-file",
+                                   str(d["corpus"]), "--epochs", "1", "--max-length", "32", "--out", str(out)],
     "quickstart": lambda out, d: ["quickstart", "--data-dir", str(d["glue"]), "--out", str(out)],
+    "student-build": lambda out, d: ["student", "build", "rosita", "--teacher", str(d["teacher"]), "--task", "sst2",
+                                     "--layers", "1", "--heads", "2", "--ffn", "16", "--emb-rank", "8", "--data-dir",
+                                     str(d["glue"]), "--train-limit", "16", "--device", "cpu", "--out", str(out)],
     "report": lambda out, d: ["report", str(d["results"]), "--out", str(out)],
 }
 
@@ -136,9 +141,12 @@ WRITERS = {
 @pytest.mark.parametrize("kind", ["folder", "file", "cwd", "symlink", "store"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_writers_refuse_what_is_not_theirs(command, kind, overwrite, tmp_path, store, tiny_base_dir, glue_dir,
-                                           capsys, monkeypatch):
+                                           sst2_teacher, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    deps = {"base": tiny_base_dir, "glue": glue_dir, "results": _results_table(tmp_path / "r.parquet")}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a first sentence\nand a second one\n")
+    deps = {"base": tiny_base_dir, "glue": glue_dir, "results": _results_table(tmp_path / "r.parquet"),
+            "corpus": corpus, "teacher": sst2_teacher}
     out, guarded = _occupied(kind, tmp_path, store)
     before = tree_hashes(guarded)
     args = WRITERS[command](out, deps) + (["--overwrite"] if overwrite else [])
@@ -159,6 +167,24 @@ def test_teacher_overwrite_replaces_only_a_teacher(tmp_path, tiny_base_dir, glue
     second = json.loads((out / "hsk_teacher.json").read_text())
     assert second["seed"] == 3 and second["weights_hash"] != first["weights_hash"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]  # the staged copy was swapped in
+
+
+def test_mlm_teacher_follows_the_teacher_rule(tmp_path, tiny_base_dir, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence number {i} of the corpus\n" for i in range(24)))
+    out = tmp_path / "mlm"
+    args = WRITERS["teacher-mlm"](out, {"base": tiny_base_dir, "corpus": corpus}) + ["--no-progress"]
+    assert main(args) == 0
+    first = json.loads((out / "hsk_teacher.json").read_text())
+    assert json.loads((out / ".hsk-output.json").read_text()) == {**json.loads((out / ".hsk-output.json").read_text()),
+                                                                  "kind": "teacher", "objective": "mlm"}
+    capsys.readouterr()
+    refused(capsys, main(args), "already holds a teacher", "--overwrite")
+    assert json.loads((out / "hsk_teacher.json").read_text()) == first  # untouched by the refusal
+    assert main([*args, "--overwrite", "--seed", "3"]) == 0
+    second = json.loads((out / "hsk_teacher.json").read_text())
+    assert second["seed"] == 3 and second["weights_hash"] != first["weights_hash"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "mlm"]  # no work or staged folder left
 
 
 def test_report_overwrite_replaces_only_a_report(tmp_path, capsys):

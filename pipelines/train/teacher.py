@@ -82,12 +82,12 @@ def default_teacher_dir(task: str | Task) -> str:
     return f"runs/teacher-{get_task(task).name}"
 
 
-def _work_dir(out: Path) -> Path:
+def work_dir(out: Path) -> Path:
     """Where the loop trains (resumable): a hidden sibling of the teacher folder, removed at the end."""
     return out.parent / f".{out.name}.hsk-train"
 
 
-def _check_numbers(*, epochs: float, lr: float, batch_size: int, **optional: int | None) -> None:
+def check_numbers(*, epochs: float, lr: float, batch_size: int, **optional: int | None) -> None:
     """Refuse out-of-range values at once, before data or models are loaded (never replace them)."""
     if not epochs > 0:
         raise ValueError(f"--epochs must be > 0, got {epochs}")
@@ -156,16 +156,25 @@ def _history(work: Path, steps_per_epoch: int) -> list[dict]:
     return history
 
 
-def _save_teacher(work: Path, out: Path, summary: dict) -> None:
-    """Build the teacher folder from the kept model (work/best) in a staged sibling, swap it in, drop work."""
-    best = work / "best"
+def publish_teacher(out: Path, fill: Callable[[Path], Any], summary: dict, **marker: Any) -> None:
+    """Build a teacher folder in a staged sibling (`fill` writes the model into it, then the summary
+    goes in) and swap it in whole: an interrupted run leaves the old teacher, or nothing, at `out`."""
     with staged_replace(str(out)) as staged:
-        mark_output(staged, OUTPUT_KIND, task=summary["task"])
-        for item in best.iterdir():
-            if item.name != "hsk_student.json":
-                shutil.copy2(item, Path(staged) / item.name)
+        mark_output(staged, OUTPUT_KIND, **marker)
+        fill(Path(staged))
         (Path(staged) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
         _readable_by_others(Path(staged))
+
+
+def _save_teacher(work: Path, out: Path, summary: dict) -> None:
+    """Publish the kept model (work/best) as the teacher folder, then drop the work folder."""
+
+    def copy_best(folder: Path) -> None:
+        for item in (work / "best").iterdir():
+            if item.name != "hsk_student.json":
+                shutil.copy2(item, folder / item.name)
+
+    publish_teacher(out, copy_best, summary, task=summary["task"])
     shutil.rmtree(work)
 
 
@@ -208,7 +217,7 @@ def fine_tune_teacher(
     from pipelines.methods import get_method
 
     task = get_task(task)
-    _check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+    check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    train_limit=train_limit, eval_limit=eval_limit)
     if claim_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite) == "resume":
         raise OutputError(f"{out_dir} already holds a teacher: pass --overwrite to replace it, or choose another --out")
@@ -227,7 +236,7 @@ def fine_tune_teacher(
     log(f"{task.name}: {len(train)} train examples from {train.source}; max_length {max_length}")
     source = memory_source(task, train, base, model, tokenizer, max_length)
     stages = method.stages(method_options, Context(task, source.selection, source.meta))
-    work = _work_dir(out)
+    work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
