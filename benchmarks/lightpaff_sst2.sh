@@ -17,7 +17,7 @@
 # Usage: bash benchmarks/lightpaff_sst2.sh [DATA_DIR]   (default ../shared/data/glue)
 set -euo pipefail
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
-TEACHER="${TEACHER:-/work/teachers/sst2}"
+TEACHER="${TEACHER:-runs/sweep_sst2/teacher}"  # the SST-2 teacher of benchmarks/sweep_sst2.sh
 MLM_WORK="${MLM_WORK:-runs/mlm_sst2}"
 WORK="${WORK:-runs/lightpaff_sst2}"
 TRAIN_ROWS="${TRAIN_ROWS:-4000}"

@@ -1,6 +1,6 @@
 """Which exact mask encoding costs least, measured on a real store's activations.
 
-    hsk dump --task sst2 --teacher /work/teachers/sst2 --data-dir ../shared/data/glue --limit 2000 \
+    hsk dump --task sst2 --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue --limit 2000 \
         --student-layers 4 --config 5,16,1 --out /tmp/sst2-full.zarr
     python benchmarks/mask_codecs.py --store /tmp/sst2-full.zarr
 
