@@ -113,13 +113,32 @@ def _read_meta(url: str) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
+# Where a model was loaded from, not what it is: with its hash recorded, the same weights found at
+# another path (a teacher folder moved during a long dump) are the same teacher for a resume.
+_LOCATION_KEYS = ("name", "path", "hub_id", "revision")
+_CONTENT_HASH = {"teacher": "weights_hash", "tokenizer": "vocab_hash"}
+
+
+def _comparable(meta: dict, key: str) -> str:
+    value = meta.get(key)
+    if isinstance(value, dict) and value.get(_CONTENT_HASH.get(key, "")):
+        value = {k: v for k, v in value.items() if k not in _LOCATION_KEYS}
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _differences(a: dict, b: dict) -> list[str]:
-    return [
-        k
-        for k in IDENTITY_FIELDS
-        if json.dumps(a.get(k), sort_keys=True, default=str)
-        != json.dumps(b.get(k), sort_keys=True, default=str)
-    ]
+    return [k for k in IDENTITY_FIELDS if _comparable(a, k) != _comparable(b, k)]
+
+
+def _moved(existing: dict, meta: dict) -> list[str]:
+    """Lines saying which models are now loaded from elsewhere than the store records (same hashes)."""
+    lines = []
+    for key in _CONTENT_HASH:
+        old, new = existing.get(key) or {}, meta.get(key) or {}
+        if old.get("name") != new.get("name"):
+            lines.append(f"the {key} is now loaded from {new.get('name')}, with the same hash as the "
+                         f"{old.get('name')} this store records (the store keeps recording that)")
+    return lines
 
 
 def remove_partials(url: str) -> list[str]:
@@ -240,6 +259,8 @@ class StoreWriter:
                 removed = remove_partials(url)
                 if removed and log is not None:
                     log(f"removed {len(removed)} temporary *.partial file(s) of an interrupted write")
+                for line in _moved(existing, meta) if log is not None else []:
+                    log(line)
                 return cls(url, existing)  # resume: keep the original creation time and identity
             # Creation was cut short (no shard written): start the structure again.
         meta.update(

@@ -388,6 +388,43 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(sst2_teacher, glue_dir
     assert main(["verify", str(out)]) == 0
 
 
+def test_a_dump_resumes_after_its_teacher_folder_moved(sst2_teacher, tiny_tokenizer, glue_dir, tmp_path, capsys,
+                                                       monkeypatch):
+    """The store knows its teacher by its weights hash: the same weights at a new path resume the dump to
+    the bytes of an uninterrupted one; other weights at that path are refused."""
+    from test_dump import chunk_bytes
+
+    from hskstore import open_store
+
+    whole = tmp_path / "whole.zarr"
+    assert main(dump_args(sst2_teacher, glue_dir, whole)) == 0
+    teacher = tmp_path / "teacher"
+    shutil.copytree(sst2_teacher, teacher)
+    original = StoreWriter.write_shard
+
+    def interrupted(self, shard, arrays):
+        if shard == 1:
+            raise KeyboardInterrupt
+        return original(self, shard, arrays)
+
+    monkeypatch.setattr(StoreWriter, "write_shard", interrupted)
+    out = tmp_path / "s.zarr"
+    assert main(dump_args(teacher, glue_dir, out)) == 130
+    monkeypatch.setattr(StoreWriter, "write_shard", original)
+    shutil.move(teacher, tmp_path / "elsewhere")
+    other = labelled_teacher(tmp_path / "other", tiny_tokenizer, ["negative", "positive"], seed=7)
+    capsys.readouterr()
+    refused(capsys, main(dump_args(other, glue_dir, out)), "different teacher")
+    assert main(dump_args(tmp_path / "elsewhere", glue_dir, out)) == 0
+    shown = capsys.readouterr().out
+    assert "resuming" in shown and "the teacher is now loaded from" in shown
+    assert chunk_bytes(out) == chunk_bytes(whole)
+    store = open_store(str(out))
+    assert store.meta["teacher"]["path"] == str(teacher.resolve())  # where it was first found
+    assert store.meta["checksums"] == open_store(str(whole)).meta["checksums"]
+    assert main(["verify", str(out)]) == 0
+
+
 def test_control_characters_never_reach_the_terminal(sst2_teacher, glue_dir, tmp_path, capsys):
     evil = tmp_path / "t\x1b[31mred\x07"
     shutil.copytree(sst2_teacher, evil)
