@@ -369,7 +369,8 @@ def test_version_and_verify_help(capsys):
     assert main(["verify", "/no/such/store.zarr"]) == 2
 
 
-def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(sst2_teacher, glue_dir, tmp_path, capsys, monkeypatch):
+def _dump_cut_by_ctrl_c(teacher: Path, glue_dir: Path, out: Path, monkeypatch) -> int:
+    """Run `hsk dump` with Ctrl-C arriving as shard 1 is written (shard 0 is on disk); its exit code."""
     original = StoreWriter.write_shard
 
     def interrupted(self, shard, arrays):
@@ -378,11 +379,17 @@ def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(sst2_teacher, glue_dir
         return original(self, shard, arrays)
 
     monkeypatch.setattr(StoreWriter, "write_shard", interrupted)
+    try:
+        return main(dump_args(teacher, glue_dir, out))
+    finally:
+        monkeypatch.setattr(StoreWriter, "write_shard", original)
+
+
+def test_ctrl_c_says_how_to_resume_and_the_rerun_finishes(sst2_teacher, glue_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "s.zarr"
-    assert main(dump_args(sst2_teacher, glue_dir, out)) == 130
+    assert _dump_cut_by_ctrl_c(sst2_teacher, glue_dir, out, monkeypatch) == 130
     err = capsys.readouterr().err
     assert "interrupted: rerun the same command to resume" in err and "Traceback" not in err
-    monkeypatch.setattr(StoreWriter, "write_shard", original)
     assert main(dump_args(sst2_teacher, glue_dir, out)) == 0
     assert "resuming" in capsys.readouterr().out
     assert main(["verify", str(out)]) == 0
@@ -400,17 +407,8 @@ def test_a_dump_resumes_after_its_teacher_folder_moved(sst2_teacher, tiny_tokeni
     assert main(dump_args(sst2_teacher, glue_dir, whole)) == 0
     teacher = tmp_path / "teacher"
     shutil.copytree(sst2_teacher, teacher)
-    original = StoreWriter.write_shard
-
-    def interrupted(self, shard, arrays):
-        if shard == 1:
-            raise KeyboardInterrupt
-        return original(self, shard, arrays)
-
-    monkeypatch.setattr(StoreWriter, "write_shard", interrupted)
     out = tmp_path / "s.zarr"
-    assert main(dump_args(teacher, glue_dir, out)) == 130
-    monkeypatch.setattr(StoreWriter, "write_shard", original)
+    assert _dump_cut_by_ctrl_c(teacher, glue_dir, out, monkeypatch) == 130
     shutil.move(teacher, tmp_path / "elsewhere")
     other = labelled_teacher(tmp_path / "other", tiny_tokenizer, ["negative", "positive"], seed=7)
     capsys.readouterr()
