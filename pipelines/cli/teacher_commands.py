@@ -24,8 +24,8 @@ also trains the top layers) on raw text: the teacher that `hsk dump --objective 
 
 Examples:
 
+\b
   hsk teacher --task sst2 --base minilm --data-dir ../glue_data --epochs 2 --out runs/teacher-sst2
-
   hsk teacher --objective mlm --base minilm --text-file corpus.txt --train-layers 2 --out runs/mlm
 """
 
