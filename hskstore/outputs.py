@@ -175,6 +175,15 @@ def claim_output(path: str, kind: str, *, overwrite: bool) -> str:
     return "replace" if overwrite else "resume"
 
 
+def claim_whole_output(path: str, kind: str, *, overwrite: bool) -> str:
+    """`claim_output` for outputs built whole in one go (teacher, student, report), which have nothing
+    to resume: "new" or "replace"; the same kind already there without `overwrite` is refused."""
+    status = claim_output(path, kind, overwrite=overwrite)
+    if status == "resume":
+        raise OutputError(f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another --out")
+    return status
+
+
 def staged_path(path: str, tag: str = "staged") -> str:
     """A hidden sibling of `path` (same parent, so a rename is cheap) named with this process's pid."""
     path = str(path).rstrip("/")

@@ -259,8 +259,9 @@ class StoreWriter:
                 removed = remove_partials(url)
                 if removed and log is not None:
                     log(f"removed {len(removed)} temporary *.partial file(s) of an interrupted write")
-                for line in _moved(existing, meta) if log is not None else []:
-                    log(line)
+                for line in _moved(existing, meta):
+                    if log is not None:
+                        log(line)
                 return cls(url, existing)  # resume: keep the original creation time and identity
             # Creation was cut short (no shard written): start the structure again.
         meta.update(

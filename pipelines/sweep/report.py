@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 from matplotlib.figure import Figure
 
-from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
+from hskstore.outputs import claim_whole_output, mark_output, staged_replace
 from pipelines.sweep.results import conform, read_results
 
 REFERENCE_KINDS = ("pred_only", "full", "no_kd")
@@ -261,8 +261,7 @@ def report(results_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     with `overwrite`, replaced only once the new report is complete; anything else is refused.
     """
     out_dir = Path(out_dir)
-    if claim_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite) == "resume":
-        raise OutputError(f"{out_dir} already holds a report: pass --overwrite to replace it, or choose another --out")
+    claim_whole_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite)
     table = read_results(results_path)
     with staged_replace(str(out_dir)) as staged:
         mark_output(staged, OUTPUT_KIND, results=str(results_path))

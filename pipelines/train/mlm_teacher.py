@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from hskstore.outputs import OutputError, claim_output
+from hskstore.outputs import claim_whole_output
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
@@ -174,8 +174,7 @@ def train_mlm_teacher(
     """
     out = Path(out)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
-    if claim_output(str(out), OUTPUT_KIND, overwrite=overwrite) == "resume":
-        raise OutputError(f"{out} already holds a teacher: pass --overwrite to replace it, or choose another --out")
+    claim_whole_output(str(out), OUTPUT_KIND, overwrite=overwrite)
     started = time.perf_counter()
     tokenizer = load_tokenizer(base)
     torch.manual_seed(seed)  # the fresh head is drawn from this

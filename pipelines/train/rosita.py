@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
+from hskstore.outputs import claim_whole_output, mark_output, staged_replace
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, load_examples
 from pipelines.core.models import (
@@ -335,12 +335,6 @@ def _check_teacher(teacher: str, shape: RositaShape) -> None:
     shape.check(config)
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    """The output rule (hskstore.outputs): a new or empty folder, or a student folder with --overwrite."""
-    if claim_output(str(out), OUTPUT_KIND, overwrite=overwrite) == "resume":
-        raise OutputError(f"{out} already holds a student: pass --overwrite to replace it, or choose another --out")
-
-
 def build_rosita(
     teacher: str,
     task: str,
@@ -360,7 +354,7 @@ def build_rosita(
     started = time.perf_counter()
     task_ = get_task(task)
     out = Path(out)
-    _prepare_out(out, overwrite)
+    claim_whole_output(str(out), OUTPUT_KIND, overwrite=overwrite)
     _check_teacher(teacher, shape)
     model = load_classifier(teacher, num_labels=task_.num_labels, device=device)
     train = load_examples(task_, "train", data_dir=data_dir, data_file=data_file, limit=train_limit)

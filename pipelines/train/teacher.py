@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
+from hskstore.outputs import claim_whole_output, mark_output, staged_replace
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.models import (
     load_classifier,
@@ -219,8 +219,7 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    train_limit=train_limit, eval_limit=eval_limit)
-    if claim_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite) == "resume":
-        raise OutputError(f"{out_dir} already holds a teacher: pass --overwrite to replace it, or choose another --out")
+    claim_whole_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
     options = TrainOptions(method="finetune", batch_size=batch_size, weight_decay=weight_decay,
