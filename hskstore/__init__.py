@@ -9,7 +9,14 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from .config import ConfigError, HSKConfig, Selection
-from .errors import CorruptStoreError, IncompleteStoreError, ProvenanceError, StoreError, StoreExistsError
+from .errors import (
+    CorruptStoreError,
+    IncompleteStoreError,
+    ProvenanceError,
+    StoreError,
+    StoreExistsError,
+    UnverifiedStoreError,
+)
 from .lease import LeaseHeldError
 from .outputs import OutputError
 from .reader import HSKStore, KeptLayer, open_store
@@ -22,5 +29,6 @@ except PackageNotFoundError:  # running from a source tree without installing
 __all__ = [
     "ConfigError", "CorruptStoreError", "HSKConfig", "HSKStore", "IncompleteStoreError", "KeptLayer",
     "LeaseHeldError", "OutputError", "ProvenanceError", "Selection", "StoreError", "StoreExistsError", "open_store",
+    "UnverifiedStoreError",
     "__version__",
 ]

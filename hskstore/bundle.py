@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import zipfile
 from pathlib import Path
@@ -151,27 +150,46 @@ def _is_store_folder(path: Path) -> bool:
         return False
 
 
-def unpack(bundle: str, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Extract a bundle into the local folder `out` (checked before it takes its name); returns it."""
+def _extract(bundle: str, folder: str) -> None:
+    try:
+        with fsspec.open(bundle, "rb") as raw, zipfile.ZipFile(raw) as zf:
+            zf.extractall(folder)  # zipfile drops absolute paths and `..`: nothing lands outside folder
+    except (zipfile.BadZipFile, zipfile.LargeZipFile) as exc:  # a bad CRC, a truncated member...
+        raise CorruptStoreError(f"{bundle} is damaged, not unpacked ({exc}): re-copy it or pack it again") from None
+
+
+def unpack(bundle: str, out: str | os.PathLike, *, overwrite: bool = False, log=None) -> Path:
+    """Extract a bundle into the local folder `out` (checked before it takes its name); returns it.
+
+    Replacing a store takes its writer lease first (refused while a dump writes it), then builds the new
+    one in a hidden sibling and swaps it in (hskstore.outputs.staged_replace): the old store stays whole
+    until the new one is, even if the unpack is killed.
+    """
+    from .lease import Lease
+    from .outputs import recover_swap, remove_tree, staged_replace
     from .reader import HSKStore
 
     out = Path(out)
+    recover_swap(str(out))
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another folder")
     if out.exists() and not _is_store_folder(out):
         raise StoreExistsError(f"{out} exists and is not an hsk store: it is never replaced; choose another folder")
     HSKStore(bundle)  # a readable, complete bundle (the message says what is wrong)
-    tmp, old = _temporary(out, "tmp"), _temporary(out, "old")
+    lease = Lease(str(out), log=log).acquire() if out.exists() else None
     try:
-        with fsspec.open(bundle, "rb") as raw, zipfile.ZipFile(raw) as zf:
-            zf.extractall(tmp)  # zipfile drops absolute paths and `..`: nothing lands outside tmp
-        problems = HSKStore(str(tmp)).verify()
-        if problems:
-            raise CorruptStoreError(f"{bundle} is damaged, not unpacked: {problems[0]}")
-        if out.exists():
-            os.replace(out, old)  # the old store goes only once the new one is whole
-        os.replace(tmp, out)
+        with staged_replace(str(out)) as staged:
+            try:
+                _extract(bundle, staged)
+                problems = HSKStore(staged).verify()
+                if problems:
+                    raise CorruptStoreError(f"{bundle} is damaged, not unpacked: {problems[0]}")
+                if lease is not None:
+                    lease.check()  # still ours: nobody took the store over while we extracted
+            except BaseException:
+                remove_tree(staged)
+                raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        if lease is not None:
+            lease.release()
     return out

@@ -179,4 +179,4 @@ def read_card(group: zarr.Group) -> str | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         buf = sync(group.store.get(_key(group), prototype=default_buffer_prototype()))
-    return None if buf is None else buf.to_bytes().decode()
+    return None if buf is None else buf.to_bytes().decode(errors="replace")

@@ -17,6 +17,11 @@ class CorruptStoreError(StoreError):
     """Data or metadata do not match their checksums, or cannot be read at all."""
 
 
+class UnverifiedStoreError(StoreError):
+    """A complete store whose metadata no manifest covers (format 1, or its manifest deleted): refused
+    unless the reader opts in; `hsk upgrade` covers it."""
+
+
 class ProvenanceError(StoreError):
     """The store was made by another teacher, tokenizer, dataset or config than expected."""
 

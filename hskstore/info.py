@@ -6,9 +6,11 @@ The paper's format (docs/METHOD.md section 4) is the yardstick: about 4 bytes pe
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 
-from .errors import printable
+from .errors import CorruptStoreError, printable
 from .reader import HSKStore
 
 
@@ -18,7 +20,8 @@ def count_kept_vectors(store: HSKStore) -> int:
     for layer in store.layers:
         for shard in range(store.n_shards):
             start, stop = store.shard_bounds(shard)
-            total += int((store.group[f"{layer.name}/positions"][start:stop] >= 0).sum())
+            name = f"{layer.name}/positions"
+            total += int((store.read(slice(start, stop), [name])[name] >= 0).sum())  # damage: CorruptStoreError
     return total
 
 
@@ -37,7 +40,12 @@ def _array_bytes(store: HSKStore) -> dict:
     arrays = {}
     for name, spec in store.specs.items():
         arr = store.group[name]
-        arrays[name] = {"stored": int(arr.nbytes_stored()), "raw": int(arr.nbytes), "dtype": spec.dtype}
+        try:
+            stored = int(arr.nbytes_stored())  # a bundle's zip reader reads (and CRC-checks) each object
+        except zipfile.BadZipFile as exc:
+            raise CorruptStoreError(f"{store.url}: {name} cannot be read ({exc}); the bundle is damaged: re-copy "
+                                    "it or pack it again") from None
+        arrays[name] = {"stored": stored, "raw": int(arr.nbytes), "dtype": spec.dtype}
     return arrays
 
 
@@ -53,7 +61,7 @@ def mlm_storage_report(store: HSKStore) -> dict:
     masked = 0
     for shard in range(store.n_shards):
         start, stop = store.shard_bounds(shard)
-        masked += int((store.group["mlm/positions"][start:stop] >= 0).sum())
+        masked += int((store.read(slice(start, stop), ["mlm/positions"])["mlm/positions"] >= 0).sum())
     total = sum(a["stored"] for a in arrays.values())
     knowledge = sum(a["stored"] for name, a in arrays.items() if name.startswith("mlm/"))
     raw = sum(a["raw"] for name, a in arrays.items() if name.startswith("mlm/"))

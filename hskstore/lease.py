@@ -10,8 +10,9 @@ writes. Taking it:
 
 A lease is stale, and taken over with a message, when its holder is gone: same host and that
 process no longer runs, or not refreshed for STALE_AFTER_S seconds (a holder on another host, or a
-frozen one). A holder refreshes every REFRESH_S seconds from a daemon thread, and checks before each
-shard that the lease is still its own.
+frozen one). An unreadable lease (empty, torn, garbled) names no holder: it counts as held until its
+file is STALE_AFTER_S seconds old. A holder refreshes every REFRESH_S seconds from a daemon thread,
+and checks before each shard that the lease is still its own.
 """
 
 from __future__ import annotations
@@ -67,12 +68,21 @@ def _pid_alive(pid: int, start: str | None) -> bool:
 
 
 def describe(doc: dict) -> str:
+    if not doc.get("pid") and not doc.get("host"):
+        return "a writer that cannot be identified (its lease file is empty or unreadable)"
     return f"pid {doc.get('pid')} on {doc.get('host')} since {doc.get('started')}"
 
 
-def stale_reason(doc: dict, now: float | None = None) -> str | None:
-    """Why a lease's holder is gone, or None while it may still be writing."""
+def stale_reason(doc: dict, now: float | None = None, modified: float | None = None) -> str | None:
+    """Why a lease's holder is gone, or None while it may still be writing.
+
+    `doc` is {} for an unreadable lease: held until the file (modified at `modified`) is STALE_AFTER_S old.
+    """
     now = _now() if now is None else now
+    if not doc:
+        if modified is not None and now - modified <= STALE_AFTER_S:
+            return None
+        return f"its lease is unreadable and was not modified for over {STALE_AFTER_S:.0f}s"
     if doc.get("host") == socket.gethostname() and isinstance(doc.get("pid"), int):
         if not _pid_alive(doc["pid"], doc.get("proc_start")):
             return "that process is gone"
@@ -108,11 +118,29 @@ class Lease:
                 text = fs.cat_file(p).decode()
         except (FileNotFoundError, KeyError):
             return None
+        except (IsADirectoryError, NotADirectoryError):
+            raise LeaseHeldError(
+                f"{self.path} is a folder, not an hsk writer lease: hsk cannot tell who writes {self.url}; "
+                "remove that folder yourself if no hsk command is writing there"
+            ) from None
+        except UnicodeDecodeError:
+            return {}
         try:
             doc = json.loads(text)
         except ValueError:
             return {}  # torn or damaged: treated as a holder that cannot be identified
         return doc if isinstance(doc, dict) else {}
+
+    def _modified(self) -> float | None:
+        """When the lease file was last written (None when that cannot be told)."""
+        try:
+            if is_local(self.url):
+                return local_path(self.path).stat().st_mtime
+            fs, p = fsspec.core.url_to_fs(self.path)
+            stamp = fs.modified(p)
+        except (OSError, NotImplementedError, ValueError):
+            return None
+        return stamp.timestamp()
 
     def _create(self, text: str) -> bool:
         """Create the lease object only if none exists; False when one does."""
@@ -167,18 +195,24 @@ class Lease:
             holder = self._read()
             if holder is None:
                 continue
-            reason = stale_reason(holder)
+            reason = stale_reason(holder, modified=self._modified() if not holder else None)
             if reason is None:
-                raise LeaseHeldError(
-                    f"{self.url} is being written by {describe(holder)} (lease {LEASE_NAME}): wait for it to "
-                    f"finish, or stop that process; a lease not refreshed for {STALE_AFTER_S:.0f}s is taken over"
-                )
+                raise LeaseHeldError(self._held_message(holder))
             if self._take_over(holder):
                 if self.log is not None:
                     self.log(f"taking over the lease of {self.url} from {describe(holder)}: {reason}")
                 self._start_refreshing()
                 return self
         raise LeaseHeldError(f"{self.url}: could not take the writer lease ({LEASE_NAME}); rerun the command")
+
+    def _held_message(self, holder: dict) -> str:
+        if not holder:
+            age = f"{STALE_AFTER_S:.0f}s"
+            return (f"{self.url} has an unreadable writer lease ({LEASE_NAME}, written in the last {age}): a writer "
+                    f"may be starting; it is taken over once it is {age} old (delete it yourself if no hsk command "
+                    "is writing there)")
+        return (f"{self.url} is being written by {describe(holder)} (lease {LEASE_NAME}): wait for it to "
+                f"finish, or stop that process; a lease not refreshed for {STALE_AFTER_S:.0f}s is taken over")
 
     def _take_over(self, stale: dict) -> bool:
         """Replace the stale lease with ours, unless someone else replaced it first."""

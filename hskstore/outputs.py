@@ -21,6 +21,8 @@ import json
 import os
 import re
 import shutil
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +47,56 @@ PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 class OutputError(StoreExistsError):
     """An output path holds something this command must not write over; the message says what to do."""
+
+
+# Where outputs can go besides local folders: object stores and network filesystems (fsspec protocols).
+# memory:// is for code in one process (tests); a command refuses it, since it is gone when hsk exits.
+WRITABLE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "hdfs", "webhdfs", "sftp",
+                              "ssh", "ftp", "smb", "oci", "oss", "memory"})
+
+
+def fault(point: str) -> None:
+    """Test hook (see hskstore.writer): with HSK_FAULT=<point>, end the process here as a kill would, with
+    exit status 86; with HSK_FAULT=wait-<point>:<file>, wait here until <file> exists."""
+    name, _, flag = os.environ.get("HSK_FAULT", "").partition(":")
+    if name == point:
+        os._exit(86)
+    if name == f"wait-{point}" and flag:
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+
+
+def _notice(message: str) -> None:
+    """Something hsk did on its own that the user must hear about (a repaired leftover), on stderr."""
+    print(f"hsk: {message}", file=sys.stderr)
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot name an hsk output or input (an unknown URL scheme, or one whose package is missing)."""
+    text = str(url)
+    if is_local(text):
+        return None
+    scheme = text.split("://", 1)[0].split("::")[-1].lower()
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ValueError:
+        return (f"{text}: unknown URL scheme {scheme}://; give a local path or a storage URL such as "
+                "s3://bucket/store.zarr")
+    except ImportError as exc:
+        return f"{text}: {scheme}:// needs a package that is not installed ({exc})"
+    return None
+
+
+def check_output_url(url: str) -> None:
+    """Refuse (OutputError) a URL hsk cannot write an output to: unknown, read-only (http://...) or the like."""
+    problem = url_problem(url)
+    if problem is None and not is_local(str(url)):
+        scheme = str(url).split("://", 1)[0].lower()
+        if scheme not in WRITABLE_SCHEMES:
+            problem = (f"{url}: hsk does not write outputs to {scheme}:// URLs; give a local path or an object "
+                       f"store or network filesystem URL ({', '.join(sorted(WRITABLE_SCHEMES - {'memory'})[:6])}...)")
+    if problem:
+        raise OutputError(problem)
 
 
 def is_local(path: str) -> bool:
@@ -136,7 +188,10 @@ def output_kind(path: str) -> str | None:
     symlink, a zarr group that is not hsk, a Zarr v2 store, the working directory or an ancestor of it.
     """
     path = str(path)
-    return _local_kind(path) if is_local(path) else _remote_kind(path)
+    if is_local(path):
+        return _local_kind(path)
+    check_output_url(path)
+    return _remote_kind(path)
 
 
 def mark_output(folder: str, kind: str, **info) -> None:
@@ -163,8 +218,9 @@ def claim_output(path: str, kind: str, *, overwrite: bool) -> str:
     complete), "replace" (same kind, overwrite: build the new one with `staged_replace`).
 
     Refuses (OutputError) a path holding another kind or foreign data, with or without overwrite.
-    Never deletes or writes anything itself.
+    Writes nothing itself, except to finish an `--overwrite` killed in its swap (`recover_swap`).
     """
+    recover_swap(path)
     found = output_kind(path)
     if found is None:
         return "new"
@@ -268,8 +324,43 @@ def staged_replace(path: str) -> Iterator[str]:
     had_old = output_kind(path) is not None
     if had_old:
         _move(path, aside)
+        fault("between-swap-renames")
     elif is_local(path) and local_path(path).is_dir():
         local_path(path).rmdir()  # an empty folder counts as nothing there; rename needs it gone
     _move(staged, path)
     if had_old:
         remove_tree(aside)
+
+
+def recover_swap(path: str) -> None:
+    """Finish the swap of an `--overwrite` killed between its renames (local disks; says what it did).
+
+    A dead process's `.NAME.hsk-old-PID` is the old output set aside: with nothing at `path` (killed before
+    the new one moved in) it is moved back, as if the overwrite never ran (its staged copy is cleaned up
+    by the next overwrite); with an output at `path` (killed after) it is what the overwrite replaced,
+    and is deleted. Anything under that name that hsk did not make is left alone.
+    """
+    if not is_local(path) or not str(path).strip("/"):
+        return
+    p = local_path(str(path).rstrip("/"))
+    prefix = f".{p.name}.hsk-old-"
+    for aside in sorted(p.parent.glob(f"{glob.escape(prefix)}*")):
+        pid = aside.name[len(prefix):]
+        if not pid.isdigit() or aside.is_symlink() or _running(int(pid)) or not _made_by_hsk(aside):
+            continue
+        if _made_by_hsk(p):
+            shutil.rmtree(aside, ignore_errors=True)
+            _notice(f"removed {aside}, the old output an interrupted --overwrite of {path} left beside the new one")
+        elif not p.exists() or (p.is_dir() and not any(p.iterdir())):
+            if p.exists():
+                p.rmdir()
+            os.rename(aside, p)
+            _notice(f"restored {path} from {aside.name}: an --overwrite was killed while swapping it (the new "
+                    "output was not swapped in; rerun that command)")
+
+
+def _made_by_hsk(path: Path) -> bool:
+    try:
+        return not path.is_symlink() and path.is_dir() and output_kind(str(path)) is not None
+    except OutputError:
+        return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,8 +12,9 @@ from . import codec
 from .bundle import zarr_location
 from .config import Selection
 from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, IncompleteStoreError, StoreError
+from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
+from .outputs import is_local, local_path, recover_swap, url_problem
 from .schema import (
     DIGEST_BYTES,
     MANIFEST_SINCE,
@@ -29,6 +31,9 @@ from .schema import (
 
 _REQUIRED = ("task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 _MAX_ROWS = 2**40  # far above any real split; keeps an edited n_rows from making loops run for hours
+# The explicit opt-in to read a complete store whose metadata no manifest covers (format 1, or a
+# deleted manifest): set to 1, every reading command reads such a store as it is (docs/STORE_FORMAT.md).
+ALLOW_UNVERIFIED_ENV = "HSK_ALLOW_UNVERIFIED"
 
 
 def _positive_int(value) -> bool:
@@ -84,7 +89,11 @@ class KeptLayer:
 class HSKStore:
     """A read-only view of an hsk store (local path or fsspec URL)."""
 
-    def __init__(self, url: str, *, allow_incomplete: bool = False):
+    def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False):
+        """Open and check the store at url: its metadata against its arrays, and for a complete store the chain
+        manifest -> per-array checksums -> stored shard digests (the chunks are checked against those digests
+        as they are read). allow_unverified (or HSK_ALLOW_UNVERIFIED=1) reads a complete store whose metadata
+        no manifest covers, which is refused otherwise (UnverifiedStoreError naming `hsk upgrade`)."""
         self.url = str(url)
         meta = self._open_group()
         self.meta = meta
@@ -96,8 +105,8 @@ class HSKStore:
         self._arrays: dict = {}  # opened array handles, reused across reads
         members = self._members()
         self._check_arrays(members)
-        if meta.get("complete") and meta["format_version"] >= MANIFEST_SINCE:
-            self._check_manifest(members)
+        if meta.get("complete"):
+            self._check_covered(members, allow_unverified or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1")
         if not meta.get("complete") and not allow_incomplete:
             raise IncompleteStoreError(
                 f"{self.url} is incomplete ({self._done_count()}/{self.n_shards} shards written): its dump was "
@@ -114,6 +123,11 @@ class HSKStore:
                                     "again") from None
 
     def _open_group(self) -> dict:
+        problem = url_problem(self.url)
+        if problem:
+            raise StoreError(problem)
+        if is_local(self.url) and not local_path(self.url).exists():
+            recover_swap(self.url)  # an --overwrite killed between its renames: the old store comes back
         location = zarr_location(self.url)  # a folder or URL as it is; a bundle through its zip reader
         try:
             self.group = zarr.open_group(location, mode="r")
@@ -160,12 +174,27 @@ class HSKStore:
                     f"says {dtype} {list(shape)} (shards {shards}): the store is damaged; re-copy it or dump again"
                 )
 
-    def _check_manifest(self, members: dict[str, zarr.Array]) -> None:
+    def _check_covered(self, members: dict[str, zarr.Array], allow_unverified: bool) -> None:
+        """A complete store: its metadata matches its manifest, and its shard digests its checksums."""
         recorded = self.meta.get(MANIFEST_KEY)
-        if recorded != compute_manifest(self.meta, members):
-            what = "has no manifest" if recorded is None else f"does not match its manifest {str(recorded)[:23]}..."
+        if recorded is None:
+            if not allow_unverified:
+                version = self.meta.get("format_version")
+                why = "store format 1" if version < MANIFEST_SINCE else "its manifest is missing"
+                raise UnverifiedStoreError(
+                    f"{self.url}: no manifest covers its metadata ({why}), so an edit to it would go unnoticed: "
+                    f"check it with `{ALLOW_UNVERIFIED_ENV}=1 hsk info {self.url}`, then run `hsk upgrade {self.url}` "
+                    f"(or set {ALLOW_UNVERIFIED_ENV}=1 to read it unverified)"
+                )
+        elif recorded != compute_manifest(self.meta, members):
             raise CorruptStoreError(
-                f"{self.url}: its metadata {what}: attributes or array metadata were edited or damaged; "
+                f"{self.url}: its metadata does not match its manifest {str(recorded)[:23]}...: attributes or array "
+                "metadata were edited or damaged; re-copy the store or dump again"
+            )
+        problems = self._checksum_problems()
+        if problems:
+            raise CorruptStoreError(
+                f"{self.url}: {problems[0]}: the shard digests in {PROGRESS_DIGESTS} were edited or damaged; "
                 "re-copy the store or dump again"
             )
 
@@ -323,5 +352,5 @@ class HSKStore:
         return problems
 
 
-def open_store(url: str, *, allow_incomplete: bool = False) -> HSKStore:
-    return HSKStore(url, allow_incomplete=allow_incomplete)
+def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:
+    return HSKStore(url, allow_incomplete=allow_incomplete, allow_unverified=allow_unverified)

@@ -15,8 +15,8 @@ has no shard written, so the next writer simply recreates its structure.
 alone (no lease) is for code that coordinates its writers itself, e.g. workers of one driver
 that holds the lease and write disjoint shards.
 
-Fault hook for tests: with the environment variable HSK_FAULT set to one of FAULT_POINTS, the
-writer ends the process with os._exit(FAULT_EXIT) at that point, as a kill or a power cut would
+Fault hook for tests (hskstore.outputs.fault): with the environment variable HSK_FAULT set to one of
+FAULT_POINTS, the writer ends the process with os._exit(FAULT_EXIT) at that point, as a kill or a power cut would
 (no cleanup, no finally blocks). HSK_FAULT=wait-<point>:<file> instead makes it wait at that
 point until <file> exists (a writer held still, so a test can start a second one against it).
 """
@@ -27,17 +27,17 @@ import datetime as _dt
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import fsspec
 import numpy as np
 import zarr
 
 from .bundle import refuse_bundle_output
-from .card import write_card
+from .card import CARD_NAME, read_card, write_card
 from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease
@@ -48,6 +48,7 @@ from .outputs import (
     STORE,
     STORE_ENTRIES,
     claim_output,
+    fault,
     is_local,
     local_path,
     output_kind,
@@ -76,17 +77,12 @@ IDENTITY_FIELDS = (
     "layout",
 )
 
-FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap")
-FAULT_EXIT = 86
+FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap",
+                "between-swap-renames")
+FAULT_EXIT = 86  # what outputs.fault exits with
 
 
-def _fault(point: str) -> None:
-    name, _, flag = os.environ.get("HSK_FAULT", "").partition(":")
-    if name == point:
-        os._exit(FAULT_EXIT)
-    if name == f"wait-{point}" and flag:  # hold still (lease held) until the test creates the flag file
-        while not os.path.exists(flag):
-            time.sleep(0.05)
+_fault = fault  # the hook lives with the output rule, whose swap has a fault point of its own
 
 
 def identity(meta: dict) -> str:
@@ -128,6 +124,41 @@ def _comparable(meta: dict, key: str) -> str:
 
 def _differences(a: dict, b: dict) -> list[str]:
     return [k for k in IDENTITY_FIELDS if _comparable(a, k) != _comparable(b, k)]
+
+
+# How the bytes were computed, beyond what the store describes (`meta["compute"]`, recorded by the dump at
+# creation): length-bucketed batches change the padded length and so the float bits, and so do the device
+# and, on CPU, torch's thread count. A resume must compute as the interrupted run did. Keys absent on
+# either side (stores of an older hsk, a worker's unknown thread count) are not compared.
+_COMPUTE_KEY = "compute"
+_HOW_TO_PASS = {
+    "max_length": "--max-length {}",
+    "batch_size": "--batch-size {}",
+    "device": "--device {}",
+    "torch_threads": "{} torch threads (OMP_NUM_THREADS={}, or --threads-per-worker {} with --workers)",
+}
+
+
+def _compute_differences(existing: dict, meta: dict) -> list[str]:
+    old, new = existing.get(_COMPUTE_KEY) or {}, meta.get(_COMPUTE_KEY) or {}
+    return [k for k in sorted(old) if old.get(k) is not None and new.get(k) is not None and old[k] != new[k]]
+
+
+def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
+    """One line naming the values a resume of the interrupted dump at url must be given, or None when it may."""
+    diff = _differences(existing, meta)
+    if diff:
+        wanted = [_HOW_TO_PASS[k].format(existing[k]) for k in diff if k in _HOW_TO_PASS]
+        return (f"{url} holds an interrupted dump with a different {', '.join(diff)}: rerun with its original "
+                f"arguments to resume it{' (' + ', '.join(wanted) + ')' if wanted else ''}, pass --overwrite to "
+                "replace it, or choose another --out")
+    diff = _compute_differences(existing, meta)
+    if diff:
+        old = existing[_COMPUTE_KEY]
+        wanted = [_HOW_TO_PASS[k].format(*[old[k]] * 3) for k in diff]
+        return (f"{url} holds an interrupted dump computed with {', '.join(wanted)}; its bytes depend on "
+                f"{', '.join(diff)}: resume with the same, or pass --overwrite to start again")
+    return None
 
 
 def _moved(existing: dict, meta: dict) -> list[str]:
@@ -245,24 +276,9 @@ class StoreWriter:
         meta.update(format_version=FORMAT_VERSION, complete=False)
         existing = None if overwrite else _read_meta(url)
         if existing is not None:
-            diff = _differences(existing, meta)
-            if diff and (existing.get("complete") or _has_written_shards(url)):
-                what = "a complete store" if existing.get("complete") else "an interrupted dump"
-                raise StoreExistsError(
-                    f"{url} holds {what} with a different {', '.join(diff)}: pass --overwrite to replace it, "
-                    "or choose another --out" + ("" if existing.get("complete") else
-                                                  " (or rerun with its original arguments to resume it)")
-                )
-            if not diff and existing.get("complete"):
-                return cls(url, existing)
-            if not diff and _structure_complete(url, existing):
-                removed = remove_partials(url)
-                if removed and log is not None:
-                    log(f"removed {len(removed)} temporary *.partial file(s) of an interrupted write")
-                for line in _moved(existing, meta):
-                    if log is not None:
-                        log(line)
-                return cls(url, existing)  # resume: keep the original creation time and identity
+            found = cls._open_existing(url, existing, meta, log)
+            if found is not None:
+                return found
             # Creation was cut short (no shard written): start the structure again.
         meta.update(
             identity=identity(meta),
@@ -274,9 +290,43 @@ class StoreWriter:
         _create_structure(url, meta)
         return cls(url, meta)
 
+    @classmethod
+    def _open_existing(cls, url: str, existing: dict, meta: dict, log) -> StoreWriter | None:
+        """The writer of the store already at url (complete, or an interrupted dump to resume); None when its
+        creation was cut short before any shard; StoreExistsError when it is another store."""
+        diff = _differences(existing, meta)
+        if diff and existing.get("complete"):
+            raise StoreExistsError(
+                f"{url} holds a complete store with a different {', '.join(diff)}: pass --overwrite to replace "
+                "it, or choose another --out"
+            )
+        if existing.get("complete"):
+            writer = cls(url, existing)
+            writer.repair_card(log)
+            return writer
+        refusal = _resume_refusal(url, existing, meta) if _has_written_shards(url) else None
+        if refusal:
+            raise StoreExistsError(refusal)
+        if diff or _compute_differences(existing, meta) or not _structure_complete(url, existing):
+            return None
+        removed = remove_partials(url)
+        if removed and log is not None:
+            log(f"removed {len(removed)} temporary *.partial file(s) of an interrupted write")
+        for line in _moved(existing, meta):
+            if log is not None:
+                log(line)
+        return cls(url, existing)  # resume: keep the original creation time and identity
+
     @property
     def complete(self) -> bool:
         return bool(self.meta.get("complete"))
+
+    def repair_card(self, log=None) -> None:
+        """Write the card of a complete store that lacks it (a writer killed between its metadata and its card)."""
+        if read_card(self.group) is None:
+            write_card(self.group, self.meta, [spec.name for spec in self.specs], self.url)
+            if log is not None:
+                log(f"restored the card {CARD_NAME} of {self.url} (derived from its metadata)")
 
     @property
     def n_shards(self) -> int:
@@ -380,5 +430,52 @@ def writing(
                 staged_lease.release()
                 raise
         staged_lease.moved_to(url).release()  # the swapped-in store carries our lease: drop it
+    finally:
+        lease.release()
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What `upgrade` did: the store's format before, and its content address after."""
+
+    url: str
+    from_version: int
+    content_address: str
+    changed: bool  # False: the store already had a manifest
+
+
+def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
+    """Cover the metadata of a complete store that no manifest covers (format 1, or a deleted manifest).
+
+    Under the writer lease: every shard is checked against its digests and the digests against the
+    per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as it
+    is now becomes format FORMAT_VERSION with a manifest, and the card is rewritten. The data chain
+    is checked; the metadata cannot be (that is what was missing): the caller tells the user to look.
+    """
+    from .reader import HSKStore
+
+    url = str(url).rstrip("/")
+    refuse_bundle_output(url)
+    if output_kind(url) != STORE:
+        raise StoreExistsError(f"no hsk store at {url} to upgrade")
+    lease = Lease(url, log=log).acquire()
+    try:
+        store = HSKStore(url, allow_unverified=True)
+        version = store.meta["format_version"]
+        if store.content_address is not None:
+            return Upgrade(url, version, store.content_address, changed=False)
+        problems = store.verify()
+        if problems:
+            raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
+        meta = dict(store.meta, format_version=FORMAT_VERSION)
+        meta["upgraded"] = {"from_version": version, "software_version": software_version,
+                            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        meta.pop(MANIFEST_KEY, None)
+        group = zarr.open_group(url, mode="r+")
+        meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
+        lease.check()
+        group.attrs[META_KEY] = meta
+        write_card(group, meta, list(store.specs), url)
+        return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
     finally:
         lease.release()

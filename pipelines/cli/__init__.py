@@ -104,10 +104,42 @@ def _error(message: object) -> None:
     print(f"hsk: error: {printable(message, keep_newlines=True)}", file=sys.stderr)
 
 
+def _os_error_message(exc: OSError) -> str | None:
+    """The one line for an OSError a user can act on (full disk, a name too long), None for the rest."""
+    if exc.errno == errno.ENOSPC:
+        return (f"disk full ({exc}). Nothing written so far is lost: free some space and rerun the same command "
+                "to resume.")
+    if exc.errno == errno.ENAMETOOLONG:
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 60 else f"{name[:40]}...{name[-12:]} ({len(name)} characters)"
+        return f"a file name is too long for the filesystem: {shown}; choose a shorter name"
+    return None
+
+
+def _credential_errors() -> tuple[type[BaseException], ...]:
+    """botocore's missing or partial credentials (s3:// without them), when botocore is installed."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:
+        return ()
+    return NoCredentialsError, PartialCredentialsError
+
+
+def _in_memory_url(argv: list[str] | None) -> str | None:
+    """An argument naming a memory:// URL: the filesystem of this one process, gone when hsk exits."""
+    args = sys.argv[1:] if argv is None else argv
+    return next((a.partition("=")[2] or a for a in args if "memory://" in a.lower()), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted)."""
     # hsk's library loggers repeat what the commands print: one copy on the terminal is enough.
     logging.getLogger("hsk").addHandler(logging.NullHandler())
+    memory = _in_memory_url(argv)
+    if memory is not None:
+        _error(f"{memory}: memory:// lives in the memory of one hsk process and is gone when it exits; give a "
+               "local path or a storage URL such as s3://bucket/store.zarr")
+        return 2
     try:
         app(args=argv, prog_name="hsk")  # standalone: Typer handles --help and usage errors itself
     except SystemExit as exc:
@@ -118,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted(argv)
     except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+        message = _os_error_message(exc)
+        if message is None:
             raise
-        _error(
-            f"disk full ({exc}). Nothing written so far is lost: free some space and rerun the same command to resume."
-        )
+        _error(message)
+        return 2
+    except _credential_errors() as exc:
+        _error(f"the object store refused hsk: {exc}. Set its credentials (for s3://: AWS_ACCESS_KEY_ID and "
+               "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), or use a local path")
         return 2
     except _user_errors() as exc:
         if os.environ.get("HSK_DEBUG"):

@@ -41,9 +41,12 @@ def unpack(
 ) -> None:
     """Unpack a bundle into a store folder (checked before it takes its name).
 
+    --overwrite replaces a store only while no dump writes it (its writer lease), and only once the new
+    one is whole: the old store stays intact if the unpack fails or is killed.
+
     Example: hsk unpack sst2.hsk.zip sst2.zarr
     """
     from hskstore.bundle import unpack as unpack_bundle
 
-    path = unpack_bundle(bundle, out, overwrite=overwrite)
+    path = unpack_bundle(bundle, out, overwrite=overwrite, log=typer.echo)
     typer.echo(f"unpacked {bundle} -> {path}")

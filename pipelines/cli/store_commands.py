@@ -1,4 +1,4 @@
-"""`hsk dump`, `hsk info`, `hsk verify`: make a store, describe it, check it."""
+"""`hsk dump`, `hsk info`, `hsk verify`, `hsk upgrade`: make a store, describe it, check it, cover an old one."""
 
 from __future__ import annotations
 
@@ -201,6 +201,7 @@ def info(
 ) -> None:
     """Describe a store: config, provenance, rows, and what it costs (bytes per array, example, kept value)."""
     from hskstore.card import CARD_NAME, read_card, render_card, store_name
+    from hskstore.errors import printable
     from hskstore.info import format_report, storage_report
     from hskstore.reader import open_store
 
@@ -210,7 +211,8 @@ def info(
         if text is None:  # written at finalize: an incomplete store, or one from an older hsk
             typer.echo(f"note: {store} has no {CARD_NAME} yet; this card is rendered from its metadata", err=True)
             text = render_card(s.meta, name=store_name(store))
-        typer.echo(text, nl=False)
+        # The card file is outside every checksum (anyone can edit it): never let its bytes drive the terminal.
+        typer.echo(printable(text, keep_newlines=True), nl=False)
         return
     report = storage_report(s)
     if as_json:
@@ -241,8 +243,33 @@ def verify(store: str = typer.Argument(..., help="Store path, fsspec URL or .hsk
             typer.echo(f"PROBLEM: {p}", err=True)
         raise typer.Exit(code=1)
     if s.content_address is None:
-        typer.echo(f"note: {store} has store format version {s.meta['format_version']}, whose metadata is not "
-                   "covered by a manifest: only its data was checked (re-dump or derive it to get format 2)")
+        typer.echo(f"note: no manifest covers the metadata of {store} (read with HSK_ALLOW_UNVERIFIED=1): only its "
+                   f"data was checked; `hsk upgrade {store}` covers it")
     else:
         typer.echo(f"ok: metadata matches the manifest {s.content_address}")
     typer.echo(f"ok: {store} is complete; {s.n_shards} shards, {len(s)} rows match their checksums")
+
+
+@app.command()
+def upgrade(store: str = typer.Argument(..., help="A complete store folder or fsspec URL (not a bundle).")) -> None:
+    """Cover an old store's metadata with a manifest, so that hsk reads it without HSK_ALLOW_UNVERIFIED=1.
+
+    A store of format 1, or one whose manifest is missing, is refused by every reading command: nothing
+    would notice an edit to its metadata (labels, teacher, selection). `hsk upgrade` takes the store's
+    writer lease, checks every shard against its digests and the digests against the per-array
+    checksums, then writes format-2 metadata with a manifest (and the card). It cannot tell whether
+    the metadata was edited before: look at `HSK_ALLOW_UNVERIFIED=1 hsk info STORE` first.
+
+    Example: hsk upgrade old-sst2.zarr && hsk verify old-sst2.zarr
+    """
+    from hskstore import __version__
+    from hskstore.writer import upgrade as upgrade_store
+
+    done = upgrade_store(store, software_version=__version__, log=typer.echo)
+    if not done.changed:
+        typer.echo(f"{store} already has a manifest ({done.content_address}): nothing to do")
+        return
+    typer.echo(f"upgraded {store} from format {done.from_version}: its data matches its checksums, and its "
+               f"metadata as it is now is covered by the manifest {done.content_address}")
+    typer.echo("check that `hsk info` shows what you expect (labels, teacher, selection): an edit made before "
+               "the upgrade is covered too; pin the address with `hsk train --expect-store`")
