@@ -153,7 +153,7 @@ def test_content_address_is_stable_and_shown(reference, tmp_path, capsys):
     assert f"matches the manifest {store.content_address}" in capsys.readouterr().out
 
 
-def test_version_1_store_opens_and_verify_says_metadata_is_not_covered(reference, tmp_path, capsys):
+def test_version_1_store_is_refused_unless_opted_in(reference, tmp_path, capsys, monkeypatch):
     store = copy_store(reference, tmp_path / "v1.zarr")
 
     def as_v1(meta):
@@ -161,9 +161,14 @@ def test_version_1_store_opens_and_verify_says_metadata_is_not_covered(reference
         meta.pop("manifest")
 
     edit_attrs(store, as_v1)
-    assert open_store(str(store)).content_address is None
+    with pytest.raises(StoreError, match="hsk upgrade"):
+        open_store(str(store))
+    assert open_store(str(store), allow_unverified=True).content_address is None
+    assert main(["verify", str(store)]) == 2
+    assert "no manifest covers" in capsys.readouterr().err
+    monkeypatch.setenv("HSK_ALLOW_UNVERIFIED", "1")
     assert main(["verify", str(store)]) == 0
-    assert "not covered" in capsys.readouterr().out
+    assert "no manifest covers" in capsys.readouterr().out
     edit_attrs(store, _set("layout", "n_rows", value=16))  # no manifest: the arrays still contradict it
     assert main(["verify", str(store)]) == 2
     assert "array row is int64 [24]" in capsys.readouterr().err

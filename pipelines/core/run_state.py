@@ -39,10 +39,17 @@ def atomic_save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, RuntimeError) and "writ" in str(exc).lower():
+        if isinstance(exc, RuntimeError) and _failed_write(exc):
             raise OSError(errno.ENOSPC, f"cannot write {path}: {str(exc).splitlines()[-1]}") from exc
         raise
     os.replace(tmp, path)
+
+
+def _failed_write(exc: RuntimeError) -> bool:
+    """torch's zip writer on a full disk: "PytorchStreamWriter failed writing file ...", or, when the failure
+    surfaces as the archive is closed, "unexpected pos N vs M" (fewer bytes landed than were written)."""
+    text = str(exc).lower()
+    return "writ" in text or "unexpected pos" in text
 
 
 def write_json(path: Path, obj: Any) -> None:

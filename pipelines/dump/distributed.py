@@ -46,6 +46,7 @@ from pipelines.dump.stage import (
     DumpOptions,
     DumpResult,
     attention_probe_layers,
+    compute_record,
     compute_shard,
     pending_shards,
     plan_dump,
@@ -245,6 +246,9 @@ def dump_distributed(
         device_per_worker=scheduler is None,
         torch_threads=threads_per_worker or (max(1, (os.cpu_count() or 1) // workers) if workers else None),
     )
+    # What the bytes depend on is the workers' device and threads (None: a running cluster's own setting).
+    plan.meta["compute"] = dict(compute_record(options.batch_size, options.device, spec.torch_threads),
+                                **({} if spec.torch_threads else {"torch_threads": None}))
     # The driver is the store's one writer (the lease, issue 14) for the whole dump; workers write
     # through plain StoreWriter(url, meta) objects, which take no lease, into writer.url (with
     # --overwrite a hidden staged sibling, swapped in when this block ends).

@@ -253,6 +253,15 @@ def store_metadata(
     }
 
 
+def compute_record(batch_size: int, device: str, torch_threads: int | None = None) -> dict:
+    """How the teacher's outputs are computed, beyond the metadata: their bytes depend on it (length-bucketed
+    batches pad to their longest row; kernels differ by device and, on CPU, by thread count). Recorded at
+    creation; a resume must match it (hskstore.writer), so the finished store equals an uninterrupted dump."""
+    kind = torch.device(device).type
+    threads = (torch_threads or torch.get_num_threads()) if kind == "cpu" else None
+    return {"batch_size": batch_size, "device": kind, "torch_threads": threads}
+
+
 def attention_probe_layers(selection: Selection) -> list[int]:
     """Teacher attention layers whose query/key projections the probe must keep whole."""
     return sorted({j for j in selection.teacher_layers if j >= 1}) if selection.attention_rows else []
@@ -390,6 +399,7 @@ def plan_dump(
         task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity
     )
     meta.update(options.extra_meta)
+    meta["compute"] = compute_record(options.batch_size, options.device)
     return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta)
 
 

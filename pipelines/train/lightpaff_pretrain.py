@@ -153,7 +153,10 @@ def pretrain(options: TrainOptions, *, student: str, out_dir: str, store: str,
     method, method_options, stage = _plan(options, hsk_store)
     source = Source("offline", hsk_store, hsk_store.meta, None, hsk_store.meta["teacher"]["name"])  # type: ignore
     torch.manual_seed(options.seed)
-    model, tokenizer, init = mlm_student(student, store_teacher(source, options.teacher))
+    from pipelines.dump.mlm import load_mlm_teacher
+
+    teacher = store_teacher(source, options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
+    model, tokenizer, init = mlm_student(student, teacher)
     _check_student(model, tokenizer, hsk_store.meta)
     device = run_device(options)
     out = Path(out_dir)

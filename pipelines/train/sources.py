@@ -172,22 +172,26 @@ def memory_source(task: Task, examples: Examples, name: str, model: nn.Module, t
     return source
 
 
-def store_teacher(source: Source, override: str | None) -> str:
-    """Where the store's teacher is now (bert<k> init, tokenizer fallback): `override` (--teacher), its
-    weights checked against the store's hash, else the recorded path or hub id (core.models.resolve_teacher)."""
+def store_teacher(source: Source, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+    """Where the store's teacher is now (bert<k> init, tokenizer fallback): `override` (--teacher), else the
+    recorded path or hub id (core.models.resolve_teacher). Its weights are checked against the store's hash
+    whichever way it was found (loaded with `load`, default as a classifier): a teacher retrained in place
+    is refused, not silently used."""
     from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
 
     recorded = source.meta["teacher"]
     if source.mode != "offline":
         return recorded.get("path") or source.teacher_name
     if override:
-        check_weights(resolve_teacher(recorded, override), recorded.get("weights_hash"), override)
-        return override
-    try:
-        return resolve_teacher(recorded)
-    except ModelLoadError:
-        # Not every student needs the teacher (tinybert4, hub encoders): bert<k> says where it looked.
-        return recorded.get("path") or source.teacher_name
+        found = resolve_teacher(recorded, override)
+    else:
+        try:
+            found = resolve_teacher(recorded)
+        except ModelLoadError:
+            # Not every student needs the teacher (tinybert4, hub encoders): bert<k> says where it looked.
+            return recorded.get("path") or source.teacher_name
+    check_weights(load(found) if load else found, recorded.get("weights_hash"), override or found)
+    return found
 
 
 def check_expected_store(source: Source, expected: str | None) -> None:
