@@ -346,17 +346,20 @@ def recover_swap(path: str) -> None:
     prefix = f".{p.name}.hsk-old-"
     for aside in sorted(p.parent.glob(f"{glob.escape(prefix)}*")):
         pid = aside.name[len(prefix):]
-        if not pid.isdigit() or aside.is_symlink() or _running(int(pid)) or not _made_by_hsk(aside):
-            continue
-        if _made_by_hsk(p):
-            shutil.rmtree(aside, ignore_errors=True)
-            _notice(f"removed {aside}, the old output an interrupted --overwrite of {path} left beside the new one")
-        elif not p.exists() or (p.is_dir() and not any(p.iterdir())):
-            if p.exists():
-                p.rmdir()
-            os.rename(aside, p)
-            _notice(f"restored {path} from {aside.name}: an --overwrite was killed while swapping it (the new "
-                    "output was not swapped in; rerun that command)")
+        if pid.isdigit() and not aside.is_symlink() and not _running(int(pid)) and _made_by_hsk(aside):
+            _finish_swap(aside, p, str(path))
+
+
+def _finish_swap(aside: Path, p: Path, path: str) -> None:
+    if _made_by_hsk(p):
+        shutil.rmtree(aside, ignore_errors=True)
+        _notice(f"removed {aside}, the old output an interrupted --overwrite of {path} left beside the new one")
+    elif not p.exists() or (p.is_dir() and not any(p.iterdir())):
+        if p.exists():
+            p.rmdir()
+        os.rename(aside, p)
+        _notice(f"restored {path} from {aside.name}: an --overwrite was killed while swapping it (the new "
+                "output was not swapped in; rerun that command)")
 
 
 def _made_by_hsk(path: Path) -> bool:

@@ -172,6 +172,13 @@ def _moved(existing: dict, meta: dict) -> list[str]:
     return lines
 
 
+def _resume_notes(url: str, existing: dict, meta: dict) -> list[str]:
+    """Clean what an interrupted write left (zarr temporaries) and say what a resume finds changed."""
+    removed = remove_partials(url)
+    notes = [f"removed {len(removed)} temporary *.partial file(s) of an interrupted write"] if removed else []
+    return notes + _moved(existing, meta)
+
+
 def remove_partials(url: str) -> list[str]:
     """Delete zarr's `*.<uuid>.partial` temporaries of interrupted writes under a store (that pattern only)."""
     if is_local(url):
@@ -309,10 +316,7 @@ class StoreWriter:
             raise StoreExistsError(refusal)
         if diff or _compute_differences(existing, meta) or not _structure_complete(url, existing):
             return None
-        removed = remove_partials(url)
-        if removed and log is not None:
-            log(f"removed {len(removed)} temporary *.partial file(s) of an interrupted write")
-        for line in _moved(existing, meta):
+        for line in _resume_notes(url, existing, meta):
             if log is not None:
                 log(line)
         return cls(url, existing)  # resume: keep the original creation time and identity

@@ -104,8 +104,12 @@ def _error(message: object) -> None:
     print(f"hsk: error: {printable(message, keep_newlines=True)}", file=sys.stderr)
 
 
-def _os_error_message(exc: OSError) -> str | None:
-    """The one line for an OSError a user can act on (full disk, a name too long), None for the rest."""
+def _environment_message(exc: BaseException) -> str | None:
+    """The one line for a problem of the machine a user can act on (full disk, a name too long, no object
+    store credentials), None for the rest."""
+    if not isinstance(exc, OSError):  # botocore's credential errors
+        return (f"the object store refused hsk: {exc}. Set its credentials (for s3://: AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), or use a local path")
     if exc.errno == errno.ENOSPC:
         return (f"disk full ({exc}). Nothing written so far is lost: free some space and rerun the same command "
                 "to resume.")
@@ -149,15 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return _interrupted(argv)
-    except OSError as exc:
-        message = _os_error_message(exc)
+    except (OSError, *_credential_errors()) as exc:
+        message = _environment_message(exc)
         if message is None:
             raise
         _error(message)
-        return 2
-    except _credential_errors() as exc:
-        _error(f"the object store refused hsk: {exc}. Set its credentials (for s3://: AWS_ACCESS_KEY_ID and "
-               "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), or use a local path")
         return 2
     except _user_errors() as exc:
         if os.environ.get("HSK_DEBUG"):
