@@ -32,15 +32,16 @@ import torch
 
 from hskstore.config import ConfigError
 from hskstore.outputs import claim_output, mark_output
+from pipelines.core.models import ModelLoadError
 from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
-from pipelines.methods.base import Stage
+from pipelines.methods.base import MethodError, Stage
 from pipelines.train.ddp import Ranks, SilentLog
 from pipelines.train.dev import DevData, find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, run_stages
 from pipelines.train.options import TrainOptions
-from pipelines.train.pairs import LayerPair, layer_pairs
+from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.sources import (
     Source,
     check_expected_store,
@@ -51,7 +52,7 @@ from pipelines.train.sources import (
     store_teacher,
     student_encoding,
 )
-from pipelines.train.students import StudentInfo, build_student
+from pipelines.train.students import StudentInfo, build_student, student_depth
 
 logger = logging.getLogger("hsk.train")
 
@@ -72,15 +73,64 @@ class _Notes:
         self.items.append(msg)
 
 
-def _plan(options: TrainOptions, source: Source, notes: _Notes) -> tuple[Any, Any, list[Stage]]:
+def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) -> tuple[Any, Any, list[Stage]]:
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
-    ctx = Context(source.task, source.selection, source.meta)
+    ctx = Context(source.task, source.selection, source.meta, student=student,
+                  student_layers=_depth(student, options.student_weights))
     stages = method.stages(method_options, ctx)
     for msg in ctx.warnings:
         notes(msg)
     return method, method_options, stages
+
+
+def run_problems(task, selection, meta, *, student: str, method: str, method_options: dict,
+                 student_weights: str | None = None) -> list[str]:
+    """Everything that stops a run on its store, found before anything is built: the method against
+    the store (Method.stages: its check) and every stage's layer pairs for the student's depth
+    (pairs.layer_pairs), each in the words `hsk train` refuses with. All problems at once, so one
+    round of fixes is enough; `hsk train` and `hsk sweep` (for every planned run) call it."""
+    m = get_method(method)
+    opts = m.make_options(method_options)
+    depth = student_depth(student, student_weights)
+    ctx = Context(task, selection, meta, student=student, student_layers=depth)
+    problems: list[str] = []
+    try:
+        stages = m.stages(opts, ctx)
+    except MethodError as exc:
+        problems.append(str(exc))
+        try:  # the layer map can still be checked: every problem in one round (the [CLS] advice already is)
+            stages = [st for st in m.build(opts, ctx) if st.pairs not in PKD_RULES]
+        except ConfigError:
+            stages = []
+    for stage in stages:
+        try:
+            layer_pairs(stage.pairs, selection, depth, loss=stage.pair_loss or "", projection=False)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return list(dict.fromkeys(problems))
+
+
+def _depth(student: str, weights: str | None) -> int | None:
+    try:
+        return student_depth(student, weights)
+    except ModelLoadError:
+        return None  # building the student says why, in its own words
+
+
+def _check_run(student: str, options: TrainOptions, source: Source) -> None:
+    """Refuse a run its store cannot serve, every problem in one line, before the student is built."""
+    try:
+        problems = run_problems(source.task, source.selection, source.meta, student=student, method=options.method,
+                                method_options=options.method_options, student_weights=options.student_weights)
+    except ModelLoadError:
+        return  # the student cannot be looked up: building it says why, in its own words
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems, fix them all: " + "; ".join(f"({i}) {p}" for i, p in
+                                                                       enumerate(problems, 1)))
 
 
 def _student(student: str, options: TrainOptions, source: Source, stages: list[Stage], notes: _Notes):
@@ -209,7 +259,8 @@ def _train(
         check_expected_store(source, options.expect_store)
     else:
         source = open_online(teacher, task, config, options, data_dir, log)
-    method, method_options, stages = _plan(options, source, notes)
+    _check_run(student, options, source)
+    method, method_options, stages = _plan(options, source, notes, student)
     dev = find_dev(source.task, source.meta, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
     model, info = _student(student, options, source, stages, notes)
     pairs = _pairs(stages, source, info, log)
