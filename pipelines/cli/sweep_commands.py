@@ -18,12 +18,11 @@ array, what `hsk dump` at that config would write. --values lowers the precision
 float16 -> int8 (about half the bytes) -> int4 or mxfp4 (4 bits, a scale per 32 values), each step
 exactly as the dump encodes. An interrupted derive resumes when you rerun the same command.
 
-Examples:
+Examples (from a 3,8,0.2 store):
 
-  hsk derive sst2.zarr --config 1,9,0.1 --out sst2-1_9_0.1.zarr
-
+\b
+  hsk derive sst2.zarr --config 1,8,0.1 --out sst2-1_8_0.1.zarr
   hsk derive sst2.zarr --config 3,8,0.2 --values int8 --out sst2-3_8_0.2-int8.zarr
-
   hsk derive sst2.zarr --config 3,8,0.2 --values int4 --out sst2-3_8_0.2-int4.zarr
 """
 
@@ -62,8 +61,8 @@ Examples:
 
 \b
   hsk sweep --source sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
-      --epochs-hsk 2 --epochs-pred 1 --data-dir ../glue_data --workers 2
-  hsk sweep --source sst2.zarr --configs '1,9,0.1;3,8,0.2;pred-only' --values float16,int8 \\
+      --epochs-hsk 2 --epochs-pred 1 --data-dir ../shared/data/glue --workers 2
+  hsk sweep --source sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
       --students bert2 --max-steps 200 --dry-run
 
 Then: hsk report runs/sweep/results.parquet --out runs/sweep/report
@@ -118,17 +117,19 @@ def derive_cmd(
     from hskstore.reader import open_store
 
     def bar(shards):
-        return tqdm(shards, desc="derive", unit="shard", disable=not progress)
+        return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)
 
     derive(source, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
     new, src = open_store(out), open_store(source)
     report = storage_report(new)
     src_bytes = sum(int(src.group[name].nbytes_stored()) for name in src.specs)  # no full report: cheap
+    ratio = src_bytes / max(report['total_bytes'], 1)
+    than = "the same size" if round(ratio, 1) <= 1.0 else f"{ratio:.1f}x larger"
     typer.echo(
         f"done: {out}  config {new.config} (A={report['amount_of_hsk']:.3g} units), {new.selection.value_dtype}: "
         f"{human_bytes(report['total_bytes'])} ({report['bytes_per_example']:.1f} B/example); source "
-        f"{human_bytes(src_bytes)}, {src_bytes / max(report['total_bytes'], 1):.1f}x larger. See `hsk info {out}`."
+        f"{human_bytes(src_bytes)}, {than}. See `hsk info {out}`."
     )
 
 

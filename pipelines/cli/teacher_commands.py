@@ -25,7 +25,7 @@ also trains the top layers) on raw text: the teacher that `hsk dump --objective 
 Examples:
 
 \b
-  hsk teacher --task sst2 --base minilm --data-dir ../glue_data --epochs 2 --out runs/teacher-sst2
+  hsk teacher --task sst2 --base minilm --data-dir ../shared/data/glue --epochs 2 --out runs/teacher-sst2
   hsk teacher --objective mlm --base minilm --text-file corpus.txt --train-layers 2 --out runs/mlm
 """
 
@@ -68,7 +68,7 @@ def teacher(
     if not task:
         raise ValueError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
     out = out or default_teacher_dir(task)
-    summary = fine_tune_teacher(
+    fine_tune_teacher(  # it says "teacher saved to OUT (best epoch N: dev ...)"
         get_task(task),
         base,
         out,
@@ -86,7 +86,6 @@ def teacher(
         progress=progress,
         log=typer.echo,
     )
-    typer.echo(f"teacher saved to {out}: dev {summary.get('dev_metrics', summary.get('metrics'))}")
 
 
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,

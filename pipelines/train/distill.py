@@ -19,6 +19,7 @@ JSON record per log or eval step, each loss term on its own) and summary.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from hskstore.config import ConfigError
-from hskstore.outputs import claim_output, mark_output
+from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
@@ -212,9 +213,13 @@ def train(
     logs, and every rank returns the summary.
     """
     ranks = Ranks.from_env(options.device)
+    run = dict(student=student, store=store, teacher=teacher, task=task, config=config, data_dir=data_dir,
+               log=log if ranks.main else _quiet, on_step=on_step)
     try:
-        summary = _train(options, ranks, student=student, out_dir=out_dir, store=store, teacher=teacher, task=task,
-                         config=config, data_dir=data_dir, log=log if ranks.main else _quiet, on_step=on_step)
+        if options.overwrite and claim_output(out_dir, RUN_KIND, overwrite=True) == "replace":
+            summary = _replace(options, ranks, out_dir, run)
+        else:
+            summary = _train(options, ranks, out_dir=out_dir, **run)
         ranks.barrier()  # nobody leaves while rank 0 still writes
         return summary
     finally:
@@ -223,6 +228,47 @@ def train(
 
 def _quiet(*_: Any) -> None:
     pass
+
+
+def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> dict:
+    """--overwrite: train afresh in a hidden sibling and swap it in once it is complete (the output rule:
+    a killed overwrite leaves the old run as it was). Rank 0 alone writes; the other ranks write nothing."""
+    fresh = dataclasses.replace(options, resume=False, overwrite=False)
+    if not ranks.main:
+        return _train(fresh, ranks, out_dir=out_dir, **run)
+    with staged_replace(out_dir) as staged:
+        summary = _train(fresh, ranks, out_dir=staged, **run)
+        summary["model_dir"] = str(Path(out_dir) / "best")
+        write_json(Path(staged) / "summary.json", summary)
+    run["log"](f"{out_dir}: replaced by this run (--overwrite)")
+    return summary
+
+
+def _same_finished(out: Path, student: str, source: Source, method, method_options) -> bool:
+    """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
+    names the same student, store, method and options."""
+    try:
+        done = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    options = json.loads(json.dumps(asdict(method_options), default=str))
+    return (done.get("method") == method.name and done.get("source") == str(source.store.url)
+            and (done.get("student") or {}).get("name") == student
+            and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
+
+
+def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> None:
+    """A finished run is an output: only --overwrite replaces it (--no-resume restarts unfinished runs)."""
+    summary = out / "summary.json"
+    if not summary.exists() or finished_same and options.resume:
+        return
+    try:
+        method = json.loads(summary.read_text()).get("method", "?")
+    except ValueError:
+        method = "?"
+    why = "--no-resume restarts only an unfinished run" if not options.resume else "this command cannot resume it"
+    raise OutputError(f"{out} holds a finished run (method {method}, {summary}): {why}; pass --overwrite to "
+                      "replace it (once the new run is complete), or choose another --out")
 
 
 def _train(
@@ -272,13 +318,17 @@ def _train(
 
     batch_size = options.batch_size or source.task.batch_size
     _check_ranks(ranks, batch_size, source)
+    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
+                              _identity(options, student, source, batch_size, method, method_options, ranks))
+    finished = (out / "summary.json").exists()
+    state = checkpoints.resume(options.resume, out, log, finished=finished)
+    finished_same = (state["position"]["stage_index"] >= len(stages) if state is not None
+                     else options.resume and _same_finished(out, student, source, method, method_options))
+    _refuse_finished(out, options, finished_same)
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
-                              _identity(options, student, source, batch_size, method, method_options, ranks))
-    state = checkpoints.resume(options.resume, out, log)
-    if state is not None and state["position"]["stage_index"] >= len(stages) and (out / "summary.json").exists():
+    if finished_same and finished:
         log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
         return json.loads((out / "summary.json").read_text())
     model.to(device)
