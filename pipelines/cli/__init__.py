@@ -55,7 +55,6 @@ from . import (  # noqa: E402,F401
     train_commands,
 )
 
-
 # Error types the user can act on, by module: an error can only be raised once its module is imported,
 # so looking them up in sys.modules keeps a refused argument from importing torch (seconds to a minute).
 _USER_ERRORS = (
