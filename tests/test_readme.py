@@ -90,14 +90,21 @@ def test_readme_quickstart_runs(tmp_path, glue_dir, monkeypatch, capsys):
     assert args[0] == "quickstart" and args[1:] == ["--data-dir", "../shared/data/glue"]
     monkeypatch.chdir(ROOT)  # the README runs from the repository root
     out = tmp_path / "qs"
-    code = main([*args, "--out", str(out), "--teacher-examples", "64", "--dump-examples", "96", "--device", "cpu"])
-    printed = capsys.readouterr().out
+    code = main([*args, "--out", str(out), "--teacher-examples", "64", "--dump-examples", "96", "--device", "cpu",
+                 "--no-progress"])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "\r" not in captured.err  # --no-progress: no bar redraws in a log
     assert code == 0
     summary = json.loads((out / "quickstart.json").read_text())
     assert summary["rows"] == 96 and Path(summary["student"]).is_dir()
     assert f"teacher  {out / 'teacher'}" in printed and "Next, try:" in printed
     next_steps = [line.strip() for line in printed.splitlines()[printed.splitlines().index("Next, try:") + 1:]]
     assert [cmd.split()[1] for cmd in next_steps[:3]] == ["eval", "derive", "train"]
+    for command in next_steps:  # every suggestion runs as printed (size flags of SIZES added)
+        args = sized(shlex.split(command)[1:], tmp_path)
+        assert main(args) == 0, f"the quickstart suggested `{command}`, which failed"
+    assert "config 1,8,0.1" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def quickstart(
     dump_examples: int = typer.Option(4000, help="SST-2 examples to dump."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Fine-tune the teacher again and redo everything."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (never in logs)."),
 ) -> None:
     """Run the whole product offline on an embedded default: fine-tune MiniLM on SST-2, dump, inspect, distill.
 
@@ -129,5 +130,6 @@ def quickstart(
         dump_examples=dump_examples,
         device=pick_device(device),
         overwrite=overwrite,
+        progress=progress,
         log=typer.echo,
     )

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -60,6 +61,7 @@ logger = logging.getLogger("hsk.train")
 __all__ = ["RUN_KIND", "TrainOptions", "train"]
 
 RUN_KIND = "train-run"  # the output kind of a run folder (hskstore.outputs)
+_TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store teacher's first layers
 
 
 class _Notes:
@@ -142,14 +144,23 @@ def _student(student: str, options: TrainOptions, source: Source, stages: list[S
     task, sel = source.task, source.selection
     with_pairs = any(s.pairs for s in stages) and not sel.config.logits_only
     teacher = store_teacher(source, options.teacher)
-    model, info = build_student(
-        student,
-        num_labels=task.num_labels,
-        teacher_hidden_size=sel.hidden_size if with_pairs else None,
-        base=options.student_base or teacher,
-        weights=options.student_weights,
-        tokenizer_fallback=teacher,
-    )
+    try:
+        model, info = build_student(
+            student,
+            num_labels=task.num_labels,
+            teacher_hidden_size=sel.hidden_size if with_pairs else None,
+            base=options.student_base or teacher,
+            weights=options.student_weights,
+            tokenizer_fallback=teacher,
+        )
+    except ModelLoadError as exc:
+        if options.student_base or options.teacher or not _TEACHER_LAYERS.fullmatch(student.strip().lower()):
+            raise
+        raise ModelLoadError(
+            f"{student} starts from the first layers of the store's teacher, recorded at {teacher}, which cannot "
+            f"be loaded ({exc}). If the teacher moved, pass --teacher DIR (where it is now; its weights are checked "
+            "against the store's hash), or start from another checkpoint with --student-base"
+        ) from exc
     for msg in info.warnings:
         notes.log(f"WARNING: {msg}")
     notes.items += info.warnings
