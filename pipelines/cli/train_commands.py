@@ -211,6 +211,7 @@ def eval_(
         device=pick_device(device),
         limit=limit,
         allow_task_mismatch=allow_task_mismatch,
+        progress=True,  # on a terminal only
     )
     if as_json:
         typer.echo(json.dumps(result, indent=2))

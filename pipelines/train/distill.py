@@ -351,7 +351,7 @@ def _train(
         student=Student(model, info, projection, Heads(model)), stages=stages, pairs=pairs, device=device,
         batch_size=batch_size,
         evaluator=Evaluator(source.task, dev.examples, info.tokenizer, source.meta["max_length"],
-                            options.eval_batch_size, device),
+                            options.eval_batch_size, device, progress=options.progress and ranks.main),
         keeper=Keeper(out, source.task, str(source.store.url)), checkpoints=checkpoints,
         metrics_log=(MetricsLog(out / "metrics.jsonl", state["position"]["global_step"] if state else None)
                      if ranks.main else SilentLog()),

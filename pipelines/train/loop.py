@@ -156,9 +156,11 @@ class Position:
 class Evaluator:
     """Dev metrics of the student, tokenized once with its tokenizer at the store's length."""
 
-    def __init__(self, task: Task, dev: dict, tokenizer, max_length: int, batch_size: int, device: str):
+    def __init__(self, task: Task, dev: dict, tokenizer, max_length: int, batch_size: int, device: str,
+                 progress: bool = False):
         self.task, self.dev, self.tokenizer = task, dev, tokenizer
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self.progress = progress  # a bar per evaluation, on a terminal only
         self._enc: dict | None = None
 
     def __bool__(self) -> bool:
@@ -173,7 +175,8 @@ class Evaluator:
             self._enc = {split: encode(self.tokenizer, ex.texts, self.max_length) for split, ex in self.dev.items()}
         metrics = {}
         for split, ex in self.dev.items():
-            logits = predict(model, self._enc[split], batch_size=self.batch_size, device=self.device)
+            logits = predict(model, self._enc[split], batch_size=self.batch_size, device=self.device,
+                             progress=f"eval {split}" if self.progress else None)
             metrics[split] = {**compute_metrics(self.task, logits, ex.labels), "n": len(ex)}
         model.train()
         return metrics
