@@ -25,7 +25,8 @@ def kept_entries(n_keep: int, n_student: int) -> list[int]:
     if n_keep > n_student + 1:
         raise ConfigError(
             f"N^D={n_keep} layers asked for, but a {n_student}-layer reference student has only "
-            f"{n_student + 1} entries (embeddings + {n_student} layers)"
+            f"{n_student + 1} entries (embeddings + {n_student} layers): pass --student-layers {n_keep - 1} (or more), "
+            f"or --layers with {n_keep} teacher layers, or keep at most N^D={n_student + 1}"
         )
     return list(range(n_student + 1 - n_keep, n_student + 1))
 

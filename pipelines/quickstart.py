@@ -32,6 +32,7 @@ def quickstart(
     student: str = "bert2",
     device: str = "cpu",
     overwrite: bool = False,
+    progress: bool = True,
     log=print,
 ) -> dict:
     """Teacher, store and student under `out_dir`, a "quickstart" output (hskstore.outputs): a new
@@ -61,6 +62,7 @@ def quickstart(
             train_limit=teacher_examples,
             device=device,
             overwrite=overwrite,
+            progress=progress,
             log=log,
         )
     log(
@@ -69,7 +71,8 @@ def quickstart(
     )
     # The reference student is the 2-layer student trained in step 4, so its layers meet the store's one to one.
     # Shards of 1024 rows, as the CLI's default: the same dump gives the same checksums either way.
-    options = DumpOptions(config=HSKConfig.parse(config), ref_student_layers=2, device=device, overwrite=True)
+    options = DumpOptions(config=HSKConfig.parse(config), ref_student_layers=2, device=device, overwrite=True,
+                          progress=progress)
     dump(
         task,
         options,
@@ -92,7 +95,7 @@ def quickstart(
     )
     trained = train(
         TrainOptions(method_options=dict(epochs_hsk=1, epochs_pred=1, lr_hsk=1e-4, lr_pred=1e-4), device=device,
-                     data_dir=data_dir),
+                     data_dir=data_dir, progress=progress),
         student=student,
         out_dir=str(student_dir),
         store=str(store),
@@ -108,12 +111,23 @@ def quickstart(
         "student_metric": {trained["metric"]: trained["score"]},
     }
     (out / "quickstart.json").write_text(json.dumps(summary, indent=2))
-    log(next_steps(teacher_dir, store, student_dir / "best", task, data_flag))
+    log(next_steps(teacher_dir, store, student_dir / "best", task, data_flag, s.config))
     return summary
 
 
-def next_steps(teacher: Path, store: Path, student: Path, task: str, data_flag: str) -> str:
-    """Where the quickstart left its outputs, and three commands to try next on them."""
+def smaller_config(config: HSKConfig) -> HSKConfig | None:
+    """A config `hsk derive` can make from `config`: its top layer, its tokens, half its width (None when
+    there is nothing smaller to derive)."""
+    if config.logits_only or config.n_tokens == 0:
+        return None
+    return HSKConfig.parse(f"1,{config.n_tokens},{config.width / 2:g}")
+
+
+def next_steps(teacher: Path, store: Path, student: Path, task: str, data_flag: str, config: HSKConfig) -> str:
+    """Where the quickstart left its outputs, and commands to try next on them (each runs as printed)."""
+    smaller = smaller_config(config)
+    name = f"{task}-{str(smaller).replace(',', '_')}.zarr"
+    derive = [] if smaller is None else [f"  hsk derive {store} --config {smaller} --out {store.with_name(name)}"]
     return "\n".join([
         "",
         "done. Your outputs:",
@@ -122,6 +136,6 @@ def next_steps(teacher: Path, store: Path, student: Path, task: str, data_flag: 
         f"  student  {student}",
         "Next, try:",
         f"  hsk eval {student} --task {task}{data_flag}",
-        f"  hsk derive {store} --config 1,9,0.1 --out {store.with_name(f'{task}-1_9_0.1.zarr')}",
+        *derive,
         f"  hsk train --store {store} --student bert2 --stages pred{data_flag} --out {store.parent / 'bert2-pred'}",
     ])

@@ -1,12 +1,17 @@
 """README.md is a contract: its set-up commands are what CI runs, every `hsk` command in it parses
-as written, the quickstart runs for real, and the method is explained by the repository's own docs."""
+as written and runs in order (on a tiny teacher and small slices), the quickstart and each command it
+suggests next run for real, and the method is explained by the repository's own docs."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -85,11 +90,162 @@ def test_readme_quickstart_runs(tmp_path, glue_dir, monkeypatch, capsys):
     assert args[0] == "quickstart" and args[1:] == ["--data-dir", "../shared/data/glue"]
     monkeypatch.chdir(ROOT)  # the README runs from the repository root
     out = tmp_path / "qs"
-    code = main([*args, "--out", str(out), "--teacher-examples", "64", "--dump-examples", "96", "--device", "cpu"])
-    printed = capsys.readouterr().out
+    code = main([*args, "--out", str(out), "--teacher-examples", "64", "--dump-examples", "96", "--device", "cpu",
+                 "--no-progress"])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "\r" not in captured.err  # --no-progress: no bar redraws in a log
     assert code == 0
     summary = json.loads((out / "quickstart.json").read_text())
     assert summary["rows"] == 96 and Path(summary["student"]).is_dir()
     assert f"teacher  {out / 'teacher'}" in printed and "Next, try:" in printed
     next_steps = [line.strip() for line in printed.splitlines()[printed.splitlines().index("Next, try:") + 1:]]
     assert [cmd.split()[1] for cmd in next_steps[:3]] == ["eval", "derive", "train"]
+    for command in next_steps:  # every suggestion runs as printed (size flags of SIZES added)
+        args = sized(shlex.split(command)[1:], tmp_path)
+        assert main(args) == 0, f"the quickstart suggested `{command}`, which failed"
+    assert "config 1,8,0.1" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------------
+# The README's code blocks, run in order
+
+# Commands the runner does not run, and why; a README line containing the key is skipped. Keep it short.
+NOT_RUN = {
+    "python3 -m venv": "the set-up: the tests run inside it (CI runs it; test_readme_quickstart_runs runs the "
+                       "quickstart)",
+    "AWS_ENDPOINT_URL": "needs your S3 endpoint and credentials: tests/test_s3.py runs these commands against "
+                        "its own S3 server",
+    "s3://my-bucket": "as above (tests/test_s3.py)",
+    "--workers 2": "a dask cluster of 2 processes: tests/test_dump_distributed.py and tests/test_sweep.py run it",
+    "torchrun": "2 training processes: tests/test_ddp.py runs it",
+    "register(Method(": "registers a method in the test process: tests/test_method.py adds methods the same way",
+}
+# Documented size flags only (set, or replaced where the README gives them), so that the flow runs in seconds.
+SIZES = {
+    "teacher": {"--train-limit": "64", "--epochs": "1", "--eval-limit": "32", "--batch-size": "16"},
+    "dump": {"--limit": "64"},
+    "train": {"--max-steps": "2", "--eval-limit": "32"},
+    "eval": {"--limit": "32"},
+    "student": {"--train-limit": "64"},
+    "sweep": {"--max-steps": "1", "--eval-limit": "16"},
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    lines: tuple[str, ...]
+    line_no: int  # of the opening fence
+
+
+def readme_blocks(text: str = README) -> list[Block]:
+    """Every fenced code block of the README, in order."""
+    blocks, lang, body, start = [], None, [], 0
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if lang is None:
+                lang, body, start = line[3:].strip(), [], no
+            else:
+                blocks.append(Block(lang, tuple(body), start))
+                lang = None
+            continue
+        if lang is not None:
+            body.append(line)
+    return blocks
+
+
+def _set_flags(args: list[str], flags: dict[str, str]) -> list[str]:
+    args = list(args)
+    for flag, value in flags.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
+def sized(args: list[str], tiny_base: Path) -> list[str]:
+    """The README's `hsk` arguments with the test's sizes and a tiny base encoder instead of MiniLM."""
+    if "--base" in args:
+        args[args.index("--base") + 1] = str(tiny_base)
+    flags = SIZES.get(args[0], {})
+    if args[:2] == ["teacher", "--objective"]:
+        flags = {k: v for k, v in flags.items() if k != "--eval-limit"}  # an MLM teacher holds out its own rows
+    if args[:2] == ["dump", "--objective"] or args[0] == "dump":
+        flags = SIZES["dump"]
+    return _set_flags(args, flags)
+
+
+def _tiny_base(folder: Path) -> Path:
+    """A base encoder as small as a test allows and as wide as the README's ROSITA recipe needs
+    (4 layers, 4 heads of 32, FFN 384, the tiny vocabulary)."""
+    from conftest import build_tiny_tokenizer, make_tiny_bert
+
+    make_tiny_bert(num_layers=4, hidden=128, heads=4, head=False, intermediate_size=384).save_pretrained(folder)
+    build_tiny_tokenizer(folder)
+    return folder
+
+
+def _run_shell(line: str, cwd: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               MPLBACKEND="Agg", PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    line = line.replace(" notebooks/", f" {ROOT / 'notebooks'}/")  # the README runs from the repository root
+    done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"README line failed: {line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+
+
+def _commands(block: Block) -> list[str]:
+    out = []
+    for line in block.lines:
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        if any(key in line for key in NOT_RUN):
+            continue
+        out.append(line)
+    return out
+
+
+def test_readme_blocks_have_no_unknown_skips():
+    """Each NOT_RUN entry still matches a README line: the list cannot hide a block that was removed."""
+    text = "\n".join(line for b in readme_blocks() for line in b.lines)
+    assert all(key in text for key in NOT_RUN), [key for key in NOT_RUN if key not in text]
+    shell = [b for b in readme_blocks() if b.lang in ("", "bash", "console", "sh")]
+    skipped = [line for b in shell for line in b.lines if any(key in line for key in NOT_RUN)]
+    run = [line for b in shell for line in _commands(b)]
+    assert len(skipped) <= 10 and len(run) >= 20, (len(skipped), len(run))
+
+
+@pytest.mark.slow
+def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
+    """Every shell and python block of README.md, in order, as written: only the documented size flags
+    (SIZES) and a tiny base encoder instead of MiniLM are substituted; NOT_RUN says what is not run
+    and where it is tested instead. Runs where ../shared/data/glue is the GLUE folder, as in the repo."""
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "glue").symlink_to(glue_dir)
+    work = tmp_path / "work"
+    work.mkdir()
+    tiny = _tiny_base(tmp_path / "tiny-base")
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("HSK_DATA_DIR", raising=False)
+    ran = []
+    for block in readme_blocks():
+        if block.lang == "python":
+            source = "\n".join(block.lines)
+            if not any(key in source for key in NOT_RUN):
+                exec(compile(source, f"README.md:{block.line_no}", "exec"), {})
+                ran.append(f"python block at line {block.line_no}")
+            continue
+        if block.lang not in ("", "bash", "console", "sh"):
+            continue
+        for line in _commands(block):
+            for part in (p.strip() for p in line.split("&&")):
+                if part.startswith("hsk "):
+                    args = sized(shlex.split(part, comments=True)[1:], tiny)
+                    assert main(args) == 0, f"README line {block.line_no}: `{part}` failed (ran as hsk {args})"
+                else:
+                    _run_shell(part, work)
+                ran.append(part)
+    assert (work / "runs" / "sweep" / "notebook" / "marginal_utility.png").is_file()
+    assert json.loads((work / "runs" / "bert2" / "summary.json").read_text())["method"] == "mud"
+    assert len(ran) >= 20

@@ -55,26 +55,22 @@ from . import (  # noqa: E402,F401
     train_commands,
 )
 
+# Error types the user can act on, by module: an error can only be raised once its module is imported,
+# so looking them up in sys.modules keeps a refused argument from importing torch (seconds to a minute).
+_USER_ERRORS = (
+    ("hskstore.config", "ConfigError"),
+    ("hskstore.errors", "StoreError"),
+    ("pipelines.core.data", "DataError"),
+    ("pipelines.core.models", "ModelLoadError"),
+    ("pipelines.core.tasks", "TaskError"),
+    ("pipelines.dump.probe", "UnsupportedTeacherError"),
+    ("pipelines.dump.distributed", "DistributedDumpError"),
+)
+
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from hskstore.config import ConfigError
-    from hskstore.errors import StoreError
-    from pipelines.core.data import DataError
-    from pipelines.core.models import ModelLoadError
-    from pipelines.core.tasks import TaskError
-    from pipelines.dump.distributed import DistributedDumpError
-    from pipelines.dump.probe import UnsupportedTeacherError
-
-    return (
-        ConfigError,
-        StoreError,
-        DataError,
-        ModelLoadError,
-        TaskError,
-        UnsupportedTeacherError,
-        DistributedDumpError,
-        ValueError,
-    )
+    found = [getattr(sys.modules[m], name) for m, name in _USER_ERRORS if m in sys.modules]
+    return (*found, ValueError)
 
 
 def _command(argv: list[str] | None) -> str | None:
@@ -139,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted)."""
     # hsk's library loggers repeat what the commands print: one copy on the terminal is enough.
     logging.getLogger("hsk").addHandler(logging.NullHandler())
+    # transformers' own load/save bars and MISSING/UNEXPECTED tables: hsk says what matters in its own words.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     memory = _in_memory_url(argv)
     if memory is not None:
         _error(f"{memory}: memory:// lives in the memory of one hsk process and is gone when it exits; give a "

@@ -27,7 +27,7 @@ def pack(
 
     path = pack_store(
         store, out, overwrite=overwrite,
-        progress=lambda keys: tqdm(keys, desc="pack", unit="object", disable=not progress),
+        progress=lambda keys: tqdm(keys, desc="pack", unit="object", disable=not progress or None),
     )
     typer.echo(f"packed {store} -> {path} ({path.stat().st_size / 2**20:.1f} MiB; read it directly: "
                f"`hsk info {path}`, `hsk train --store {path} ...`)")

@@ -36,16 +36,17 @@ throughput (benchmarks/dump_memory.py measures both).
 
 Examples:
 
-  hsk dump --task sst2 --teacher runs/teacher-sst2 --config 3,8,0.2 --data-dir ../glue_data
-
+\b
+  hsk dump --task sst2 --teacher runs/teacher-sst2 --config 3,8,0.2 --student-layers 2 \\
+      --data-dir ../shared/data/glue
   hsk dump --task qnli --teacher my-org/bert-qnli --config 1,9,0.1 --values int8 --out qnli-small.zarr
-
   hsk dump --task qnli --teacher my-org/bert-qnli --config 3,8,0.2 --workers 4 --device cuda   # 4 GPUs
 
 Masked-LM store (LightPAFF): --objective mlm runs a BertForMaskedLM teacher (e.g. from `hsk teacher
 --objective mlm`) over raw text with BERT's masking (15%; 80% [MASK], 10% random, 10% kept; seeded by
 --mask-seed) and keeps, per masked position, the top --top-k ids and logits and the full log-sum-exp:
 
+\b
   hsk dump --objective mlm --text-file corpus.txt --teacher runs/mlm-teacher --top-k 64 --out corpus.zarr
 """
 
@@ -122,6 +123,9 @@ def dump(
         None, help="With --workers/--scheduler: torch CPU threads per worker [default: cores / workers]. On CPU "
         "the last bits of float32 logits depend on it: equal threads give a single-process dump's bytes."),
 ) -> None:
+    # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
+    parsed = HSKConfig.parse(config) if config and objective == "task" else None
+    explicit_layers = _int_list(layers)
     from pipelines.core.devices import pick_device
 
     if objective == "mlm":
@@ -138,10 +142,10 @@ def dump(
     from pipelines.train.teacher import default_teacher_dir
 
     options = DumpOptions(
-        config=HSKConfig.parse(config),
+        config=parsed,
         ref_student_layers=student_layers,
         l_top=l_top,
-        layers=_int_list(layers),
+        layers=explicit_layers,
         token_strategy=tokens,
         ranking_map=ranking,
         attention_scores=scores,
@@ -237,7 +241,7 @@ def verify(store: str = typer.Argument(..., help="Store path, fsspec URL or .hsk
     from hskstore.reader import open_store
 
     s = open_store(store, allow_incomplete=True)
-    problems = s.verify(progress=lambda it: tqdm(it, desc="verify", unit="shard"))
+    problems = s.verify(progress=lambda it: tqdm(it, desc="verify", unit="shard", disable=None))
     if problems:
         for p in problems:
             typer.echo(f"PROBLEM: {p}", err=True)

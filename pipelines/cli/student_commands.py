@@ -31,7 +31,7 @@ Example (MiniLM-L6-H384 teacher: 6 layers, 12 heads, FFN 1536, d 384):
 
 \b
   hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --layers 3 --heads 4 --ffn 384 \\
-      --emb-rank 128 --data-dir ../glue_data --train-limit 4000 --out runs/rosita3
+      --emb-rank 128 --data-dir ../shared/data/glue --train-limit 4000 --out runs/rosita3
 """
 
 

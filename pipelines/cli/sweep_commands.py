@@ -18,12 +18,11 @@ array, what `hsk dump` at that config would write. --values lowers the precision
 float16 -> int8 (about half the bytes) -> int4 or mxfp4 (4 bits, a scale per 32 values), each step
 exactly as the dump encodes. An interrupted derive resumes when you rerun the same command.
 
-Examples:
+Examples (from a 3,8,0.2 store):
 
-  hsk derive sst2.zarr --config 1,9,0.1 --out sst2-1_9_0.1.zarr
-
+\b
+  hsk derive sst2.zarr --config 1,8,0.1 --out sst2-1_8_0.1.zarr
   hsk derive sst2.zarr --config 3,8,0.2 --values int8 --out sst2-3_8_0.2-int8.zarr
-
   hsk derive sst2.zarr --config 3,8,0.2 --values int4 --out sst2-3_8_0.2-int4.zarr
 """
 
@@ -62,8 +61,8 @@ Examples:
 
 \b
   hsk sweep --source sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
-      --epochs-hsk 2 --epochs-pred 1 --data-dir ../glue_data --workers 2
-  hsk sweep --source sst2.zarr --configs '1,9,0.1;3,8,0.2;pred-only' --values float16,int8 \\
+      --epochs-hsk 2 --epochs-pred 1 --data-dir ../shared/data/glue --workers 2
+  hsk sweep --source sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
       --students bert2 --max-steps 200 --dry-run
 
 Then: hsk report runs/sweep/results.parquet --out runs/sweep/report
@@ -118,17 +117,19 @@ def derive_cmd(
     from hskstore.reader import open_store
 
     def bar(shards):
-        return tqdm(shards, desc="derive", unit="shard", disable=not progress)
+        return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)
 
     derive(source, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
     new, src = open_store(out), open_store(source)
     report = storage_report(new)
     src_bytes = sum(int(src.group[name].nbytes_stored()) for name in src.specs)  # no full report: cheap
+    ratio = src_bytes / max(report['total_bytes'], 1)
+    than = "the same size" if round(ratio, 1) <= 1.0 else f"{ratio:.1f}x larger"
     typer.echo(
         f"done: {out}  config {new.config} (A={report['amount_of_hsk']:.3g} units), {new.selection.value_dtype}: "
         f"{human_bytes(report['total_bytes'])} ({report['bytes_per_example']:.1f} B/example); source "
-        f"{human_bytes(src_bytes)}, {src_bytes / max(report['total_bytes'], 1):.1f}x larger. See `hsk info {out}`."
+        f"{human_bytes(src_bytes)}, {than}. See `hsk info {out}`."
     )
 
 
@@ -174,7 +175,8 @@ def sweep_cmd(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the planned runs and stores, run nothing."),
 ) -> None:
-    from pipelines.sweep.run import SweepError, SweepSpec, finished_run_ids, plan_runs, run_sweep, store_path
+    from pipelines.sweep.check import blocked_runs, refusal
+    from pipelines.sweep.run import SweepError, SweepSpec, plan_runs, run_sweep
 
     train: dict = {"stages": stages}
     for key, value in [("epochs_hsk", epochs_hsk), ("epochs_pred", epochs_pred), ("max_steps", max_steps),
@@ -195,21 +197,15 @@ def sweep_cmd(
         train=train, work_dir=work_dir, results=results, data_dir=data_dir, per_amount=per_amount,
         keep_checkpoints=keep_checkpoints,
     )
+    runs = plan_runs(spec)
+    blocked = blocked_runs(spec, runs)
     if dry_run:
-        runs = plan_runs(spec)
-        done = finished_run_ids(spec.results_path)
-        typer.echo(f"{len(runs)} runs ({len([r for r in runs if r.run_id in done])} already in "
-                   f"{spec.results_path}):")
-        typer.echo(f"  {'run_id':<17}{'kind':<10}{'config':<12}{'values':<9}{'A':>8}  {'student':<12}seed  status")
-        for r in runs:
-            typer.echo(f"  {r.run_id:<17}{r.kind:<10}{r.config:<12}{r.value_dtype or '-':<9}{r.amount_hsk:>8.3g}  "
-                       f"{r.student:<12}{r.seed:<6}{'done' if r.run_id in done else 'pending'}")
-        stores = list(dict.fromkeys(r.store_key for r in runs if r.store_key is not None))
-        typer.echo(f"stores to derive or reuse ({len(stores)}):")
-        for cfg, dtype in stores:
-            path = store_path(spec, cfg, dtype)
-            typer.echo(f"  {cfg:<12}{dtype or 'logits':<9}{path}{'  (exists)' if Path(path).exists() else ''}")
+        _print_plan(spec, runs, blocked)
         return
+    if blocked:  # before the work folder is claimed: nothing is written, nothing runs
+        for line in refusal(blocked, len(runs)).args[0].splitlines():
+            typer.echo(f"hsk: error: {line}", err=True)
+        raise typer.Exit(code=2)
     try:
         table = run_sweep(spec, scheduler=scheduler, workers=workers, log=typer.echo, keep_going=keep_going)
     except SweepError as exc:
@@ -217,6 +213,30 @@ def sweep_cmd(
         raise typer.Exit(code=1) from None
     typer.echo(f"done: {table.num_rows} runs of this sweep in {spec.results_path}. "
                f"Plot them: hsk report {spec.results_path} --out {Path(work_dir) / 'report'}")
+
+
+def _print_plan(spec, runs, blocked) -> None:
+    """--dry-run: every planned run with its status, the stores, and why any run cannot run."""
+    from pipelines.sweep.check import describe
+    from pipelines.sweep.run import finished_run_ids, store_path
+
+    done = finished_run_ids(spec.results_path)
+    bad = {b.run.run_id for b in blocked}
+    typer.echo(f"{len(runs)} runs ({len([r for r in runs if r.run_id in done])} already in {spec.results_path}):")
+    typer.echo(f"  {'run_id':<17}{'kind':<10}{'config':<12}{'values':<9}{'A':>8}  {'student':<12}seed  status")
+    for r in runs:
+        status = "done" if r.run_id in done else "CANNOT RUN" if r.run_id in bad else "pending"
+        typer.echo(f"  {r.run_id:<17}{r.kind:<10}{r.config:<12}{r.value_dtype or '-':<9}{r.amount_hsk:>8.3g}  "
+                   f"{r.student:<12}{r.seed:<6}{status}")
+    stores = list(dict.fromkeys(r.store_key for r in runs if r.store_key is not None))
+    typer.echo(f"stores to derive or reuse ({len(stores)}):")
+    for cfg, dtype in stores:
+        path = store_path(spec, cfg, dtype)
+        typer.echo(f"  {cfg:<12}{dtype or 'logits':<9}{path}{'  (exists)' if Path(path).exists() else ''}")
+    if blocked:
+        typer.echo(f"{len(blocked)} of {len(runs)} runs cannot run (the sweep would refuse to start):")
+        for b in blocked:
+            typer.echo(f"  {describe(b.run)}: {b.problem}")
 
 
 @app.command("report", help=REPORT_HELP)

@@ -25,7 +25,7 @@ also trains the top layers) on raw text: the teacher that `hsk dump --objective 
 Examples:
 
 \b
-  hsk teacher --task sst2 --base minilm --data-dir ../glue_data --epochs 2 --out runs/teacher-sst2
+  hsk teacher --task sst2 --base minilm --data-dir ../shared/data/glue --epochs 2 --out runs/teacher-sst2
   hsk teacher --objective mlm --base minilm --text-file corpus.txt --train-layers 2 --out runs/mlm
 """
 
@@ -68,7 +68,7 @@ def teacher(
     if not task:
         raise ValueError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
     out = out or default_teacher_dir(task)
-    summary = fine_tune_teacher(
+    fine_tune_teacher(  # it says "teacher saved to OUT (best epoch N: dev ...)"
         get_task(task),
         base,
         out,
@@ -86,7 +86,6 @@ def teacher(
         progress=progress,
         log=typer.echo,
     )
-    typer.echo(f"teacher saved to {out}: dev {summary.get('dev_metrics', summary.get('metrics'))}")
 
 
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
@@ -112,6 +111,7 @@ def quickstart(
     dump_examples: int = typer.Option(4000, help="SST-2 examples to dump."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Fine-tune the teacher again and redo everything."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (never in logs)."),
 ) -> None:
     """Run the whole product offline on an embedded default: fine-tune MiniLM on SST-2, dump, inspect, distill.
 
@@ -130,5 +130,6 @@ def quickstart(
         dump_examples=dump_examples,
         device=pick_device(device),
         overwrite=overwrite,
+        progress=progress,
         log=typer.echo,
     )

@@ -30,17 +30,16 @@ the teacher's tokenizer; logits-only methods work with any.
 
 Examples:
 
-  hsk train --store qnli.zarr --student tinybert4 --out runs/qnli-tiny --data-dir ../glue_data
-
+\b
+  hsk train --store qnli.zarr --student tinybert4 --out runs/qnli-tiny --data-dir ../shared/data/glue
   hsk train --store sst2.zarr --student bert3 --method kd --alpha 0.5 --temperature 10 --out runs/kd3
-
   hsk train --store sst2-cls.zarr --student bert3 --method pkd-skip --beta 500 --out runs/pkd3
-
   hsk train --store corpus.zarr --student bert3 --method lightpaff-pretrain --out runs/lp-pre
   hsk train --store sst2.zarr --init runs/lp-pre/best --method lightpaff --lam 0.5 --out runs/lp
 
 Online (the same training with the teacher loaded and targets computed per batch; for comparison):
 
+\b
   hsk train --teacher runs/teacher-sst2 --task sst2 --config 1,9,0.1 --student bert2 --out runs/online
 """
 
@@ -50,8 +49,8 @@ MNLI reports matched and mismatched accuracy; metrics follow GLUE (docs/METHOD.m
 
 Examples:
 
-  hsk eval runs/qnli-tiny/best --task qnli --data-dir ../glue_data
-
+\b
+  hsk eval runs/qnli-tiny/best --task qnli --data-dir ../shared/data/glue
   hsk eval runs/sst2/best --task sst2 --limit 200 --json
 """
 
@@ -125,7 +124,12 @@ def train(
     attention_rows: bool = typer.Option(
         False, "--attention-rows", help="Online mode: also compute the teacher attention rows (tinybert-att)."
     ),
-    resume: bool = typer.Option(True, help="Resume from OUT/checkpoint when there is one."),
+    resume: bool = typer.Option(
+        True, help="Resume from OUT/checkpoint when there is one; --no-resume restarts an unfinished run (a finished "
+        "one is replaced only with --overwrite)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace a finished run at OUT (trained in a hidden sibling, swapped in once "
+        "complete)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     from hskstore.config import HSKConfig
@@ -148,7 +152,8 @@ def train(
         device=device, workers=workers, max_steps=max_steps, eval_every=eval_every, eval_limit=eval_limit,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,
-        resume=resume, progress=progress, expect_store=expect_store, teacher=None if online_mode else teacher,
+        resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store,
+        teacher=None if online_mode else teacher,
     )
     summary = run_train(
         options, student=student, out_dir=out, store=store, teacher=teacher if online_mode else None, task=task,
@@ -206,6 +211,7 @@ def eval_(
         device=pick_device(device),
         limit=limit,
         allow_task_mismatch=allow_task_mismatch,
+        progress=True,  # on a terminal only
     )
     if as_json:
         typer.echo(json.dumps(result, indent=2))

@@ -454,7 +454,7 @@ def _load_glue_tsv(task: Task, split: str, path: Path, limit: int | None) -> Exa
         texts=texts,
         labels=_parse_labels(raw_labels, task, str(path)),
         rows=np.arange(len(raw_labels), dtype=np.int64),
-        source=f"glue_data:{path}",
+        source=f"glue_data:{os.path.abspath(path)}",  # absolute: a store moved elsewhere still finds its folder
     )
 
 

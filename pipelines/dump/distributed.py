@@ -192,7 +192,7 @@ def _run_jobs(client, jobs: list[ShardJob], progress: bool, desc: str) -> None:
 
     futures = [client.submit(dump_shard, job, key=f"hsk-dump-shard-{job.shard}-{job.meta['identity'][7:19]}",
                              pure=False) for job in jobs]
-    bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress)
+    bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress or None)
     try:
         for future in as_completed(futures):
             try:

@@ -251,7 +251,7 @@ def _write_mlm_shards(writer: StoreWriter, out: str, corpus: Examples, model, to
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
     hashes = corpus.text_hashes()
     started = time.perf_counter()
-    for shard in tqdm(pending, unit="shard", desc="dump mlm", disable=not progress):
+    for shard in tqdm(pending, unit="shard", desc="dump mlm", disable=not progress or None):
         start, stop = writer.shard_bounds(shard)
         enc = encode(tokenizer, (corpus.texts[0][start:stop],), max_length)
         arrays = compute_mlm_shard(model, enc, corpus.rows[start:stop], masking, tokenizer, top_k, batch_size, device)

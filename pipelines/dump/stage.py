@@ -473,7 +473,7 @@ def _write_pending(
     labels = examples.labels
     hashes = examples.text_hashes()
     todo_rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
-    bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress)
+    bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress or None)
     started = time.perf_counter()
     writing, tokenizing = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
 

@@ -91,6 +91,8 @@ class Context:
     selection: Selection
     meta: Mapping[str, Any]
     warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
+    student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
+    student_layers: int | None = None  # its depth (effective layers of an SPS student), when known
 
 
 @dataclass(frozen=True)

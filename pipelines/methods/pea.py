@@ -11,10 +11,12 @@ beta = 0 leaves plain KD, which any store serves. PeaBERT is this method on an S
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
+from pipelines.train.pairs import pkd_dump_advice
 from pipelines.train.ptp import ptp_thresholds
 
 PAIR_RULES = ("pkd-skip", "pkd-last")
@@ -51,8 +53,13 @@ def _check(options: PEAOptions, ctx: Context) -> str | None:
     if options.beta > 0 and (sel.config.logits_only or sel.token_strategy != "cls"):
         return (
             "the KD stage adds Patient KD's [CLS] loss: dump the store with --tokens cls and the teacher layers "
-            "I_pt (`hsk methods` lists them; e.g. `hsk dump --tokens cls --layers 1,3,4 --config 3,1,1` for a "
-            "6-layer teacher and an sps2 student, 4 effective layers), or pass --beta 0 for plain KD"
+            f"I_pt: {pkd_dump_advice(options.pairs, sel.teacher_num_layers, ctx.student_layers)}; or pass --beta 0 "
+            "for plain KD"
+        )
+    if ctx.student is not None and not re.fullmatch(r"sps\d+", ctx.student.strip().lower()):
+        ctx.warnings.append(
+            f"pea with student {ctx.student}: PEA-KD's method distils into SPS students (--student sps<k>: "
+            "the same layers run twice, docs/methods/pea.md); this run trains the student you gave"
         )
     return None
 

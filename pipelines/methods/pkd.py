@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pipelines.methods.base import Context, Method, MethodError, Term, register
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
+from pipelines.train.pairs import pkd_dump_advice
 
 
 @dataclass
@@ -29,15 +30,17 @@ class PKDOptions:
             raise MethodError(f"--beta must be >= 0, got {self.beta}")
 
 
-def _check(options: PKDOptions, ctx: Context) -> str | None:
-    sel = ctx.selection
-    if sel.config.logits_only or sel.token_strategy != "cls":
-        return (
-            "PKD compares [CLS] vectors: dump the store with --tokens cls and the teacher layers I_pt, e.g. "
-            "`hsk dump --tokens cls --layers 2,4,6,8,10 --config 5,1,1` for a 12-layer teacher and a 6-layer "
-            "student (`hsk methods` lists the layers each student depth needs)"
-        )
-    return None
+def _checker(rule: str):
+    def check(options: PKDOptions, ctx: Context) -> str | None:
+        sel = ctx.selection
+        if sel.config.logits_only or sel.token_strategy != "cls":
+            return (
+                "PKD compares [CLS] vectors: dump the store with --tokens cls and the teacher layers I_pt: "
+                f"{pkd_dump_advice(rule, sel.teacher_num_layers, ctx.student_layers)}"
+            )
+        return None
+
+    return check
 
 
 def _builder(rule: str):
@@ -63,7 +66,7 @@ PKD_SKIP = register(
         paper=_PAPER,
         options=PKDOptions,
         build=_builder("pkd-skip"),
-        check=_check,
+        check=_checker("pkd-skip"),
     )
 )
 
@@ -77,6 +80,6 @@ PKD_LAST = register(
         paper=_PAPER,
         options=PKDOptions,
         build=_builder("pkd-last"),
-        check=_check,
+        check=_checker("pkd-last"),
     )
 )

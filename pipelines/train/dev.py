@@ -32,12 +32,11 @@ class DevData:
 
 
 def recorded_data_dir(meta: dict) -> str | None:
-    """The glue_data folder a store's rows came from, when the store records one that still exists."""
+    """The glue_data folder a store's rows came from, when the store records one (it may have moved since)."""
     source = str((meta.get("dataset") or {}).get("source") or "")
     if not source.startswith("glue_data:"):
         return None
-    folder = Path(source.removeprefix("glue_data:")).parent.parent  # DIR/<Task>/<split>.tsv
-    return str(folder) if folder.is_dir() else None
+    return str(Path(source.removeprefix("glue_data:")).parent.parent)  # DIR/<Task>/<split>.tsv
 
 
 def _load(task: Task, data_dir: str | None, limit: int | None) -> dict[str, Examples]:
@@ -51,13 +50,17 @@ def find_dev(task: Task, meta: dict, data_dir: str | None, limit: int | None, *,
         warn("--no-eval: no dev evaluation and no best-checkpoint selection (the last model is saved)")
         return DevData()
     tried = []
-    candidates = [data_dir] if data_dir else [recorded_data_dir(meta), None]
+    recorded = None if data_dir else recorded_data_dir(meta)
+    candidates = [data_dir] if data_dir else [recorded, None]
     for where in dict.fromkeys(candidates):
         try:
             dev = _load(task, where, limit)
         except DataError as exc:
             lines = str(exc).splitlines()
-            tried += [line.strip(" -") for line in lines[1:] if line.startswith("  - ")] or lines[:1]
+            found = [line.strip(" -") for line in lines[1:] if line.startswith("  - ")] or lines[:1]
+            if where is not None and where == recorded:
+                found = [f"the folder the store was dumped from, {where}, has no {task.name} dev data"]
+            tried += found
             continue
         found = DevData(dev, next(iter(dev.values())).source)
         _check_training_split(found, task, meta, warn)

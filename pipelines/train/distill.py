@@ -19,9 +19,11 @@ JSON record per log or eval step, each loss term on its own) and summary.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
+import re
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -31,16 +33,17 @@ import numpy as np
 import torch
 
 from hskstore.config import ConfigError
-from hskstore.outputs import claim_output, mark_output
+from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
+from pipelines.core.models import ModelLoadError
 from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
-from pipelines.methods.base import Stage
+from pipelines.methods.base import MethodError, Stage
 from pipelines.train.ddp import Ranks, SilentLog
 from pipelines.train.dev import DevData, find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, run_stages
 from pipelines.train.options import TrainOptions
-from pipelines.train.pairs import LayerPair, layer_pairs
+from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.sources import (
     Source,
     check_expected_store,
@@ -51,13 +54,14 @@ from pipelines.train.sources import (
     store_teacher,
     student_encoding,
 )
-from pipelines.train.students import StudentInfo, build_student
+from pipelines.train.students import StudentInfo, build_student, student_depth
 
 logger = logging.getLogger("hsk.train")
 
 __all__ = ["RUN_KIND", "TrainOptions", "train"]
 
 RUN_KIND = "train-run"  # the output kind of a run folder (hskstore.outputs)
+_TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store teacher's first layers
 
 
 class _Notes:
@@ -72,15 +76,64 @@ class _Notes:
         self.items.append(msg)
 
 
-def _plan(options: TrainOptions, source: Source, notes: _Notes) -> tuple[Any, Any, list[Stage]]:
+def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) -> tuple[Any, Any, list[Stage]]:
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
-    ctx = Context(source.task, source.selection, source.meta)
+    ctx = Context(source.task, source.selection, source.meta, student=student,
+                  student_layers=_depth(student, options.student_weights))
     stages = method.stages(method_options, ctx)
     for msg in ctx.warnings:
         notes(msg)
     return method, method_options, stages
+
+
+def run_problems(task, selection, meta, *, student: str, method: str, method_options: dict,
+                 student_weights: str | None = None) -> list[str]:
+    """Everything that stops a run on its store, found before anything is built: the method against
+    the store (Method.stages: its check) and every stage's layer pairs for the student's depth
+    (pairs.layer_pairs), each in the words `hsk train` refuses with. All problems at once, so one
+    round of fixes is enough; `hsk train` and `hsk sweep` (for every planned run) call it."""
+    m = get_method(method)
+    opts = m.make_options(method_options)
+    depth = student_depth(student, student_weights)
+    ctx = Context(task, selection, meta, student=student, student_layers=depth)
+    problems: list[str] = []
+    try:
+        stages = m.stages(opts, ctx)
+    except MethodError as exc:
+        problems.append(str(exc))
+        try:  # the layer map can still be checked: every problem in one round (the [CLS] advice already is)
+            stages = [st for st in m.build(opts, ctx) if st.pairs not in PKD_RULES]
+        except ConfigError:
+            stages = []
+    for stage in stages:
+        try:
+            layer_pairs(stage.pairs, selection, depth, loss=stage.pair_loss or "", projection=False)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return list(dict.fromkeys(problems))
+
+
+def _depth(student: str, weights: str | None) -> int | None:
+    try:
+        return student_depth(student, weights)
+    except ModelLoadError:
+        return None  # building the student says why, in its own words
+
+
+def _check_run(student: str, options: TrainOptions, source: Source) -> None:
+    """Refuse a run its store cannot serve, every problem in one line, before the student is built."""
+    try:
+        problems = run_problems(source.task, source.selection, source.meta, student=student, method=options.method,
+                                method_options=options.method_options, student_weights=options.student_weights)
+    except ModelLoadError:
+        return  # the student cannot be looked up: building it says why, in its own words
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems, fix them all: " + "; ".join(f"({i}) {p}" for i, p in
+                                                                       enumerate(problems, 1)))
 
 
 def _student(student: str, options: TrainOptions, source: Source, stages: list[Stage], notes: _Notes):
@@ -91,14 +144,23 @@ def _student(student: str, options: TrainOptions, source: Source, stages: list[S
     task, sel = source.task, source.selection
     with_pairs = any(s.pairs for s in stages) and not sel.config.logits_only
     teacher = store_teacher(source, options.teacher)
-    model, info = build_student(
-        student,
-        num_labels=task.num_labels,
-        teacher_hidden_size=sel.hidden_size if with_pairs else None,
-        base=options.student_base or teacher,
-        weights=options.student_weights,
-        tokenizer_fallback=teacher,
-    )
+    try:
+        model, info = build_student(
+            student,
+            num_labels=task.num_labels,
+            teacher_hidden_size=sel.hidden_size if with_pairs else None,
+            base=options.student_base or teacher,
+            weights=options.student_weights,
+            tokenizer_fallback=teacher,
+        )
+    except ModelLoadError as exc:
+        if options.student_base or options.teacher or not _TEACHER_LAYERS.fullmatch(student.strip().lower()):
+            raise
+        raise ModelLoadError(
+            f"{student} starts from the first layers of the store's teacher, recorded at {teacher}, which cannot "
+            f"be loaded ({exc}). If the teacher moved, pass --teacher DIR (where it is now; its weights are checked "
+            "against the store's hash), or start from another checkpoint with --student-base"
+        ) from exc
     for msg in info.warnings:
         notes.log(f"WARNING: {msg}")
     notes.items += info.warnings
@@ -162,9 +224,13 @@ def train(
     logs, and every rank returns the summary.
     """
     ranks = Ranks.from_env(options.device)
+    run = dict(student=student, store=store, teacher=teacher, task=task, config=config, data_dir=data_dir,
+               log=log if ranks.main else _quiet, on_step=on_step)
     try:
-        summary = _train(options, ranks, student=student, out_dir=out_dir, store=store, teacher=teacher, task=task,
-                         config=config, data_dir=data_dir, log=log if ranks.main else _quiet, on_step=on_step)
+        if options.overwrite and claim_output(out_dir, RUN_KIND, overwrite=True) == "replace":
+            summary = _replace(options, ranks, out_dir, run)
+        else:
+            summary = _train(options, ranks, out_dir=out_dir, **run)
         ranks.barrier()  # nobody leaves while rank 0 still writes
         return summary
     finally:
@@ -173,6 +239,47 @@ def train(
 
 def _quiet(*_: Any) -> None:
     pass
+
+
+def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> dict:
+    """--overwrite: train afresh in a hidden sibling and swap it in once it is complete (the output rule:
+    a killed overwrite leaves the old run as it was). Rank 0 alone writes; the other ranks write nothing."""
+    fresh = dataclasses.replace(options, resume=False, overwrite=False)
+    if not ranks.main:
+        return _train(fresh, ranks, out_dir=out_dir, **run)
+    with staged_replace(out_dir) as staged:
+        summary = _train(fresh, ranks, out_dir=staged, **run)
+        summary["model_dir"] = str(Path(out_dir) / "best")
+        write_json(Path(staged) / "summary.json", summary)
+    run["log"](f"{out_dir}: replaced by this run (--overwrite)")
+    return summary
+
+
+def _same_finished(out: Path, student: str, source: Source, method, method_options) -> bool:
+    """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
+    names the same student, store, method and options."""
+    try:
+        done = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    options = json.loads(json.dumps(asdict(method_options), default=str))
+    return (done.get("method") == method.name and done.get("source") == str(source.store.url)
+            and (done.get("student") or {}).get("name") == student
+            and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
+
+
+def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> None:
+    """A finished run is an output: only --overwrite replaces it (--no-resume restarts unfinished runs)."""
+    summary = out / "summary.json"
+    if not summary.exists() or finished_same and options.resume:
+        return
+    try:
+        method = json.loads(summary.read_text()).get("method", "?")
+    except ValueError:
+        method = "?"
+    why = "--no-resume restarts only an unfinished run" if not options.resume else "this command cannot resume it"
+    raise OutputError(f"{out} holds a finished run (method {method}, {summary}): {why}; pass --overwrite to "
+                      "replace it (once the new run is complete), or choose another --out")
 
 
 def _train(
@@ -209,7 +316,8 @@ def _train(
         check_expected_store(source, options.expect_store)
     else:
         source = open_online(teacher, task, config, options, data_dir, log)
-    method, method_options, stages = _plan(options, source, notes)
+    _check_run(student, options, source)
+    method, method_options, stages = _plan(options, source, notes, student)
     dev = find_dev(source.task, source.meta, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
     model, info = _student(student, options, source, stages, notes)
     pairs = _pairs(stages, source, info, log)
@@ -221,13 +329,17 @@ def _train(
 
     batch_size = options.batch_size or source.task.batch_size
     _check_ranks(ranks, batch_size, source)
+    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
+                              _identity(options, student, source, batch_size, method, method_options, ranks))
+    finished = (out / "summary.json").exists()
+    state = checkpoints.resume(options.resume, out, log, finished=finished)
+    finished_same = (state["position"]["stage_index"] >= len(stages) if state is not None
+                     else options.resume and _same_finished(out, student, source, method, method_options))
+    _refuse_finished(out, options, finished_same)
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
-                              _identity(options, student, source, batch_size, method, method_options, ranks))
-    state = checkpoints.resume(options.resume, out, log)
-    if state is not None and state["position"]["stage_index"] >= len(stages) and (out / "summary.json").exists():
+    if finished_same and finished:
         log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
         return json.loads((out / "summary.json").read_text())
     model.to(device)
@@ -239,7 +351,7 @@ def _train(
         student=Student(model, info, projection, Heads(model)), stages=stages, pairs=pairs, device=device,
         batch_size=batch_size,
         evaluator=Evaluator(source.task, dev.examples, info.tokenizer, source.meta["max_length"],
-                            options.eval_batch_size, device),
+                            options.eval_batch_size, device, progress=options.progress and ranks.main),
         keeper=Keeper(out, source.task, str(source.store.url)), checkpoints=checkpoints,
         metrics_log=(MetricsLog(out / "metrics.jsonl", state["position"]["global_step"] if state else None)
                      if ranks.main else SilentLog()),

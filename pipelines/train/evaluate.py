@@ -30,8 +30,12 @@ def predict(
     *,
     batch_size: int = 64,
     device: str = "cpu",
+    progress: str | None = None,
 ) -> np.ndarray:
-    """Logits [N, C] of a classifier on tokenized rows (input_ids, token_type_ids, length), source order."""
+    """Logits [N, C] of a classifier on tokenized rows (input_ids, token_type_ids, length), source order.
+    `progress`: the description of a progress bar, shown on a terminal only (None: no bar)."""
+    from tqdm.auto import tqdm
+
     lengths = enc["length"]
     order = np.argsort(-lengths, kind="stable")  # longest first: little padding per batch
     out = None
@@ -39,7 +43,8 @@ def predict(
     model.eval()
     use_types = bool(getattr(model.config, "type_vocab_size", 0))
     try:
-        for start in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        for start in tqdm(starts, desc=progress, unit="batch", leave=False, disable=None if progress else True):
             idx = order[start : start + batch_size]
             kwargs = batch_inputs(enc, idx, device)
             if not use_types:
@@ -62,11 +67,12 @@ def evaluate_examples(
     max_length: int | None = None,
     batch_size: int = 64,
     device: str = "cpu",
+    progress: str | None = None,
 ) -> dict[str, float]:
-    """Metrics of `model` on in-memory examples (plus n, the number of rows)."""
+    """Metrics of `model` on in-memory examples (plus n, the number of rows); `progress` as in `predict`."""
     task = get_task(task)
     enc = encode(tokenizer, examples.texts, max_length or task.max_length)
-    logits = predict(model, enc, batch_size=batch_size, device=device)
+    logits = predict(model, enc, batch_size=batch_size, device=device, progress=progress)
     metrics = compute_metrics(task, logits, examples.labels)
     return {**metrics, "n": len(examples)}
 
@@ -83,6 +89,7 @@ def evaluate_model(
     limit: int | None = None,
     tokenizer=None,
     allow_task_mismatch: bool = False,
+    progress: bool = False,
 ) -> dict:
     """Evaluate a saved model (folder or hub id, loaded with plain transformers) or a model object.
 
@@ -114,7 +121,8 @@ def evaluate_model(
     for s in dev_splits(task, split):
         examples = load_examples(task, s, data_dir=data_dir, limit=limit)
         results[s] = evaluate_examples(
-            model, tokenizer, task, examples, max_length=max_length, batch_size=batch_size, device=device
+            model, tokenizer, task, examples, max_length=max_length, batch_size=batch_size, device=device,
+            progress=f"eval {task.name}/{s}" if progress else None,
         )
     first = next(iter(results.values()))
     return {"task": task.name, "metric": task.metric, "score": first[task.metric], "task_fit": fit, "splits": results}

@@ -156,9 +156,11 @@ class Position:
 class Evaluator:
     """Dev metrics of the student, tokenized once with its tokenizer at the store's length."""
 
-    def __init__(self, task: Task, dev: dict, tokenizer, max_length: int, batch_size: int, device: str):
+    def __init__(self, task: Task, dev: dict, tokenizer, max_length: int, batch_size: int, device: str,
+                 progress: bool = False):
         self.task, self.dev, self.tokenizer = task, dev, tokenizer
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
+        self.progress = progress  # a bar per evaluation, on a terminal only
         self._enc: dict | None = None
 
     def __bool__(self) -> bool:
@@ -173,7 +175,8 @@ class Evaluator:
             self._enc = {split: encode(self.tokenizer, ex.texts, self.max_length) for split, ex in self.dev.items()}
         metrics = {}
         for split, ex in self.dev.items():
-            logits = predict(model, self._enc[split], batch_size=self.batch_size, device=self.device)
+            logits = predict(model, self._enc[split], batch_size=self.batch_size, device=self.device,
+                             progress=f"eval {split}" if self.progress else None)
             metrics[split] = {**compute_metrics(self.task, logits, ex.labels), "n": len(ex)}
         model.train()
         return metrics
@@ -244,17 +247,19 @@ class Checkpoints:
             return {"foreign": True}
         return state
 
-    def resume(self, resume: bool, out: Path, log: Callable[[str], Any]) -> dict | None:
-        """The state to continue from (None: start); another run's checkpoint is refused in one line."""
+    def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
+        """The state to continue from (None: start); another run's checkpoint is refused in one line
+        (an unfinished one can be restarted with --no-resume, a finished one replaced with --overwrite)."""
         if not resume:
-            if self.path.exists():
+            if self.path.exists() and not finished:
                 log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
             return None
         state = self.load()
         if state is not None and state.get("foreign"):
+            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
             raise ConfigError(
                 f"{out} holds a checkpoint of another run (student, store, method, options, batch size or seed "
-                "differ): use another --out, or --no-resume to start over"
+                f"differ): use another --out, or {fix}"
             )
         return state
 
@@ -435,7 +440,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
         run.log(f"stage {stage.name}: {stage.epochs:g} epochs x {sr.steps_per_epoch} steps (batch {run.batch_size})"
                 f" -> {sr.total} steps, lr {stage.lr:g} {schedule}; loss {terms}")
     bar = tqdm(total=sr.total, initial=pos.stage_step, desc=f"train {stage.name}", unit="step",
-               disable=not (run.options.progress and run.ranks.main))
+               disable=not (run.options.progress and run.ranks.main) or None)
     run.student.model.train()
     try:
         while pos.stage_step < sr.total:

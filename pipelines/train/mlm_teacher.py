@@ -223,7 +223,7 @@ def _train_epoch(model: Any, optimizer: Any, data: _Data, done: _Progress, token
     batches = length_bucketed_batches(data.train["length"], batch_size, shuffle_seed=seed * 1000 + done.epoch)
     first, stop = len(done.losses), total_steps - (done.step - len(done.losses))
     model.train()
-    for batch in tqdm(batches[first:stop], desc=f"mlm epoch {done.epoch + 1}", disable=not progress,
+    for batch in tqdm(batches[first:stop], desc=f"mlm epoch {done.epoch + 1}", disable=not progress or None,
                       initial=first, total=min(stop, len(batches))):
         loss, _, _ = _mlm_loss(model, batch_inputs(masked, batch, device), arrays, batch, device)
         loss.backward()

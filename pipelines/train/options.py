@@ -43,7 +43,8 @@ class TrainOptions:
     eval_batch_size: int = field(default=64, metadata=_NO)
     data_dir: str | None = field(default=None, metadata=_NO)  # glue_data folder (else HSK_DATA_DIR, else hub)
     online: Any = field(default=None, metadata=_NO)  # online mode: a pipelines.dump.stage.DumpOptions
-    resume: bool = field(default=True, metadata=_NO)
+    resume: bool = field(default=True, metadata=_NO)  # False: restart an unfinished run (never a finished one)
+    overwrite: bool = field(default=False, metadata=_NO)  # replace a finished run, once the new one is complete
     progress: bool = field(default=True, metadata=_NO)
 
     def __post_init__(self) -> None:

@@ -22,6 +22,7 @@ from hskstore.config import ConfigError, Selection
 from hskstore.layermap import student_to_store_layers
 
 RULES = ("store", "pkd-skip", "pkd-last")
+PKD_RULES = ("pkd-skip", "pkd-last")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,19 @@ def pkd_teacher_layers(rule: str, n_teacher: int, n_student: int) -> list[int]:
     if rule == "pkd-last":
         return list(range(n_teacher - n_student + 1, n_teacher))
     raise ConfigError(f"unknown Patient KD rule {rule!r}")
+
+
+def pkd_dump_advice(rule: str, n_teacher: int, n_student: int | None) -> str:
+    """The `hsk dump` that makes a [CLS] store for Patient KD's I_pt, computed for this teacher and
+    student (for an example student of half the teacher's depth when the student is not known)."""
+    depth = n_student if n_student is not None else max(2, n_teacher // 2)
+    try:
+        layers = ",".join(map(str, pkd_teacher_layers(rule, n_teacher, depth)))
+    except ConfigError as exc:
+        return str(exc)
+    which = f"a {depth}-layer student" if n_student is not None else f"e.g. a {depth}-layer student"
+    return (f"`hsk dump --tokens cls --layers {layers} --config {len(layers.split(','))},1,1` ({rule}'s teacher "
+            f"layers for this {n_teacher}-layer teacher and {which})")
 
 
 def _store_entries(sel: Selection, n_student: int) -> tuple[list[int], str]:

@@ -101,6 +101,22 @@ def encoder_depth(config: Any) -> int:
     raise ModelLoadError(f"cannot tell the depth of a {type(config).__name__} student")
 
 
+def student_depth(name: str, weights: str | None = None) -> int:
+    """The depth a student `name` will have (what `build_student` reports as num_layers), without
+    building it: what a sweep checks each planned run's layer pairs with before anything trains."""
+    from pipelines.train.sps import SPSConfig
+
+    key = name.strip().lower()
+    if key == "tinybert4" and not weights:
+        return TINYBERT4_CONFIG["num_hidden_layers"]
+    local = Path(name).expanduser().is_dir()
+    if _BERT_K.match(key) and not local:
+        return int(_BERT_K.match(key).group(1))
+    if _SPS_K.match(key) and not local:
+        return encoder_depth(SPSConfig(num_hidden_layers=int(_SPS_K.match(key).group(1))))
+    return encoder_depth(load_config(weights or name))
+
+
 def encoder_width(config: Any) -> int:
     for key in ("hidden_size", "dim", "d_model"):
         if getattr(config, key, None):

@@ -300,5 +300,5 @@ def fine_tune_teacher(
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     _save_teacher(work, out, summary)
-    log(f"saved teacher to {out} (best epoch {best_epoch}: {summary['dev_metrics'] or 'no dev data'})")
+    log(f"teacher saved to {out} (best epoch {best_epoch}: {summary['dev_metrics'] or 'no dev data'})")
     return summary
