@@ -42,26 +42,28 @@ def _string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _scalar(value) -> str:
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _string(value)
+    if math.isnan(value) or math.isinf(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return repr(value)  # a float: shortest round-trip digits; the doc spells out the notation
+
+
 def canonical(value, comma: str = ",", colon: str = ":") -> str:
     """The doc's canonical JSON: sorted keys, no whitespace, ASCII only, Python-repr floats.
 
     The identity's JSON is the same with ", " and ": " as separators."""
-    if value is None:
-        return "null"
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        return repr(value)  # shortest round-trip digits; the doc spells out the notation
-    if isinstance(value, str):
-        return _string(value)
     if isinstance(value, list):
         return "[" + comma.join(canonical(v, comma, colon) for v in value) + "]"
-    items = sorted(value.items())  # code point order of the keys
-    return "{" + comma.join(f"{_string(k)}{colon}{canonical(v, comma, colon)}" for k, v in items) + "}"
+    if isinstance(value, dict):
+        items = sorted(value.items())  # code point order of the keys
+        return "{" + comma.join(f"{_string(k)}{colon}{canonical(v, comma, colon)}" for k, v in items) + "}"
+    return _scalar(value)
 
 
 def sha256(data: bytes) -> str:
@@ -221,7 +223,8 @@ def remask(original: np.ndarray, length: int, row: int, meta: dict) -> tuple[np.
     positions = np.sort(rng.choice(candidates, size=n, replace=False))
     u = rng.random(n)
     random_ids = rng.integers(0, tok["vocab_size"], size=n)
-    kinds = np.where(u < sel["mask_token_rate"], 1, np.where(u < sel["mask_token_rate"] + sel["random_token_rate"], 2, 3))
+    random_below = sel["mask_token_rate"] + sel["random_token_rate"]
+    kinds = np.where(u < sel["mask_token_rate"], 1, np.where(u < random_below, 2, 3))
     masked = original.copy()
     masked[positions] = np.where(kinds == 1, tok["mask_id"], np.where(kinds == 2, random_ids, original[positions]))
     return masked, positions, kinds
