@@ -132,3 +132,33 @@ def test_mask_count_rounds_half_up_in_code_and_doc():
         for maskable in range(0, 300):
             assert _n_masked(rate, maskable) == reader.mask_count(rate, maskable), (rate, maskable)
     assert Masking().max_masked(32) == reader.mask_count(0.15, 30) == 5  # M = floor(0.15 x (T-2) + 0.5)
+
+
+def test_derived_vector_follows_the_doc_from_the_float16_vector():
+    """Last N^D' layers, first N^L' slots, top N^W' of the kept fp16 values by |value|, then int8 -> int4."""
+    src, derived = reader.read_verified(load("float16")[0]), load("derived")
+    out, meta = reader.read_verified(derived[0]), derived[0].meta
+    assert meta["derived_from"]["checksums"] == load("float16")[0].meta["checksums"]
+    n_layers, n_tokens, n_width = 2, 3, meta["layout"]["n_width"]
+    for name in ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"):
+        assert np.array_equal(out[name], src[name])
+    for i in range(n_layers):
+        s, o = f"layers/{3 - n_layers + i}", f"layers/{i}"
+        assert np.array_equal(out[f"{o}/positions"], src[f"{s}/positions"][:, :n_tokens])
+        assert np.array_equal(out[f"{o}/scores"], src[f"{s}/scores"][:, :n_tokens])
+        values = src[f"{s}/values"][:, :n_tokens]
+        used = out[f"{o}/positions"] >= 0
+        # top N^W' by |fp16| with ties to the lower index: a stable sort of -|v|
+        order = np.argsort(-np.abs(values.astype(np.float32)), axis=-1, kind="stable")[..., :n_width]
+        keep = np.zeros(values.shape, dtype=bool)
+        np.put_along_axis(keep, order, True, axis=-1)
+        keep &= used[..., None]
+        narrow = np.zeros((*used.shape, n_width), dtype=np.float16)
+        narrow[used] = values[keep].reshape(-1, n_width)
+        q8, scale8 = reader.quantize_int8(narrow)
+        codes, scale = reader.quantize_int4(q8, scale8)
+        assert np.array_equal(out[f"{o}/values"], codes) and np.array_equal(out[f"{o}/scale"], scale)
+        dense_src = np.unpackbits(src[f"{s}/masks"][:, :n_tokens], axis=-1).astype(bool)
+        dense_out = np.zeros_like(dense_src)
+        dense_out[dense_src] = keep[dense_src.any(-1)].reshape(-1)
+        assert np.array_equal(out[f"{o}/masks"], np.packbits(dense_out, axis=-1))
