@@ -13,7 +13,8 @@ What depends on where and when the generator runs (the temporary folder the teac
 in, the creation time, the hsk version) is replaced by fixed values after the dump, and the
 store's `identity`, `manifest` and card are then recomputed exactly as the writer computes them,
 so each vector is a valid store and regenerating gives the same bytes. Torch runs on one CPU
-thread: float results do not depend on the thread count.
+thread with its portable kernels and MKL's SSE2 code path, so that float results depend neither on
+the thread count nor on the CPU's vector instructions (checked: AVX-512 and AVX2 give the same bytes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+# Float results must not depend on the machine: torch's portable (non-vectorised) kernels, MKL's
+# SSE2 code path, one thread. Set before torch is imported (this module imports it lazily).
+os.environ.update(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE,STRICT", OMP_NUM_THREADS="1",
+                  MKL_NUM_THREADS="1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: run from anywhere
@@ -128,8 +134,8 @@ def dump_stores(work: Path) -> list[str]:
     with _cwd(work):
         for values in ("float16", "int8", "int4", "mxfp4"):
             _hsk(*task, "--config", CONFIG, "--values", values, "--out", f"{values}.zarr")
-        _hsk(*task, "--config", CONFIG, "--attention-rows", "--scores", "post-softmax", "--tokens", "att",
-             "--out", "attention.zarr")
+        # pre-softmax scores: numpy's float32 exp (post-softmax) differs between CPU instruction sets
+        _hsk(*task, "--config", CONFIG, "--attention-rows", "--tokens", "att", "--out", "attention.zarr")
         _hsk("dump", "--objective", "mlm", "--teacher", "mlm-teacher", "--text-file", "corpus.txt", "--top-k", "3",
              "--mask-seed", "1", "--max-length", "32", "--shard-rows", "2", "--device", "cpu", "--no-progress",
              "--out", "mlm.zarr")
