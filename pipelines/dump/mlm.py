@@ -1,7 +1,7 @@
 """The masked-LM dump: run a masked-LM teacher once over raw text and write an MLM store (LightPAFF).
 
-Masking is BERT's: per row, round(15%) of its maskable tokens (not [CLS], [SEP], padding; at least
-one), chosen uniformly; of those, 80% become [MASK], 10% a random vocabulary id, 10% stay. Each
+Masking is BERT's: per row, 15% of its maskable tokens rounded half up (not [CLS], [SEP], padding;
+at least one), chosen uniformly; of those, 80% become [MASK], 10% a random vocabulary id, 10% stay. Each
 row's draws come from its own generator, seeded by (seed, row index), so a row is masked the same
 way whatever the shard layout, batch or resume. Per masked position the store keeps the teacher's
 top-k vocabulary ids and logits and the log-sum-exp over the whole vocabulary, so that
@@ -71,6 +71,9 @@ class Masking:
 
 
 def _n_masked(rate: float, candidates: int) -> int:
+    """floor(rate x candidates + 0.5), at least 1: half up (0.15 x 30 = 4.5 -> 5), as docs/STORE_FORMAT.md says.
+
+    The stores' `selection.unit` text says "round": it means this rule, not half to even."""
     return max(1, math.floor(rate * candidates + 0.5)) if candidates else 0
 
 

@@ -1,0 +1,275 @@
+"""Regenerate the conformance vectors of docs/STORE_FORMAT.md ("Writing a reader").
+
+    python docs/conformance/generate.py              # rewrites docs/conformance/
+    python docs/conformance/generate.py --out DIR    # anywhere else (tests/test_conformance.py compares)
+
+Every vector is a real store, written by the real commands (`hsk dump`, `hsk derive`, `hsk pack`)
+from a tiny random BERT built here with a fixed seed, a tiny WordPiece vocabulary and a few rows
+of text, then packed as a bundle `<name>.hsk.zip`. Next to each bundle, `<name>.json` says what
+a reader must find in it: the manifest, the checksums, every shard digest, every array as
+decoded numbers, and the kept values of each layer decoded to float32.
+
+What depends on where and when the generator runs (the temporary folder the teacher was saved
+in, the creation time, the hsk version) is replaced by fixed values after the dump, and the
+store's `identity`, `manifest` and card are then recomputed exactly as the writer computes them,
+so each vector is a valid store and regenerating gives the same bytes. Torch runs on one CPU
+thread with its portable kernels and MKL's SSE2 code path, so that float results depend neither on
+the thread count nor on the CPU's vector instructions (checked: AVX-512 and AVX2 give the same bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+# Float results must not depend on the machine: torch's portable (non-vectorised) kernels, MKL's
+# SSE2 code path, one thread. Set before torch is imported (this module imports it lazily).
+os.environ.update(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE,STRICT", OMP_NUM_THREADS="1",
+                  MKL_NUM_THREADS="1")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: run from anywhere
+
+# Fixed values for what would otherwise name this run's machine, folder or time.
+PINNED_CREATED = "2026-01-01T00:00:00+00:00"
+PINNED_VERSION = "conformance"
+PINNED_TEACHER = "/conformance/teacher"
+PINNED_SOURCE_STORE = "float16.zarr"
+
+VOCAB = list(dict.fromkeys([
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    *"the a film movie is was not very good bad fun dull story and but it of".split(),
+    *list("abcdefghijklmnopqrstuvwxyz.,!'"),
+    *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
+]))
+# Rows of the task stores: a long one (cut at max_length), a short one (fewer eligible tokens than
+# N^L: unused slots), non-ASCII text (text_hash is over UTF-8).
+ROWS = [
+    ("a dull , dull story and a bad movie , not fun at all and not good either", 0),
+    ("fun", 1),
+    ("the story of the film : naïve but fun !", 1),
+]
+# The masked-LM corpus: the second line has 30 maskable tokens (0.15 x 30 = 4.5, rounded half up to 5).
+CORPUS = [
+    "the film is very good and the story is fun",
+    " ".join(["a dull story"] * 10),
+    "not bad",
+]
+DATA_FILE = "critiques-données.tsv"  # a non-ASCII name: the manifest's JSON escapes it
+HIDDEN, LAYERS, HEADS, MAX_LENGTH = 64, 2, 2, 16
+CONFIG = "3,4,0.55"  # N^D 3 (embeddings included), N^L 4, N^W = round(0.55 * 64) = 35: odd, two 4-bit groups
+COMMON = ["--max-length", str(MAX_LENGTH), "--shard-rows", "2", "--student-layers", "2", "--l-top", "2",
+          "--device", "cpu", "--no-progress"]
+
+
+@contextmanager
+def _cwd(path: Path):
+    old = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _tokenizer(out: Path) -> None:
+    from transformers import BertTokenizer
+
+    BertTokenizer(vocab={tok: i for i, tok in enumerate(VOCAB)}, do_lower_case=True).save_pretrained(out)
+
+
+def _config(**kwargs):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=len(VOCAB), hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      intermediate_size=2 * HIDDEN, max_position_embeddings=32, type_vocab_size=2, pad_token_id=0,
+                      **kwargs)
+
+
+def build_teachers(work: Path) -> None:
+    """A sequence classifier (the task teacher) and a masked-LM teacher, random with fixed seeds.
+
+    The classifier's top layer writes zeros in hidden dims 32..63 (its output LayerNorm scales and
+    shifts them by 0), so the kept values 32..34 of its vectors, the second 4-bit group, are all zero.
+    """
+    import torch
+    from transformers import BertForMaskedLM, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    teacher = BertForSequenceClassification(_config(num_labels=2)).eval()
+    with torch.no_grad():
+        norm = teacher.bert.encoder.layer[-1].output.LayerNorm
+        norm.weight[32:] = 0.0
+        norm.bias[32:] = 0.0
+    teacher.save_pretrained(work / "teacher")
+    _tokenizer(work / "teacher")
+    torch.manual_seed(1)
+    mlm = BertForMaskedLM(_config()).eval()
+    with torch.no_grad():
+        mlm.cls.predictions.bias.normal_(0, 2.0)  # a peaked distribution: distinct top-k logits
+    mlm.save_pretrained(work / "mlm-teacher")
+    _tokenizer(work / "mlm-teacher")
+
+
+def _hsk(*args: str) -> None:
+    from pipelines.cli import main
+
+    code = main(list(args))
+    if code:
+        raise SystemExit(f"hsk {' '.join(args)} failed with exit status {code}")
+
+
+def dump_stores(work: Path) -> list[str]:
+    """Every vector as a store folder in `work`; returns their names, in the order of the vectors."""
+    (work / DATA_FILE).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS), encoding="utf-8")
+    (work / "corpus.txt").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    task = ["dump", "--task", "sst2", "--teacher", "teacher", "--data-file", DATA_FILE, *COMMON]
+    with _cwd(work):
+        for values in ("float16", "int8", "int4", "mxfp4"):
+            _hsk(*task, "--config", CONFIG, "--values", values, "--out", f"{values}.zarr")
+        # pre-softmax scores: numpy's float32 exp (post-softmax) differs between CPU instruction sets
+        _hsk(*task, "--config", CONFIG, "--attention-rows", "--tokens", "att", "--out", "attention.zarr")
+        _hsk("dump", "--objective", "mlm", "--teacher", "mlm-teacher", "--text-file", "corpus.txt", "--top-k", "3",
+             "--mask-seed", "1", "--max-length", "32", "--shard-rows", "2", "--device", "cpu", "--no-progress",
+             "--out", "mlm.zarr")
+        for name in ("float16", "int8", "int4", "mxfp4", "attention", "mlm"):
+            pin(f"{name}.zarr")
+        # derive reads the pinned float16 store: its derived_from names the pinned source
+        _hsk("derive", "float16.zarr", "--config", "2,3,0.3", "--values", "int4", "--out", "derived.zarr")
+        pin("derived.zarr")
+    return ["float16", "int8", "int4", "mxfp4", "attention", "derived", "mlm"]
+
+
+def pin(url: str) -> None:
+    """Replace run-dependent metadata by fixed values; recompute identity, manifest and card as the writer does."""
+    import zarr
+
+    from hskstore.card import write_card
+    from hskstore.manifest import MANIFEST_KEY, compute_manifest, list_arrays
+    from hskstore.schema import META_KEY, array_specs
+    from hskstore.writer import identity
+
+    group = zarr.open_group(url, mode="r+")
+    meta = group.attrs[META_KEY]
+    meta.update(created=PINNED_CREATED, software_version=PINNED_VERSION)
+    for key in ("teacher", "tokenizer"):
+        if meta[key].get("path"):
+            meta[key].update(path=PINNED_TEACHER, name=PINNED_TEACHER)
+    if "derived_from" in meta:
+        meta["derived_from"].update(url=PINNED_SOURCE_STORE, created=PINNED_CREATED)
+    meta["identity"] = identity(meta)
+    meta.pop(MANIFEST_KEY, None)
+    meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
+    group.attrs[META_KEY] = meta
+    write_card(group, meta, [spec.name for spec in array_specs(meta)], url)
+
+
+def _numbers(array: np.ndarray) -> list:
+    """Array elements as JSON numbers (float16/32 values are exact as JSON's float64)."""
+    return array.tolist() if array.dtype.kind in "iub" else array.astype(np.float64).tolist()
+
+
+def expected(bundle: Path) -> dict:
+    """What a reader must decode from a bundle, computed by the reference reader (hskstore)."""
+    from hskstore import open_store
+    from hskstore.codec import decode_values
+    from hskstore.schema import PROGRESS_DIGESTS
+
+    store = open_store(str(bundle))
+    meta = store.meta
+    digests = store.group[PROGRESS_DIGESTS][:]
+    names = list(store.specs)
+    data = {name: [] for name in names}
+    for shard in range(store.n_shards):
+        for name, value in store.read_shard(shard).items():
+            data[name].append(value)
+    arrays = {name: np.concatenate(parts) for name, parts in data.items()}
+    doc = {
+        "bundle": bundle.name,
+        "manifest": meta.get("manifest"),
+        "checksums": meta["checksums"],
+        "digest_order": names,
+        "shard_digests": [[bytes(digests[s, i]).hex() for i in range(len(names))] for s in range(store.n_shards)],
+        "arrays": {name: {"dtype": str(a.dtype), "shape": list(a.shape), "data": _numbers(a)}
+                   for name, a in arrays.items()},
+    }
+    if meta.get("objective") != "mlm" and meta["layout"]["n_width"]:
+        n_width = meta["layout"]["n_width"]
+        doc["decoded_values"] = {
+            name[: -len("/values")]: _numbers(decode_values(a, arrays.get(name[: -len("values")] + "scale"), n_width))
+            for name, a in arrays.items() if name.endswith("/values")
+        }
+    return doc
+
+
+def _array(vector: dict, name: str) -> np.ndarray:
+    entry = vector["arrays"][name]
+    return np.array(entry["data"], dtype=entry["dtype"]).reshape(entry["shape"])
+
+
+def _nibbles(codes: np.ndarray, n: int) -> np.ndarray:
+    return np.stack([codes & 15, codes >> 4], axis=-1).reshape(*codes.shape[:-1], -1)[..., :n]
+
+
+def check_coverage(vectors: dict[str, dict]) -> None:
+    """Refuse vectors that lost a case the docs promise they hold (as a changed teacher or text would)."""
+    cases = {f"{name}: partial last shard": len(v["shard_digests"]) * 2 > len(_array(v, "row"))
+             for name, v in vectors.items()}
+    kinds = _array(vectors["mlm"], "mlm/kind")
+    cases["mlm: every masking kind"] = {1, 2, 3} <= set(kinds.ravel().tolist())
+    cases["mlm: a half-way mask count (0.15 x 30 = 4.5 -> 5)"] = 5 in (kinds > 0).sum(axis=1).tolist()
+    cases["float16: unused token slots"] = bool((_array(vectors["float16"], "layers/0/positions") < 0).any())
+    used = _array(vectors["int4"], "layers/2/positions") >= 0
+    cases["int4: an all-zero group in a used slot"] = bool((_array(vectors["int4"], "layers/2/scale")[used] == 0).any())
+    src = _array(vectors["float16"], "layers/2/values")
+    codes = _nibbles(_array(vectors["mxfp4"], "layers/2/values"), src.shape[-1])
+    cases["mxfp4: negative values that round to +0"] = bool(((src < 0) & (codes == 0)).any())
+    missing = [case for case, held in cases.items() if not held]
+    if missing:
+        raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
+
+
+def generate(out: Path) -> list[Path]:
+    """Write every bundle and its JSON into `out`; returns the files written."""
+    import torch
+
+    from hskstore.bundle import pack
+
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    vectors = {}
+    with tempfile.TemporaryDirectory(prefix="hsk-conformance-") as tmp:
+        work = Path(tmp)
+        build_teachers(work)
+        for name in dump_stores(work):
+            bundle = pack(str(work / f"{name}.zarr"), out / f"{name}.hsk.zip", overwrite=True)
+            vectors[name] = expected(bundle)
+    check_coverage(vectors)
+    written = []
+    for name, vector in vectors.items():
+        doc = out / f"{name}.json"
+        doc.write_text(json.dumps(vector, separators=(",", ":")) + "\n")
+        written += [out / f"{name}.hsk.zip", doc]
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write the vectors to (default: here)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for path in generate(args.out):
+        print(f"{path.stat().st_size:>8}  {path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

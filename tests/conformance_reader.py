@@ -1,0 +1,280 @@
+"""A minimal hsk reader written from docs/STORE_FORMAT.md alone: numpy, zarr and the standard library.
+
+It does not import hskstore or pipelines: it is the second implementation the conformance vectors
+(docs/conformance/) are for, and each function cites the section of the doc it follows. It
+verifies in the doc's order ("Writing a reader"): manifest, checksums, shard digests, then decodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+# "Shard digests": the dtype string hashed for each zarr data_type (little-endian; "|" for 1 byte).
+DIGEST_DTYPE = {
+    "int8": "|i1", "uint8": "|u1", "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4",
+    "int64": "<i8", "uint64": "<u8", "float16": "<f2", "float32": "<f4", "float64": "<f8",
+}
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+
+# --- canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
+def _string(text: str) -> str:
+    escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+    out = []
+    for ch in text:
+        if ch in escapes:
+            out.append(escapes[ch])
+        elif " " <= ch <= "~":
+            out.append(ch)
+        elif ord(ch) > 0xFFFF:  # a UTF-16 surrogate pair, each half escaped
+            v = ord(ch) - 0x10000
+            out.append(f"\\u{0xD800 + (v >> 10):04x}\\u{0xDC00 + (v & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{ord(ch):04x}")
+    return '"' + "".join(out) + '"'
+
+
+def _scalar(value) -> str:
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _string(value)
+    if math.isnan(value) or math.isinf(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return repr(value)  # a float: shortest round-trip digits; the doc spells out the notation
+
+
+def canonical(value, comma: str = ",", colon: str = ":") -> str:
+    """The doc's canonical JSON: sorted keys, no whitespace, ASCII only, Python-repr floats.
+
+    The identity's JSON is the same with ", " and ": " as separators."""
+    if isinstance(value, list):
+        return "[" + comma.join(canonical(v, comma, colon) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted(value.items())  # code point order of the keys
+        return "{" + comma.join(f"{_string(k)}{colon}{canonical(v, comma, colon)}" for k, v in items) + "}"
+    return _scalar(value)
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+IDENTITY_FIELDS = ("format_version", "task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
+
+
+def identity(meta: dict) -> str:
+    """`identity`: the fields that decide content (absent ones as null), ", " and ": " separators."""
+    return sha256(canonical({k: meta.get(k) for k in IDENTITY_FIELDS}, ", ", ": ").encode("ascii"))
+
+
+def inputs_hash(meta: dict) -> str:
+    return sha256((meta["checksums"]["input_ids"] + meta["checksums"]["token_type_ids"]).encode("ascii"))
+
+
+# --- the bundle ------------------------------------------------------------------------------------
+@dataclass
+class Bundle:
+    """A store packed as a zip: its objects by key, and the zarr group over them."""
+
+    path: Path
+    attrs: dict  # the group's attributes, "hsk" among them
+    nodes: dict[str, dict]  # array path (no leading slash) -> its zarr.json, as parsed JSON
+    group: zarr.Group
+
+    @classmethod
+    def open(cls, path: Path) -> Bundle:
+        with zipfile.ZipFile(path) as zf:
+            docs = {name[: -len("zarr.json")].rstrip("/"): json.loads(zf.read(name))
+                    for name in zf.namelist() if name == "zarr.json" or name.endswith("/zarr.json")}
+        nodes = {key: doc for key, doc in docs.items() if doc["node_type"] == "array"}
+        group = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
+        return cls(path, docs[""]["attributes"], nodes, group)
+
+    @property
+    def meta(self) -> dict:
+        return self.attrs["hsk"]
+
+
+def array_entry(node: dict) -> dict:
+    """The manifest's description of one array, read from its zarr.json."""
+    grid = node["chunk_grid"]["configuration"]["chunk_shape"]
+    codecs = node["codecs"]
+    sharded = codecs[0]["name"] == "sharding_indexed"
+    return {
+        "shape": node["shape"],
+        "dtype": node["data_type"],
+        "chunks": codecs[0]["configuration"]["chunk_shape"] if sharded else grid,
+        "shards": grid if sharded else None,
+        "codecs": codecs,
+        "fill_value": node["fill_value"],
+        "attributes": node.get("attributes", {}),
+    }
+
+
+def manifest(bundle: Bundle) -> str:
+    hsk = {k: v for k, v in bundle.meta.items() if k != "manifest"}
+    doc = {"hsk": hsk, "arrays": {path: array_entry(node) for path, node in bundle.nodes.items()}}
+    return sha256(canonical(doc).encode("ascii"))
+
+
+# --- digests -----------------------------------------------------------------------------------------
+def data_arrays(meta: dict) -> list[str]:
+    """The data arrays in digest order (section "Digest order")."""
+    if meta.get("objective") == "mlm":
+        return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
+                "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
+    names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
+    sel = meta["selection"]
+    quantised = sel["value_dtype"] != "float16"
+    for i in range(len(sel["teacher_layers"])):
+        names += [f"layers/{i}/{a}" for a in ("positions", "scores", "values", "masks")]
+        names += [f"layers/{i}/scale"] if quantised else []
+    if sel.get("attention_heads"):
+        names += [f"layers/{i}/attention" for i, j in enumerate(sel["teacher_layers"]) if j >= 1]
+    return names
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    inner = ", ".join(str(n) for n in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"
+
+
+def shard_digest(data: np.ndarray, data_type: str) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update((DIGEST_DTYPE[data_type] + shape_text(data.shape)).encode("ascii"))
+    h.update(np.ascontiguousarray(data, dtype=np.dtype(DIGEST_DTYPE[data_type])).tobytes())
+    return h.digest()
+
+
+def read_verified(bundle: Bundle) -> dict[str, np.ndarray]:
+    """Every data array, each shard checked against its digest; raises AssertionError on any mismatch."""
+    meta = bundle.meta
+    assert meta["manifest"] == manifest(bundle), "manifest"
+    names = data_arrays(meta)
+    digests = bundle.group["_progress/digests"][:]
+    assert digests.shape[1] == len(names)
+    for i, name in enumerate(names):
+        assert meta["checksums"][name] == sha256(b"".join(bytes(d) for d in digests[:, i])), name
+    rows, n = meta["layout"]["shard_rows"], meta["layout"]["n_rows"]
+    out = {}
+    for i, name in enumerate(names):
+        data = bundle.group[name][:]
+        for s in range(digests.shape[0]):
+            shard = data[s * rows: min((s + 1) * rows, n)]
+            assert shard_digest(shard, bundle.nodes[name]["data_type"]) == bytes(digests[s, i]), (name, s)
+        out[name] = data
+    return out
+
+
+# --- decoding (sections "Arrays" and "Format 2") ----------------------------------------------------
+def nibbles(packed: np.ndarray, n: int) -> np.ndarray:
+    both = np.stack([packed & 0x0F, packed >> 4], axis=-1)
+    return both.reshape(*packed.shape[:-1], -1)[..., :n]
+
+
+def decode(values: np.ndarray, scale: np.ndarray | None, value_dtype: str, n_width: int) -> np.ndarray:
+    """Stored values -> the kept values as float32 [..., N^W]."""
+    if value_dtype == "float16":
+        return values.astype(np.float32)
+    if value_dtype == "int8":
+        return values.astype(np.float32) * scale.astype(np.float32)[..., None]
+    codes = nibbles(values, n_width)
+    group = np.arange(n_width) // 32
+    if value_dtype == "int4":
+        signed = np.where(codes >= 8, codes.astype(np.int16) - 16, codes).astype(np.float32)
+        return signed * scale.astype(np.float32)[..., group]
+    magnitude = E2M1[codes & 7]
+    factor = np.exp2(scale.astype(np.float32) - 127)[..., group]
+    return np.where(codes & 8, -magnitude, magnitude) * factor
+
+
+def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
+    """Zero-filled [..., d] vectors: the kept values at the mask's ones, in increasing index order."""
+    keep = np.unpackbits(masks, axis=-1)[..., :d].astype(bool)
+    out = np.zeros(keep.shape, dtype=np.float32)  # unused slots (no ones) stay all zero
+    out[keep] = values[keep.any(axis=-1)].reshape(-1)
+    return out
+
+
+# --- masked-LM masking ("Masked-LM stores") ------------------------------------------------------------
+def mask_count(rate: float, maskable: int) -> int:
+    """floor(mask_rate x maskable + 0.5) in float64, at least 1 (0 when nothing is maskable)."""
+    return max(1, math.floor(rate * maskable + 0.5)) if maskable else 0
+
+
+def remask(original: np.ndarray, length: int, row: int, meta: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(masked ids, positions, kinds) of one row, drawn as the doc orders the draws."""
+    sel, tok = meta["selection"], meta["tokenizer"]
+    special = {tok["cls_id"], tok["sep_id"], tok["pad_id"]}
+    candidates = np.array([p for p in range(length) if int(original[p]) not in special], dtype=np.int64)
+    rng = np.random.default_rng([sel["mask_seed"], row])
+    n = mask_count(sel["mask_rate"], len(candidates))
+    positions = np.sort(rng.choice(candidates, size=n, replace=False))
+    u = rng.random(n)
+    random_ids = rng.integers(0, tok["vocab_size"], size=n)
+    random_below = sel["mask_token_rate"] + sel["random_token_rate"]
+    kinds = np.where(u < sel["mask_token_rate"], 1, np.where(u < random_below, 2, 3))
+    masked = original.copy()
+    masked[positions] = np.where(kinds == 1, tok["mask_id"], np.where(kinds == 2, random_ids, original[positions]))
+    return masked, positions, kinds
+
+
+# --- quantisation ("Format 2": the arithmetic, all in float32) --------------------------------------
+def quantize_int8(values16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = values16.astype(np.float32)
+    scale = (np.abs(v).max(axis=-1) / np.float32(127)).astype(np.float16)
+    s = scale.astype(np.float32)[..., None]
+    q = np.where(s > 0, np.rint(v / np.where(s > 0, s, 1)), 0)
+    return np.clip(q, -127, 127).astype(np.int8), scale
+
+
+def _groups(x: np.ndarray) -> np.ndarray:
+    n = x.shape[-1]
+    padded = np.zeros((*x.shape[:-1], -(-n // 32) * 32), dtype=np.float32)
+    padded[..., :n] = x
+    return padded.reshape(*x.shape[:-1], -1, 32)
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes [..., n] -> bytes: code 2k in the low nibble, 2k+1 in the high one, odd n padded with 0."""
+    codes = codes.astype(np.uint8) & 0x0F
+    if codes.shape[-1] % 2:
+        codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], 1), np.uint8)], axis=-1)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def quantize_int4(q8: np.ndarray, scale8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = q8.shape[-1]
+    x = _groups(q8.astype(np.float32) * scale8.astype(np.float32)[..., None])
+    scale = (np.abs(x).max(axis=-1) / np.float32(7)).astype(np.float16)
+    s = scale.astype(np.float32)[..., None]
+    code = np.clip(np.where(s > 0, np.rint(x / np.where(s > 0, s, 1)), 0), -7, 7).astype(np.int8)
+    return _pack(code.reshape(*q8.shape[:-1], -1)[..., :n]), scale
+
+
+def quantize_mxfp4(q8: np.ndarray, scale8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = q8.shape[-1]
+    x = _groups(q8.astype(np.float32) * scale8.astype(np.float32)[..., None])
+    peak = np.abs(x).max(axis=-1)
+    floor_log2 = np.frexp(peak)[1].astype(np.int32) - 1  # exact: from the float32 exponent
+    exponent = np.where(peak > 0, np.clip(floor_log2 - 2, -127, 127), -127)
+    m = np.minimum(np.abs(x) / np.exp2(exponent.astype(np.float32))[..., None], np.float32(6))
+    # nearest grid value; a tie goes to the even index
+    dist = np.abs(m[..., None] - E2M1)
+    best = dist.min(axis=-1, keepdims=True)
+    candidates = np.where(dist == best, np.arange(8), 99)
+    even = np.where(candidates % 2 == 0, candidates, 99).min(axis=-1)
+    index = np.where(even < 99, even, candidates.min(axis=-1))
+    code = np.where((x < 0) & (index > 0), index | 8, index)  # never the negative-zero code 8
+    return _pack(code.reshape(*q8.shape[:-1], -1)[..., :n]), (exponent + 127).astype(np.uint8)

@@ -1,0 +1,205 @@
+"""The conformance vectors (docs/conformance/): they regenerate byte for byte, and a reader written from
+docs/STORE_FORMAT.md alone (tests/conformance_reader.py: numpy and zarr, no hskstore) decodes every one
+of them, reproducing the manifest, the checksums, every shard digest and every value."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import conformance_reader as reader
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "docs" / "conformance"
+NAMES = ["float16", "int8", "int4", "mxfp4", "attention", "derived", "mlm"]
+DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
+
+
+def load(name: str) -> tuple[reader.Bundle, dict]:
+    return reader.Bundle.open(VECTORS / f"{name}.hsk.zip"), json.loads((VECTORS / f"{name}.json").read_text())
+
+
+def as_array(entry: dict) -> np.ndarray:
+    return np.array(entry["data"], dtype=entry["dtype"]).reshape(entry["shape"])
+
+
+def changed_entries(new: Path, old: Path) -> list[str]:
+    """The zip entries that differ between two bundles (only compressed chunks: a compressor's new version)."""
+    if new.suffix != ".zip":
+        return ["the whole JSON"]
+    with zipfile.ZipFile(new) as a, zipfile.ZipFile(old) as b:
+        names = sorted(set(a.namelist()) | set(b.namelist()))
+        return [n for n in names if n not in a.namelist() or n not in b.namelist() or a.read(n) != b.read(n)][:8]
+
+
+def test_vectors_regenerate_byte_identically(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(VECTORS / "generate.py"), "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    committed = sorted(p.name for p in VECTORS.iterdir() if p.suffix in (".zip", ".json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == committed == sorted(
+        [f"{n}.hsk.zip" for n in NAMES] + [f"{n}.json" for n in NAMES])
+    differ = {name: changed_entries(tmp_path / name, VECTORS / name) for name in committed
+              if (tmp_path / name).read_bytes() != (VECTORS / name).read_bytes()}
+    assert not differ, f"hsk no longer writes the committed vectors (what changed: {differ}); if that is meant, " \
+                       "say so in STORE_FORMAT.md and rerun python docs/conformance/generate.py"
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 700_000  # well under 1 MB
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reader_verifies_and_decodes_every_vector(name):
+    bundle, expected = load(name)
+    arrays = reader.read_verified(bundle)  # manifest, checksums and every shard digest, as the doc orders
+    meta = bundle.meta
+    assert meta["manifest"] == expected["manifest"] == reader.manifest(bundle)
+    assert meta["checksums"] == expected["checksums"]
+    assert meta["identity"] == reader.identity(meta) and meta["inputs_hash"] == reader.inputs_hash(meta)
+    assert reader.data_arrays(meta) == expected["digest_order"] == list(expected["arrays"])
+    digests = bundle.group["_progress/digests"][:]
+    assert [[bytes(d).hex() for d in shard] for shard in digests] == expected["shard_digests"]
+    for array_name, entry in expected["arrays"].items():
+        np.testing.assert_array_equal(arrays[array_name], as_array(entry), err_msg=array_name)
+        assert arrays[array_name].dtype == np.dtype(entry["dtype"]), array_name
+    if meta.get("objective") != "mlm":
+        for i in range(len(meta["selection"]["teacher_layers"])):
+            check_layer(arrays, f"layers/{i}", meta, expected["decoded_values"][f"layers/{i}"])
+
+
+def check_layer(arrays: dict, layer: str, meta: dict, decoded: list) -> None:
+    """Decoded values as the JSON says; N^W mask ones per used slot; unused slots all zero; dense agrees."""
+    sel, n_width, d = meta["selection"], meta["layout"]["n_width"], meta["selection"]["hidden_size"]
+    values = reader.decode(arrays[f"{layer}/values"], arrays.get(f"{layer}/scale"), sel["value_dtype"], n_width)
+    np.testing.assert_array_equal(values, np.array(decoded, dtype=np.float32))
+    used = arrays[f"{layer}/positions"] >= 0
+    ones = np.unpackbits(arrays[f"{layer}/masks"], axis=-1)[..., :d].sum(axis=-1)
+    assert (ones == np.where(used, n_width, 0)).all()
+    vectors = reader.dense(values, arrays[f"{layer}/masks"], d)
+    assert (vectors[~used] == 0).all() and (values[~used] == 0).all()
+    assert (arrays[f"{layer}/scores"][~used] == 0).all()
+    keep = np.unpackbits(arrays[f"{layer}/masks"], axis=-1)[..., :d].astype(bool)
+    assert np.array_equal(vectors[keep], values[used].reshape(-1))
+
+
+def test_quantisation_rules_of_the_doc_reproduce_the_stores():
+    """int8 from the float16 vector, then int4 and mxfp4 from int8, with the doc's float32 arithmetic."""
+    stores = {name: reader.read_verified(load(name)[0]) for name in ("float16", "int8", "int4", "mxfp4")}
+    for i in range(3):
+        layer = f"layers/{i}"
+        q8, scale8 = reader.quantize_int8(stores["float16"][f"{layer}/values"])
+        assert np.array_equal(q8, stores["int8"][f"{layer}/values"])
+        assert np.array_equal(scale8, stores["int8"][f"{layer}/scale"])
+        for name, quantize in (("int4", reader.quantize_int4), ("mxfp4", reader.quantize_mxfp4)):
+            codes, scale = quantize(q8, scale8)
+            assert np.array_equal(codes, stores[name][f"{layer}/values"]), (name, layer)
+            assert np.array_equal(scale, stores[name][f"{layer}/scale"]), (name, layer)
+    codes = reader.nibbles(stores["mxfp4"]["layers/2/values"], 35)
+    assert (codes != 8).all()  # negative values that round to zero get +0
+    assert ((stores["float16"]["layers/2/values"] < 0) & (codes == 0)).any()
+    assert (reader.nibbles(stores["int4"]["layers/2/values"], 35) != 8).all()  # int4 never writes -8
+
+
+def test_attention_rows_are_zero_for_padded_keys_and_unused_slots():
+    arrays = reader.read_verified(load("attention")[0])
+    assert "layers/0/attention" not in arrays  # teacher layer 0, the embeddings, has no attention
+    for i in (1, 2):
+        rows = arrays[f"layers/{i}/attention"]  # [N, H, N^L, T]
+        padded = np.arange(rows.shape[-1])[None, :] >= arrays["length"][:, None]  # [N, T]
+        unused = arrays[f"layers/{i}/positions"] < 0  # [N, N^L]
+        assert (rows[np.broadcast_to(padded[:, None, None, :], rows.shape)] == 0).all()
+        assert (rows[np.broadcast_to(unused[:, None, :, None], rows.shape)] == 0).all()
+        assert (rows != 0).any()
+
+
+def test_masked_lm_masking_is_reproduced_from_the_doc():
+    bundle, _ = load("mlm")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    assert meta["selection"]["unit"] == "per row: round(mask_rate * maskable tokens), at least 1"
+    for i in range(meta["layout"]["n_rows"]):
+        positions = arrays["mlm/positions"][i]
+        used = positions >= 0
+        original = arrays["input_ids"][i].copy()
+        original[positions[used]] = arrays["mlm/labels"][i][used]  # the labels are the original ids
+        masked, want_positions, kinds = reader.remask(original, int(arrays["length"][i]), int(arrays["row"][i]), meta)
+        assert np.array_equal(positions[used], want_positions) and np.array_equal(arrays["mlm/kind"][i][used], kinds)
+        assert np.array_equal(masked, arrays["input_ids"][i])
+        assert (arrays["mlm/kind"][i][~used] == 0).all() and (arrays["mlm/labels"][i][~used] == 0).all()
+        assert (arrays["mlm/topk_ids"][i][~used] == 0).all() and (arrays["mlm/lse"][i][~used] == 0).all()
+    assert 5 in (arrays["mlm/positions"] >= 0).sum(axis=1)  # the row with 30 maskable tokens: 4.5 -> 5
+
+
+def test_mask_count_rounds_half_up_in_code_and_doc():
+    from pipelines.dump.mlm import Masking, _n_masked
+
+    assert "floor(mask_rate x maskable + 0.5)" in DOC and "half up" in DOC
+    assert _n_masked(0.15, 30) == reader.mask_count(0.15, 30) == 5  # 4.5 -> 5, where half-to-even gives 4
+    for rate in (0.15, 0.1, 0.3, 0.5, 1 / 3):
+        for maskable in range(0, 300):
+            assert _n_masked(rate, maskable) == reader.mask_count(rate, maskable), (rate, maskable)
+    assert Masking().max_masked(32) == reader.mask_count(0.15, 30) == 5  # M = floor(0.15 x (T-2) + 0.5)
+
+
+def test_derived_vector_follows_the_doc_from_the_float16_vector():
+    """Last N^D' layers, first N^L' slots, top N^W' of the kept fp16 values by |value|, then int8 -> int4."""
+    src, derived = reader.read_verified(load("float16")[0]), load("derived")
+    out, meta = reader.read_verified(derived[0]), derived[0].meta
+    assert meta["derived_from"]["checksums"] == load("float16")[0].meta["checksums"]
+    n_layers, n_tokens, n_width = 2, 3, meta["layout"]["n_width"]
+    for name in ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"):
+        assert np.array_equal(out[name], src[name])
+    for i in range(n_layers):
+        s, o = f"layers/{3 - n_layers + i}", f"layers/{i}"
+        assert np.array_equal(out[f"{o}/positions"], src[f"{s}/positions"][:, :n_tokens])
+        assert np.array_equal(out[f"{o}/scores"], src[f"{s}/scores"][:, :n_tokens])
+        values = src[f"{s}/values"][:, :n_tokens]
+        used = out[f"{o}/positions"] >= 0
+        # top N^W' by |fp16| with ties to the lower index: a stable sort of -|v|
+        order = np.argsort(-np.abs(values.astype(np.float32)), axis=-1, kind="stable")[..., :n_width]
+        keep = np.zeros(values.shape, dtype=bool)
+        np.put_along_axis(keep, order, True, axis=-1)
+        keep &= used[..., None]
+        narrow = np.zeros((*used.shape, n_width), dtype=np.float16)
+        narrow[used] = values[keep].reshape(-1, n_width)
+        q8, scale8 = reader.quantize_int8(narrow)
+        codes, scale = reader.quantize_int4(q8, scale8)
+        assert np.array_equal(out[f"{o}/values"], codes) and np.array_equal(out[f"{o}/scale"], scale)
+        dense_src = np.unpackbits(src[f"{s}/masks"][:, :n_tokens], axis=-1).astype(bool)
+        dense_out = np.zeros_like(dense_src)
+        dense_out[dense_src] = keep[dense_src.any(-1)].reshape(-1)
+        assert np.array_equal(out[f"{o}/masks"], np.packbits(dense_out, axis=-1))
+
+
+def rewrite(src: Path, out: Path, key: str, change) -> Path:
+    """A copy of a bundle with one entry's bytes changed."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            zout.writestr(info, change(data) if info.filename == key else data)
+    return out
+
+
+def test_reader_refuses_edited_metadata_and_data(tmp_path):
+    src = VECTORS / "int4.hsk.zip"
+    edited = rewrite(src, tmp_path / "meta.hsk.zip", "zarr.json", lambda b: b.replace(b'"sst2"', b'"sst3"'))
+    with pytest.raises(AssertionError, match="manifest"):
+        reader.read_verified(reader.Bundle.open(edited))
+    codec = rewrite(src, tmp_path / "codec.hsk.zip", "layers/0/masks/zarr.json",
+                    lambda b: b.replace(b'"clevel": 9', b'"clevel": 8'))
+    with pytest.raises(AssertionError, match="manifest"):
+        reader.read_verified(reader.Bundle.open(codec))
+    # a missing chunk reads as zeros: only its digest tells
+    missing = tmp_path / "missing.hsk.zip"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(missing, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            if info.filename != "layers/1/values/c/1/0/0":
+                zout.writestr(info, zin.read(info.filename))
+    with pytest.raises(AssertionError) as caught:
+        reader.read_verified(reader.Bundle.open(missing))
+    assert caught.value.args[0] == ("layers/1/values", 1)
