@@ -17,6 +17,7 @@ from conftest import save_tiny_teacher
 from hskstore import codec, open_store
 from hskstore.config import HSKConfig
 from pipelines.cli import main
+from pipelines.dump import select_torch
 from pipelines.dump.probe import ProbeOutput
 from pipelines.dump.select_torch import HostCopies, host_arrays, pack_mask, select_batch
 from pipelines.dump.select_torch import quantize_mxfp4_values as mxfp4_torch
@@ -52,8 +53,16 @@ def crafted_probe(seed: int) -> tuple[ProbeOutput, np.ndarray, np.ndarray]:
 
 
 def both_engines(probe, ids, lengths, selection, max_length=T):
+    """The reference's arrays and the torch engine's, after checking its device kernels (topk, sort; what a
+    GPU runs) against the numpy kernels it uses on a CPU."""
     ref = encode_batch(probe, ids, lengths, selection, SEP, max_length)
     got = host_arrays(*HostCopies().start(select_batch(probe, ids, lengths, selection, SEP, max_length)))
+    select_torch.NUMPY_KERNELS_ON_CPU = False
+    try:
+        assert_same_bytes(got, host_arrays(*HostCopies().start(
+            select_batch(probe, ids, lengths, selection, SEP, max_length))))
+    finally:
+        select_torch.NUMPY_KERNELS_ON_CPU = True
     return ref, got
 
 
