@@ -306,6 +306,7 @@ def compute_shard(
     progress=None,
     overlap: bool | None = None,
     engine: str = "torch",
+    buffers: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order.
 
@@ -313,16 +314,21 @@ def compute_shard(
     run on a worker thread while the main thread starts the forward of batch k+1, so the host's
     work hides behind the device's. A CPU forward already uses every core: there it only competes.
     `engine` picks where selection runs (torch: on the device; numpy: the reference, on the host).
+    `buffers`: the arrays of an earlier shard, no longer in use, to fill again (every row of every
+    array is overwritten); new arrays where their shapes differ. Reuse keeps the dump's heap flat.
     """
     if overlap is None:
         overlap = torch.device(device).type != "cpu"
     n = len(enc["length"])
     result: dict[str, np.ndarray] = {}  # each batch goes straight into the shard's buffers
+    spare = buffers or {}
 
     def place(batch: np.ndarray, job: Future) -> None:
         for name, array in job.result().items():
             if name not in result:
-                result[name] = np.zeros((n, *array.shape[1:]), dtype=array.dtype)
+                old = spare.get(name)
+                fits = old is not None and old.shape == (n, *array.shape[1:]) and old.dtype == array.dtype
+                result[name] = old if fits else np.zeros((n, *array.shape[1:]), dtype=array.dtype)
             result[name][batch] = array
         if progress is not None:
             progress.update(len(batch))
@@ -493,6 +499,7 @@ def _write_pending(
     # Three stages overlap: shard k+1 is tokenized while shard k is computed and shard k-1 written.
     next_enc = tokenized(pending[0]) if pending else None
     in_flight: Future | None = None
+    spare: list[dict[str, np.ndarray]] = [{}, {}]  # two shards' arrays, alternating: one computed, one written
     try:
         for i, shard in enumerate(pending):
             enc = next_enc.result()
@@ -500,8 +507,9 @@ def _write_pending(
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
-                engine=options.selection_engine,
+                engine=options.selection_engine, buffers=spare[i % 2],  # shard i-2's: written by now
             )
+            spare[i % 2] = computed
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
             if in_flight is not None:
