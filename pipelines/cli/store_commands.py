@@ -100,6 +100,9 @@ def dump(
     batch_size: int = typer.Option(64, help="Teacher batch size."),
     shard_rows: int = typer.Option(1024, help="Examples per shard (the unit of writing, resuming, streaming)."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    selection_engine: str = typer.Option(
+        "torch", help="Where tokens are ranked, masked and encoded: torch (on the teacher's device; only the "
+        "selected bytes leave it) or numpy (the reference, on the host). Both write the same bytes."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an hsk store at --out (swapped in once the new one is complete)."
     ),
@@ -157,6 +160,7 @@ def dump(
         batch_size=batch_size,
         shard_rows=shard_rows,
         device=pick_device(device),
+        selection_engine=selection_engine,
         overwrite=overwrite,
         progress=progress,
         allow_task_mismatch=allow_task_mismatch,

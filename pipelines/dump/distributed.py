@@ -85,6 +85,7 @@ class ShardJob:
     max_length: int
     batch_size: int
     teacher: TeacherSpec
+    selection_engine: str = "torch"
 
 
 # Per worker process: the loaded teacher (one at a time) and open store writers.
@@ -134,7 +135,8 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
     probe, tokenizer, device = _teacher(job.teacher)
     selection = Selection.from_dict(job.meta["selection"])
     enc = encode(tokenizer, job.texts, job.max_length)
-    computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device)
+    computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
+                             engine=job.selection_engine)
     arrays = shard_payload(computed, enc, job.rows, job.text_hash, job.label)
     _writer(job.url, job.meta).write_shard(job.shard, arrays)
     return job.shard, len(job.rows)
@@ -182,6 +184,7 @@ def _jobs(plan, writer: StoreWriter, pending: list[int], url: str, teacher: Teac
             url=url, meta=writer.meta, shard=shard, texts=tuple(col[start:stop] for col in examples.texts),
             rows=examples.rows[start:stop], text_hash=hashes[start:stop], label=examples.labels[start:stop],
             max_length=plan.max_length, batch_size=options.batch_size, teacher=teacher,
+            selection_engine=options.selection_engine,
         )
 
 

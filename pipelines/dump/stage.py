@@ -50,7 +50,10 @@ from pipelines.core.models import (
 from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.core.tokenize import encode
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
+from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
 from pipelines.dump.targets import encode_batch
+
+SELECTION_ENGINES = ("torch", "numpy")
 
 
 @dataclass
@@ -83,6 +86,7 @@ class DumpOptions:
     batch_size: int = 64
     shard_rows: int = 1024
     device: str = "cpu"
+    selection_engine: str = "torch"  # torch: on the teacher's device; numpy: the hskstore reference (same bytes)
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -112,6 +116,7 @@ class DumpOptions:
             ("--scores", self.attention_scores, ATTENTION_SCORES),
             ("--ranking", self.ranking_map, RANKING_MAPS),
             ("--values", self.value_dtype, VALUE_DTYPES),
+            ("--selection-engine", self.selection_engine, SELECTION_ENGINES),
         ])
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
@@ -273,6 +278,18 @@ def _select_on_host(out: ProbeOutput, copied: torch.cuda.Event | None, *args) ->
     return encode_batch(out, *args)
 
 
+def _submit_selection(host, engine: str, copies: HostCopies, out: ProbeOutput, *args) -> Future:
+    """Queue one batch's selection; the future gives its arrays as numpy on the host.
+
+    numpy: every kept hidden state goes to the host, where a worker selects and encodes. torch:
+    selection and encoding are queued on the teacher's device right here, only their results are
+    copied back (into reused pinned buffers), and the worker merely waits for that copy.
+    """
+    if engine == "numpy":
+        return host.submit(_select_on_host, *out.start_host_copy(), *args)
+    return host.submit(host_arrays, *copies.start(select_batch(out, *args)))
+
+
 class _Inline:
     """The executor interface, running each job at once on the calling thread."""
 
@@ -297,35 +314,43 @@ def compute_shard(
     device: str,
     progress=None,
     overlap: bool | None = None,
+    engine: str = "torch",
+    buffers: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order.
 
     With `overlap` (default: when the forward runs off the CPU), selection and encoding of batch k
     run on a worker thread while the main thread starts the forward of batch k+1, so the host's
     work hides behind the device's. A CPU forward already uses every core: there it only competes.
+    `engine` picks where selection runs (torch: on the device; numpy: the reference, on the host).
+    `buffers`: the arrays of an earlier shard, no longer in use, to fill again (every row of every
+    array is overwritten); new arrays where their shapes differ. Reuse keeps the dump's heap flat.
     """
     if overlap is None:
         overlap = torch.device(device).type != "cpu"
     n = len(enc["length"])
     result: dict[str, np.ndarray] = {}  # each batch goes straight into the shard's buffers
+    spare = buffers or {}
 
     def place(batch: np.ndarray, job: Future) -> None:
         for name, array in job.result().items():
             if name not in result:
-                result[name] = np.zeros((n, *array.shape[1:]), dtype=array.dtype)
+                old = spare.get(name)
+                fits = old is not None and old.shape == (n, *array.shape[1:]) and old.dtype == array.dtype
+                result[name] = old if fits else np.zeros((n, *array.shape[1:]), dtype=array.dtype)
             result[name][batch] = array
         if progress is not None:
             progress.update(len(batch))
 
+    copies = HostCopies()  # at most two batches are in flight below: its three buffer sets never collide
     with ThreadPoolExecutor(max_workers=1) if overlap else _Inline() as host:
         pending: tuple[np.ndarray, Future] | None = None
         for batch in length_bucketed_batches(enc["length"], batch_size):
             inputs = batch_inputs(enc, batch, device)
             ids = enc["input_ids"][batch, : inputs["input_ids"].shape[1]]
             out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
-            job = host.submit(
-                _select_on_host, *out.start_host_copy(), ids, enc["length"][batch], selection, sep_id,
-                enc["input_ids"].shape[1],
+            job = _submit_selection(
+                host, engine, copies, out, ids, enc["length"][batch], selection, sep_id, enc["input_ids"].shape[1]
             )
             if pending is not None:
                 place(*pending)  # at most two batches' outputs wait: one encoding, one queued
@@ -484,14 +509,17 @@ def _write_pending(
     # Three stages overlap: shard k+1 is tokenized while shard k is computed and shard k-1 written.
     next_enc = tokenized(pending[0]) if pending else None
     in_flight: Future | None = None
+    spare: list[dict[str, np.ndarray]] = [{}, {}]  # two shards' arrays, alternating: one computed, one written
     try:
         for i, shard in enumerate(pending):
             enc = next_enc.result()
             if i + 1 < len(pending):
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
-                probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar
+                probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
+                engine=options.selection_engine, buffers=spare[i % 2],  # shard i-2's: written by now
             )
+            spare[i % 2] = computed
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
             if in_flight is not None:

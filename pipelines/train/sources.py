@@ -76,6 +76,7 @@ class Source:
     teacher: nn.Module | None = None
     teacher_tokenizer: Any = None
     examples: Examples | None = None  # online: the training texts
+    selection_engine: str = "torch"  # online: where the targets are selected (as `hsk dump --selection-engine`)
 
     @property
     def selection(self):
@@ -145,6 +146,7 @@ def open_online(
         model,
         tokenizer,
         examples,
+        selection_engine=dump_options.selection_engine,
     )
     source._selection = selection
     return source
@@ -314,6 +316,7 @@ class BatchMaker:
 
     def _teacher_targets(self, batch: dict[str, np.ndarray]) -> None:
         """Online: the dump's own computation on this batch, cast to the store's dtypes."""
+        from pipelines.dump.select_torch import encode_batch_on_device
         from pipelines.dump.targets import encode_batch
 
         sel = self.source.selection
@@ -328,8 +331,9 @@ class BatchMaker:
             hidden_layers=sorted(set(sel.teacher_layers)) if self.layers else [],
         )
         if self.layers:
-            arrays = encode_batch(out, ids, lengths, sel, self.source.meta["tokenizer"]["sep_id"],
-                                  self.source.meta["max_length"])
+            encode = encode_batch if self.source.selection_engine == "numpy" else encode_batch_on_device
+            arrays = encode(out, ids, lengths, sel, self.source.meta["tokenizer"]["sep_id"],
+                            self.source.meta["max_length"])
         else:
             arrays = {"logits": out.logits.float().cpu().numpy()}
         specs = self.source.store.specs

@@ -1,0 +1,207 @@
+"""The dump's ceiling: the whole `hsk dump` pipeline with the teacher's forward replaced by stored outputs.
+
+    python benchmarks/dump_ceiling.py --rows 4096 --json benchmarks/results/dump_ceiling.json
+
+A real forward of a random-weight teacher (MiniLM-L6-sized: d 384, 6 layers; BERT-base-sized: d 768,
+12 layers) over QNLI dev pairs at max length 128 is run once and its probe outputs (logits, every
+hidden state, every layer's [CLS] score rows) are kept; the dump then replays them, sliced to each
+batch's shape, instead of calling the teacher. Everything else is the real dump: tokenizing (its own
+thread), selection and encoding (the engine under test), copies, compression and writing the store.
+On a GPU the forward runs on the device, so this is the rate the host can feed it at.
+
+Both selection engines run alternately in every round (the order flips each round) at each config.
+Reported per run: examples/s, host CPU seconds per example (the process's CPU time, every thread),
+and the CPU share of each stage: tokenizing and selection are timed on their own threads
+(thread CPU time); writing is the rest (the writer thread and Blosc's threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hskstore.config import HSKConfig
+from pipelines.core.tasks import get_task
+from pipelines.dump import stage
+from pipelines.dump.probe import ProbeOutput, TeacherProbe
+
+SIZES = {
+    "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def make_teacher(size: str, num_labels: int, folder: Path) -> str:
+    """A random-weight BERT of the given size with MiniLM's (bert-base-uncased) vocabulary."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from pipelines.core.models import resolve_model
+
+    tok = BertTokenizerFast.from_pretrained(resolve_model("minilm"))
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **SIZES[size])
+                                  ).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+class ReplayProbe:
+    """Stands in for TeacherProbe: returns stored outputs of a real forward, sliced to the batch's shape."""
+
+    def __init__(self, outputs: list[ProbeOutput]):
+        self.outputs = outputs
+        self.turn = 0
+
+    def __call__(self, input_ids, token_type_ids, attention_mask, hidden_layers) -> ProbeOutput:
+        b, t = input_ids.shape
+        out = self.outputs[self.turn % len(self.outputs)]
+        self.turn += 1
+        return ProbeOutput(out.logits[:b], {j: out.hidden[j][:b, :t] for j in hidden_layers},
+                           {layer: s[:b, :, :t] for layer, s in out.cls_scores.items()})
+
+    def close(self) -> None:
+        return None
+
+
+def record_outputs(teacher: str, texts, max_length: int, batch_size: int, n_batches: int) -> list[ProbeOutput]:
+    """A real forward over the first batches of rows, every layer kept, padded to max_length."""
+    from pipelines.core.models import load_classifier, load_tokenizer
+    from pipelines.core.tokenize import encode
+
+    model, tok = load_classifier(teacher), load_tokenizer(teacher)
+    n_layers = model.config.num_hidden_layers
+    probe = TeacherProbe(model, list(range(1, n_layers + 1)))
+    enc = encode(tok, tuple(col[: batch_size * n_batches] for col in texts), max_length)
+    outputs = []
+    for start in range(0, len(enc["length"]), batch_size):
+        rows = slice(start, start + batch_size)
+        mask = np.arange(max_length)[None, :] < enc["length"][rows][:, None]
+        outputs.append(probe(torch.from_numpy(enc["input_ids"][rows].astype(np.int64)),
+                             torch.from_numpy(enc["token_type_ids"][rows].astype(np.int64)),
+                             torch.from_numpy(mask.astype(np.int64)), hidden_layers=list(range(n_layers + 1))))
+    probe.close()
+    return outputs
+
+
+@dataclass
+class StageClock:
+    """Thread CPU seconds spent in tokenizing and in selection (each runs on one thread)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "select": 0.0})
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.thread_time() - start
+        return timed
+
+
+def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, out: str) -> dict:
+    clock = StageClock()
+    saved = stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
+    stage.encode, stage.compute_shard = clock.wrap("tokenize", stage.encode), clock.wrap("select", stage.compute_shard)
+    stage.TeacherProbe = lambda *a, **k: replay
+    cpu = {"seconds": 0.0}
+
+    def write_pending(*a, **k):  # the timed part of a dump: teacher and data loading excluded
+        start = time.process_time()
+        try:
+            return saved[3](*a, **k)
+        finally:
+            cpu["seconds"] = time.process_time() - start
+
+    stage._write_pending = write_pending
+    options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
+                                shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
+                                overwrite=True)
+    try:
+        result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
+                            limit=args.rows, log=lambda *_: None)
+    finally:
+        stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
+    n, cpu = result.examples_written, cpu["seconds"]
+    shares = {name: s / cpu for name, s in clock.seconds.items()}
+    shares["write_and_rest"] = 1.0 - sum(shares.values())
+    return {"engine": engine, "config": config, "ex_per_s": n / result.seconds, "seconds": result.seconds,
+            "cpu_ms_per_example": 1e3 * cpu / n, "cpu_share": shares}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_size(size: str, args, work: Path) -> list[dict]:
+    from pipelines.core.data import load_examples
+
+    task = get_task("qnli")
+    teacher = make_teacher(size, task.num_labels, work / f"teacher-{size}")
+    texts = load_examples(task, "dev", data_dir=args.data_dir, limit=args.rows).texts
+    replay = ReplayProbe(record_outputs(teacher, texts, args.max_length, args.batch_size, args.probe_batches))
+    runs = []
+    for config in args.configs:
+        for r in range(args.rounds):
+            for engine in (("torch", "numpy") if r % 2 == 0 else ("numpy", "torch")):
+                run = one_dump(engine, config, teacher, replay, args, str(work / "store.zarr"))
+                run.update(size=size, round=r, load_average=load_average())
+                runs.append(run)
+                print(f"{size} {config} round {r} {engine:5s}: {run['ex_per_s']:8.0f} ex/s, "
+                      f"{run['cpu_ms_per_example']:.3f} ms CPU/ex, shares "
+                      + ", ".join(f"{k} {v:.0%}" for k, v in run["cpu_share"].items())
+                      + f"  (load {run['load_average']})", flush=True)
+    return runs
+
+
+def best(runs: list[dict], size: str, config: str, engine: str) -> float:
+    rates = [r["ex_per_s"] for r in runs if (r["size"], r["config"], r["engine"]) == (size, config, engine)]
+    return max(rates) if rates else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--json", required=True, help="Where to write the results.")
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/glue"))
+    ap.add_argument("--sizes", default="minilm,base")
+    ap.add_argument("--configs", nargs="+", default=["3,8,0.2", "1,9,0.1"])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--shard-rows", type=int, default=1024)
+    ap.add_argument("--probe-batches", type=int, default=4, help="Real forward batches recorded and replayed.")
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
+    args = ap.parse_args()
+    torch.set_num_threads(args.torch_threads)
+    work = Path(tempfile.mkdtemp(prefix="hsk-ceiling-"))
+    started_load = load_average()
+    try:
+        runs = [run for size in args.sizes.split(",") for run in run_size(size, args, work)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {
+        "rows": args.rows, "task": "qnli/dev", "max_length": args.max_length, "batch_size": args.batch_size,
+        "shard_rows": args.shard_rows, "device": "cpu", "torch_threads": args.torch_threads,
+        "cpu_count": os.cpu_count(), "load_average_at_start": started_load, "load_average_at_end": load_average(),
+        "torch_ex_per_s": best(runs, "minilm", "3,8,0.2", "torch"),
+        "numpy_ex_per_s": best(runs, "minilm", "3,8,0.2", "numpy"),
+        "note": "best round per engine in the *_ex_per_s keys (MiniLM size, 3,8,0.2); every round in runs",
+        "runs": runs,
+    }
+    print(f"MiniLM 3,8,0.2: torch {result['torch_ex_per_s']:.0f} ex/s, numpy {result['numpy_ex_per_s']:.0f} ex/s")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

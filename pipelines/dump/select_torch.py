@@ -1,0 +1,347 @@
+"""Selection and encoding on the teacher's device, in torch: the same bytes as the numpy reference.
+
+`hskstore.selection` and `hskstore.codec` (numpy) stay the reference that `derive` and the readers
+use; this module computes the same arrays from a ProbeOutput without moving hidden states to the
+host: eligibility, ranking scores, top-N^L positions (stable: descending score, then ascending
+position), gathering, width masks, value codes and packed masks, batched over the batch and every
+kept layer. Only the selected arrays leave the device (`HostCopies`).
+
+Bit-exactness rules followed below (each checked against the reference in tests/test_select_torch.py):
+- divisions are tensor / tensor, never tensor / Python scalar: CUDA turns the latter into a
+  multiplication by the reciprocal, which rounds differently from numpy's division;
+- head means add the heads one by one, as numpy's reduction over a non-innermost axis does;
+- -0.0 is folded into +0.0 before sorting (a radix sort on the device would order them);
+- powers of two are built from their bits, not by exp2;
+- torch.round and numpy.rint both round half to even; fp32 -> fp16 casts are IEEE on both.
+One step stays on the host: post-softmax scores use numpy's float32 exp, a SIMD approximation no
+torch kernel reproduces bit for bit, so the [CLS] rows (heads x T floats per example and ranking
+layer, not the hidden states) go to the host for it and the scores come back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from hskstore import codec
+from hskstore.config import Selection
+from hskstore.schema import layer_names
+from hskstore.selection import attention_scores, static_width_indices
+from pipelines.dump.probe import ProbeOutput
+
+FP16_MAX = float(np.finfo(np.float16).max)
+# On a CPU "device" two steps run as numpy on the tensors' own memory (same keys, same results):
+# the stable sort of the ranking and the mag mask's partition, several times faster there than
+# torch's kernels. Tests switch this off to check the device kernels on the CPU too.
+NUMPY_KERNELS_ON_CPU = True
+
+
+def _const(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A 0-dim tensor on `like`'s device: dividing by it is a true IEEE division everywhere."""
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
+# --- length selection ---------------------------------------------------------------------------------
+def eligible_tokens(input_ids: torch.Tensor, lengths: torch.Tensor, sep_id: int | None, exclude_sep: bool):
+    """hskstore.selection.eligible_tokens on tensors: real tokens, without [SEP] when asked."""
+    eligible = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
+    if exclude_sep:
+        if sep_id is None:
+            from hskstore.config import ConfigError
+
+            raise ConfigError("excluding [SEP] needs a tokenizer with a sep token")
+        eligible &= input_ids != sep_id
+    return eligible
+
+
+def pre_softmax_scores(cls_rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Head mean of the raw [CLS] rows [B, H, T] -> [B, T] float32, -inf on padding (the reference's order)."""
+    rows = cls_rows.float()
+    valid = torch.arange(rows.shape[-1], device=rows.device)[None, :] < lengths[:, None]
+    total = rows[:, 0].clone()
+    for h in range(1, rows.shape[1]):  # numpy adds the heads in order; a tree sum would round differently
+        total += rows[:, h]
+    mean = total / _const(rows.shape[1], total)
+    return torch.where(valid, mean, _const(-math.inf, mean))
+
+
+def ranking_scores(cls_rows: torch.Tensor, lengths: torch.Tensor, lengths_np: np.ndarray, kind: str):
+    if kind == "pre-softmax":
+        return pre_softmax_scores(cls_rows, lengths)
+    # post-softmax: numpy's exp (see the module docstring), on [B, H, T] rows only
+    scores = attention_scores(cls_rows.float().cpu().numpy(), lengths_np, kind)
+    return torch.from_numpy(scores).to(cls_rows.device)
+
+
+def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, strategy: str):
+    """hskstore.selection.rank_tokens on tensors: (positions [B, N^L] int16, scores [B, N^L] float32)."""
+    batch, length = scores.shape
+    inf = _const(math.inf, scores)
+    if strategy in ("att", "att-nosep"):
+        key = torch.where(eligible, -scores, inf) + 0.0  # + 0.0 folds -0.0 into +0.0: equal keys stay equal
+    elif strategy == "left":
+        key = torch.where(eligible, torch.arange(length, device=scores.device, dtype=torch.float32)[None, :], inf)
+    elif strategy == "cls":
+        key = torch.full((batch, length), math.inf, device=scores.device)
+        key[:, 0] = torch.where(eligible[:, 0], _const(0.0, scores), inf)
+    else:
+        from hskstore.config import ConfigError
+
+        raise ConfigError(f"unknown token strategy {strategy!r}")
+    if key.device.type == "cpu" and NUMPY_KERNELS_ON_CPU:  # numpy's stable argsort is the faster on the host
+        order = torch.from_numpy(np.argsort(key.numpy(), axis=1, kind="stable")[:, :n_tokens])
+    else:
+        order = torch.sort(key, dim=1, stable=True).indices[:, :n_tokens]
+    taken = eligible.gather(1, order)
+    if order.shape[1] < n_tokens:  # texts padded to fewer positions than N^L
+        pad = n_tokens - order.shape[1]
+        order = torch.nn.functional.pad(order, (0, pad))
+        taken = torch.nn.functional.pad(taken, (0, pad), value=False)
+    positions = torch.where(taken, order, -1).to(torch.int16)
+    kept = torch.where(taken, scores.gather(1, order), _const(0.0, scores))
+    return positions, kept
+
+
+# --- width masks ----------------------------------------------------------------------------------------
+@lru_cache(maxsize=32)
+def _static_indices(strategy: str, d: int, n_width: int, seed: int) -> np.ndarray:
+    return static_width_indices(strategy, d, n_width, seed)  # one host computation per (shape, seed)
+
+
+def _mag_keys(vectors: torch.Tensor) -> torch.Tensor:
+    """fp16 |v| bits above the reversed index: one unique int32 key per activation, ties to the lower index.
+
+    15 bits of |v| above 16 of index: fits int32 for d <= 65536 (the reference uses int64, same order).
+    """
+    d = vectors.shape[-1]
+    bits = (vectors.to(torch.float16).view(torch.int16).to(torch.int32) & 0x7FFF) << 16
+    return bits | (d - 1 - torch.arange(d, device=vectors.device, dtype=torch.int32))
+
+
+def kept_indices(vectors: torch.Tensor, n_width: int, strategy: str, seed: int) -> torch.Tensor:
+    """Indices [..., N^W] (increasing) of the activations each vector keeps (hskstore.selection.width_mask)."""
+    d = vectors.shape[-1]
+    if strategy != "mag":
+        idx = torch.from_numpy(_static_indices(strategy, d, n_width, seed)).to(vectors.device)
+        return idx.expand(*vectors.shape[:-1], n_width)
+    if n_width >= d:
+        return torch.arange(d, device=vectors.device).expand(*vectors.shape[:-1], d)
+    key = _mag_keys(vectors)
+    if key.device.type == "cpu" and NUMPY_KERNELS_ON_CPU:
+        # The CPU is the host: numpy's partition on the same memory is 5x torch.topk there.
+        top = np.argpartition(key.numpy(), d - n_width, axis=-1)[..., d - n_width :]
+        return torch.from_numpy(np.sort(top, axis=-1))
+    top = torch.topk(key, n_width, dim=-1, sorted=False).indices
+    return torch.sort(top, dim=-1).values
+
+
+def mask_from_indices(idx: torch.Tensor, d: int, valid: torch.Tensor) -> torch.Tensor:
+    mask = torch.zeros((*idx.shape[:-1], d), dtype=torch.bool, device=idx.device)
+    mask.scatter_(-1, idx, True)
+    return mask & valid[..., None]
+
+
+_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)  # numpy.packbits, bitorder="big"
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """[..., d] bool -> [..., ceil(d/8)] uint8, byte for byte numpy.packbits(mask, axis=-1)."""
+    d = mask.shape[-1]
+    bits = torch.nn.functional.pad(mask.to(torch.uint8), (0, -d % 8))
+    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=mask.device)
+    return (bits.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
+
+
+# --- value encoding -------------------------------------------------------------------------------------
+def quantize_int8(values16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hskstore.codec.quantize_int8 on tensors: (int8 codes, fp16 scale [...])."""
+    v = values16.float()
+    scale16 = (v.abs().amax(dim=-1) / _const(127.0, v)).to(torch.float16)
+    scale = scale16.float()
+    safe = torch.where(scale > 0, scale, _const(1.0, scale))[..., None]
+    return torch.clamp(torch.round(v / safe), -127, 127).to(torch.int8), scale16
+
+
+def _grouped(values: torch.Tensor) -> torch.Tensor:
+    n = values.shape[-1]
+    padded = torch.nn.functional.pad(values.float(), (0, codec.n_groups(n) * codec.GROUP - n))
+    return padded.view(*values.shape[:-1], -1, codec.GROUP)
+
+
+def quantize_int4_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    grouped = _grouped(values)
+    scale16 = (grouped.abs().amax(dim=-1) / _const(codec.INT4_MAX, grouped)).to(torch.float16)
+    scale = scale16.float()
+    safe = torch.where(scale > 0, scale, _const(1.0, scale))[..., None]
+    q = torch.clamp(torch.round(grouped / safe), -codec.INT4_MAX, codec.INT4_MAX).to(torch.int8)
+    return q.flatten(-2)[..., : values.shape[-1]], scale16
+
+
+def _power_of_two(exp: torch.Tensor) -> torch.Tensor:
+    """2^exp as float32 for integer exp in [-127, 127], from its bits (2^-127 is subnormal)."""
+    bits = torch.where(exp >= -126, (exp + 127) << 23, torch.full_like(exp, 1 << 22))
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def quantize_mxfp4_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    grouped = _grouped(values)
+    peak = grouped.abs().amax(dim=-1)
+    exp = torch.frexp(peak).exponent.to(torch.int64) - 1 - codec.E2M1_EMAX
+    exp = torch.where(peak > 0, exp.clamp(-codec.E8M0_BIAS, codec.E8M0_BIAS), -codec.E8M0_BIAS)
+    mag = torch.minimum(grouped.abs() / _power_of_two(exp)[..., None], _const(float(codec.E2M1_GRID[-1]), grouped))
+    mids = torch.from_numpy(codec._E2M1_MID).to(grouped.device)
+    idx = torch.searchsorted(mids, mag.contiguous(), side="left")
+    nearest_mid = mids[idx.clamp(max=len(mids) - 1)]
+    tie_up = (idx < len(mids)) & (idx % 2 == 1) & (mag == nearest_mid)  # ties to the even code
+    idx = torch.where(tie_up, idx + 1, idx)
+    codes = idx | torch.where((grouped < 0) & (idx > 0), 8, 0)
+    scale = (exp + codec.E8M0_BIAS).to(torch.uint8)
+    return codes.to(torch.int8).flatten(-2)[..., : values.shape[-1]], scale
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    nib = (codes.to(torch.int16) & 0xF).to(torch.uint8)
+    nib = torch.nn.functional.pad(nib, (0, nib.shape[-1] % 2))
+    return nib[..., 0::2] | (nib[..., 1::2] << 4)
+
+
+def encode_kept(values16: torch.Tensor, value_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hskstore.codec.encode_kept on tensors (4-bit via int8, as the reference)."""
+    if value_dtype == "float16":
+        return values16, None
+    codes8, scale8 = quantize_int8(values16)
+    if value_dtype == "int8":
+        return codes8, scale8
+    if value_dtype not in codec.FOUR_BIT:
+        raise ValueError(f"unknown value dtype {value_dtype!r}")
+    dequantized = codes8.float() * scale8.float()[..., None]
+    quantize = quantize_int4_values if value_dtype == "int4" else quantize_mxfp4_values
+    codes, scale = quantize(dequantized)
+    return pack_nibbles(codes), scale
+
+
+# --- attention rows -------------------------------------------------------------------------------------
+def attention_rows(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
+                   num_heads: int, max_length: int) -> torch.Tensor:
+    """pipelines.dump.targets.attention_rows, kept on the device: float16 [B, heads, N^L, max_length]."""
+    b, t, d = k.shape
+    n = positions.shape[1]
+    head = d // num_heads
+    idx = positions.clamp(min=0).to(torch.int64)
+    rows = q.float().gather(1, idx[..., None].expand(-1, -1, d))
+    scores = torch.einsum(
+        "bnhe,bthe->bhnt", rows.view(b, n, num_heads, head), k.float().view(b, t, num_heads, head)
+    ) / math.sqrt(head)  # the reference's own torch expression: the same rounding
+    keys = torch.arange(t, device=k.device)[None, :] < lengths[:, None]
+    keep = (positions >= 0)[:, None, :, None] & keys[:, None, None, :]
+    kept = torch.where(keep, scores.clamp(-FP16_MAX, FP16_MAX), _const(0.0, scores)).to(torch.float16)
+    return torch.nn.functional.pad(kept, (0, max_length - t))
+
+
+# --- one batch ------------------------------------------------------------------------------------------
+@dataclass
+class _Ranked:
+    positions: torch.Tensor
+    scores: torch.Tensor
+
+
+def _layer_arrays(probe: ProbeOutput, selection: Selection, teacher_layer: int, ranked: _Ranked) -> dict:
+    hidden = probe.hidden[teacher_layer]
+    idx = ranked.positions.clamp(min=0).to(torch.int64)
+    vectors = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1])).float()
+    valid = ranked.positions >= 0
+    n_width = selection.n_width
+    kept = kept_indices(vectors, n_width, selection.width_strategy, selection.width_seed)
+    mask = mask_from_indices(kept, vectors.shape[-1], valid)
+    values16 = torch.where(valid[..., None], vectors.gather(-1, kept).to(torch.float16),
+                           torch.zeros((), dtype=torch.float16, device=vectors.device))
+    values, scale = encode_kept(values16, selection.value_dtype)
+    arrays = {"positions": ranked.positions, "scores": ranked.scores, "values": values, "masks": pack_mask(mask)}
+    if scale is not None:
+        arrays["scale"] = scale
+    return arrays
+
+
+@torch.inference_mode()
+def select_batch(
+    probe: ProbeOutput,
+    input_ids: np.ndarray,
+    lengths: np.ndarray,
+    selection: Selection,
+    sep_id: int | None,
+    max_length: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """pipelines.dump.targets.encode_batch computed on the probe's device: the same arrays, as tensors there."""
+    if selection.attention_rows and max_length is None:
+        raise ValueError("select_batch: a selection with attention rows needs the store's max_length")
+    out = {"logits": probe.logits.float()}
+    if selection.config.logits_only:
+        return out
+    device = probe.logits.device
+    ids = torch.from_numpy(np.ascontiguousarray(input_ids)).to(device, non_blocking=True)
+    lens = torch.from_numpy(np.asarray(lengths).astype(np.int64)).to(device, non_blocking=True)
+    eligible = eligible_tokens(ids, lens, sep_id, exclude_sep=selection.token_strategy == "att-nosep")
+    ranked: dict[int, _Ranked] = {}
+    for name, teacher_layer, ranking_layer in zip(
+        layer_names(len(selection.teacher_layers)), selection.teacher_layers, selection.ranking_layers
+    ):
+        if ranking_layer not in ranked:  # layers ranked by the same attention share the ranking
+            scores = ranking_scores(probe.cls_scores[ranking_layer], lens, lengths, selection.attention_scores)
+            ranked[ranking_layer] = _Ranked(*rank_tokens(scores, eligible, selection.config.n_tokens,
+                                                          selection.token_strategy))
+        for part, array in _layer_arrays(probe, selection, teacher_layer, ranked[ranking_layer]).items():
+            out[f"{name}/{part}"] = array
+        if selection.attention_rows and teacher_layer >= 1:
+            q, k = probe.qk[teacher_layer]
+            out[f"{name}/attention"] = attention_rows(q, k, ranked[ranking_layer].positions, lens,
+                                                      selection.attention_heads, max_length)
+    return out
+
+
+# --- the way to the host ----------------------------------------------------------------------------------
+@dataclass
+class HostCopies:
+    """Reused pinned host buffers the selected arrays are copied into without waiting (CUDA).
+
+    `slots` sets of buffers rotate, so a batch's copy never lands in buffers the host still reads:
+    the dump keeps at most two batches in flight (one being placed, one copying). On the CPU the
+    tensors already are host memory: `start` hands their numpy views back, no copy and no event.
+    """
+
+    slots: int = 3
+    _buffers: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    _turn: int = 0
+
+    def start(self, arrays: dict[str, torch.Tensor]) -> tuple[dict[str, object], torch.cuda.Event | None]:
+        first = next(iter(arrays.values()))
+        if first.device.type != "cuda":
+            return {name: t.numpy() for name, t in arrays.items()}, None
+        if not self._buffers:
+            self._buffers = [{} for _ in range(self.slots)]
+        slot = self._buffers[self._turn % self.slots]
+        self._turn += 1
+        views = {}
+        for name, t in arrays.items():
+            buf = slot.get(name)
+            if buf is None or buf.shape[0] < t.shape[0] or buf.shape[1:] != t.shape[1:] or buf.dtype != t.dtype:
+                buf = slot[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            views[name] = buf[: t.shape[0]].copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return views, done
+
+
+def host_arrays(views: dict[str, object], done: torch.cuda.Event | None) -> dict[str, np.ndarray]:
+    """The copied arrays as numpy (views of the pinned buffers: read them before the slot comes round again)."""
+    if done is not None:
+        done.synchronize()
+    return {name: v.numpy() if isinstance(v, torch.Tensor) else v for name, v in views.items()}
+
+
+def encode_batch_on_device(probe: ProbeOutput, *args) -> dict[str, np.ndarray]:
+    """`select_batch` with its results brought to the host in fresh arrays (online training's targets)."""
+    return {name: t.cpu().numpy() for name, t in select_batch(probe, *args).items()}
