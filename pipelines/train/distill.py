@@ -120,21 +120,21 @@ def _pairs(stages: list[Stage], source: Source, info: StudentInfo, log: Callable
     ]
 
 
-def _identity(options: TrainOptions, student: str, source: Source, batch_size: int, method, method_options,
-              ranks: Ranks) -> dict:
-    """What a checkpoint must share with the run that resumes it (the ranks too: each streams its own shards)."""
-    more = {"world_size": ranks.world_size} if ranks.distributed else {}
+def _identity(options: TrainOptions, student: str, source: Source, batch_size: int, method, method_options) -> dict:
+    """What a checkpoint must share with the run that resumes it. Not the number of ranks: the data order
+    is one global order that every rank count slices (stream.global_plan). Not the store's path either:
+    the order follows the store's content address, so a store copied elsewhere (or to S3) resumes."""
     return {
         "student": student,
         "mode": source.mode,
-        "source": str(source.store.url),
+        "source": getattr(source.store, "content_address", None) or str(source.store.url),
         "inputs": source.meta.get("inputs_hash") or source.meta["dataset"]["fingerprint"],
         "selection": source.meta["selection"],
         "method": method.name,
         "method_options": json.loads(json.dumps(asdict(method_options), default=str)),
         "batch_size": batch_size,
         "seed": options.seed,
-        **more,
+        "shuffle_window": options.buffer_shards,
     }
 
 
@@ -225,7 +225,7 @@ def _train(
         mark_output(str(out), RUN_KIND, method=method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
     checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
-                              _identity(options, student, source, batch_size, method, method_options, ranks))
+                              _identity(options, student, source, batch_size, method, method_options))
     state = checkpoints.resume(options.resume, out, log)
     if state is not None and state["position"]["stage_index"] >= len(stages) and (out / "summary.json").exists():
         log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
