@@ -167,24 +167,24 @@ def test_resume_mid_epoch_continues_exactly(store):
         late.load_state_dict({"epoch": 0, "batches_done": per_epoch + 1, "seed": 7})
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_ranks_take_disjoint_complete_shards(store, drop_last):
+def test_ranks_take_disjoint_slices_of_the_one_process_batches(store):
+    """N ranks of local batch b see, step by step, the batches of one process of batch N*b (split);
+    a global batch cannot split over the ranks when partial, so N ranks drop the epoch's last one."""
     world = 3
-    streams = [StoreStream(store, batch_size=4, rank=r, world_size=world, seed=3, drop_last=drop_last)
-               for r in range(world)]
+    streams = [StoreStream(store, batch_size=4, rank=r, world_size=world, seed=3) for r in range(world)]
+    alone = StoreStream(store, batch_size=4 * world, seed=3, names=["row"])
     for epoch in range(2):
-        seen = []
+        alone.set_epoch(epoch)
+        expected = [set(b) for b in rows_of(alone)][: 67 // 12]
+        per_rank = []
         for s in streams:
             s.set_epoch(epoch)
-            n = len(s)
-            batches = rows_of(s)
-            assert len(batches) == n
-            seen.append({r for b in batches for r in b})
-        assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])
-        if drop_last:  # DDP lockstep: every rank the same number of full batches
-            assert len({len(s) for s in streams}) == 1
-        else:
-            assert set().union(*seen) == set(range(67))
+            assert len(s) == 67 // 12  # DDP lockstep: every rank the same number of full batches
+            per_rank.append(rows_of(s))
+        for step, slices in enumerate(zip(*per_rank)):
+            assert [len(x) for x in slices] == [4] * world
+            assert set().union(*map(set, slices)) == expected[step]
+            assert len(set().union(*map(set, slices))) == 12  # disjoint
     with pytest.raises(ValueError, match="fewer than the 10 ranks"):
         StoreStream(store, batch_size=4, rank=0, world_size=10)
 

@@ -182,21 +182,21 @@ def _pairs(stages: list[Stage], source: Source, info: StudentInfo, log: Callable
     ]
 
 
-def _identity(options: TrainOptions, student: str, source: Source, batch_size: int, method, method_options,
-              ranks: Ranks) -> dict:
-    """What a checkpoint must share with the run that resumes it (the ranks too: each streams its own shards)."""
-    more = {"world_size": ranks.world_size} if ranks.distributed else {}
+def _identity(options: TrainOptions, student: str, source: Source, batch_size: int, method, method_options) -> dict:
+    """What a checkpoint must share with the run that resumes it. Not the number of ranks: the data order
+    is one global order that every rank count slices (stream.global_plan). Not the store's path either:
+    the order follows the store's content address, so a store copied elsewhere (or to S3) resumes."""
     return {
         "student": student,
         "mode": source.mode,
-        "source": str(source.store.url),
+        "source": getattr(source.store, "content_address", None) or str(source.store.url),
         "inputs": source.meta.get("inputs_hash") or source.meta["dataset"]["fingerprint"],
         "selection": source.meta["selection"],
         "method": method.name,
         "method_options": json.loads(json.dumps(asdict(method_options), default=str)),
         "batch_size": batch_size,
         "seed": options.seed,
-        **more,
+        "shuffle_window": options.buffer_shards,
     }
 
 
@@ -330,7 +330,7 @@ def _train(
     batch_size = options.batch_size or source.task.batch_size
     _check_ranks(ranks, batch_size, source)
     checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
-                              _identity(options, student, source, batch_size, method, method_options, ranks))
+                              _identity(options, student, source, batch_size, method, method_options))
     finished = (out / "summary.json").exists()
     state = checkpoints.resume(options.resume, out, log, finished=finished)
     finished_same = (state["position"]["stage_index"] >= len(stages) if state is not None

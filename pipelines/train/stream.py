@@ -45,14 +45,65 @@ class StreamStats:
 
 @dataclass
 class _Group:
-    """One fill of the shuffle buffer: carried rows first, then the rows of `shards` in order."""
+    """One window of the epoch's global order: carried rows first, then the rows of `shards` in order."""
 
     shards: list[int]
-    pool_rows: np.ndarray  # global row of each buffer slot
-    n_carry: int  # the first n_carry slots are rows carried over from earlier groups
-    batches: list[np.ndarray]  # buffer slots of each batch this group emits
-    carry_out: np.ndarray  # buffer slots carried into the next group
+    pool_rows: np.ndarray  # global row of each window slot
+    n_carry: int  # the first n_carry slots are rows carried over from earlier windows
+    batches: list[np.ndarray]  # window slots of each global batch this window emits
+    carry_out: np.ndarray  # window slots carried into the next window
+
+
+@dataclass
+class _Part:
+    """One rank's share of a window: its slice (global row ids) of each of the window's global batches."""
+
+    shards: list[int]
+    batches: list[np.ndarray]
     first_batch: int = 0  # epoch-wide index of batches[0]
+
+
+def _rng(seed: int, *key: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *key])
+
+
+def global_plan(layout, global_batch: int, epoch: int, *, seed: int = 0, shuffle: bool = True, window: int = 4,
+                drop_last: bool = False) -> list[_Group]:
+    """The epoch's global batches, from the store's layout alone (n_shards, shard_bounds): a pure
+    function of (rows and shards of the store, seed, epoch, global batch, window, shuffle, drop_last).
+
+    The shard order is permuted (seeded by seed, epoch); the shards are taken `window` at a time and
+    each window's rows, with the rows the previous window left over (fewer than a batch), are
+    permuted (seeded by seed, epoch, window index) and cut into global batches. The number of ranks
+    plays no part: each rank takes its slice of every global batch (`rank_slice`).
+    """
+    n = layout.n_shards
+    order = _rng(seed, epoch).permutation(n) if shuffle else np.arange(n)
+    shards = [int(s) for s in order]
+    groups: list[_Group] = []
+    carried = np.empty(0, dtype=np.int64)
+    chunks = [shards[i : i + window] for i in range(0, len(shards), window)]
+    for g, chunk in enumerate(chunks):
+        rows = np.concatenate([carried] + [np.arange(*layout.shard_bounds(s)) for s in chunk])
+        # key (seed, epoch, 0, g): the rank-0-of-1 key of earlier versions, so one process keeps its order
+        perm = _rng(seed, epoch, 0, g).permutation(len(rows)) if shuffle else np.arange(len(rows))
+        full, rest = divmod(len(rows), global_batch)
+        last = g == len(chunks) - 1
+        emit = full + (1 if last and rest and not drop_last else 0)
+        batches = [perm[i * global_batch : (i + 1) * global_batch] for i in range(emit)]
+        carry_out = perm[full * global_batch :] if not last else np.empty(0, dtype=np.int64)
+        groups.append(_Group(chunk, rows, len(carried), batches, carry_out))
+        carried = rows[carry_out]
+    return groups
+
+
+def rank_slice(rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank `rank`'s rows of a global batch: one process keeps the batch's order; N ranks split the
+    batch sorted by row id into N equal parts (a partial last batch as evenly as it goes), so a rank's
+    rows sit in few shards and it reads only those."""
+    if world_size == 1:
+        return rows
+    return np.array_split(np.sort(rows), world_size)[rank]
 
 
 class _Prefetcher:
@@ -144,7 +195,7 @@ class StoreStream:
         self.epoch = 0
         self.batches_done = 0
         self.stats = StreamStats()
-        self._plan_cache: tuple[tuple, list[_Group], int] | None = None
+        self._plan_cache: tuple[tuple, list[_Part], int] | None = None
         self._buffer = 0
         self._queued = 0
 
@@ -161,48 +212,27 @@ class StoreStream:
         return [n for n in known if n in wanted]  # store order: digests are checked in that order
 
     # --- the plan ------------------------------------------------------------------------------
-    def _rng(self, *key: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, *key])
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
 
-    def _shard_order(self, epoch: int) -> np.ndarray:
-        n = self.store.n_shards
-        return self._rng(epoch).permutation(n) if self.shuffle else np.arange(n)
+    def _global_plan(self, epoch: int) -> list[_Group]:
+        return global_plan(self.store, self.global_batch, epoch, seed=self.seed, shuffle=self.shuffle,
+                           window=self.buffer_shards, drop_last=self.drop_last or self.world_size > 1)
 
-    def _shard_rows(self, shard: int) -> int:
-        start, stop = self.store.shard_bounds(int(shard))
-        return stop - start
-
-    def _plan(self, epoch: int) -> tuple[list[_Group], int]:
-        """This rank's buffer fills for the epoch and its batch count, from the layout alone."""
+    def _plan(self, epoch: int) -> tuple[list[_Part], int]:
+        """This rank's slices of the epoch's global batches, grouped by window, and their count."""
         key = (epoch, self.seed)
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1], self._plan_cache[2]
-        order = self._shard_order(epoch)
-        mine = [int(s) for s in order[self.rank :: self.world_size]]
-        size = self.batch_size
-        groups: list[_Group] = []
-        carried = np.empty(0, dtype=np.int64)
-        chunks = [mine[i : i + self.buffer_shards] for i in range(0, len(mine), self.buffer_shards)]
+        parts: list[_Part] = []
         n_batches = 0
-        for g, shards in enumerate(chunks):
-            rows = np.concatenate([carried] + [np.arange(*self.store.shard_bounds(s)) for s in shards])
-            perm = (self._rng(epoch, self.rank, g).permutation(len(rows)) if self.shuffle
-                    else np.arange(len(rows)))
-            full, rest = divmod(len(rows), size)
-            last = g == len(chunks) - 1
-            emit = full + (1 if last and rest and not self.drop_last else 0)
-            batches = [perm[i * size : (i + 1) * size] for i in range(emit)]
-            carry_out = perm[full * size :] if not last else np.empty(0, dtype=np.int64)
-            groups.append(_Group(shards, rows, len(carried), batches, carry_out, n_batches))
-            n_batches += emit
-            carried = rows[carry_out]
-        if self.drop_last and self.world_size > 1:
-            # equal counts on every rank, or DDP's collective ops would wait for the ranks that ended
-            per_rank = [sum(self._shard_rows(s) for s in order[r :: self.world_size]) // size
-                        for r in range(self.world_size)]
-            n_batches = min(per_rank)
-        self._plan_cache = (key, groups, n_batches)
-        return groups, n_batches
+        for group in self._global_plan(epoch):
+            batches = [rank_slice(group.pool_rows[slots], self.rank, self.world_size) for slots in group.batches]
+            parts.append(_Part(group.shards, batches, n_batches))
+            n_batches += len(batches)
+        self._plan_cache = (key, parts, n_batches)
+        return parts, n_batches
 
     def __len__(self) -> int:
         """Batches in the current epoch for this rank (all of them, not only those still to come)."""
@@ -253,19 +283,6 @@ class StoreStream:
         return {name: np.empty((n, *self.store.specs[name].shape[1:]), dtype=self.store.specs[name].dtype)
                 for name in self.names}
 
-    def _carried_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The rows a resumed group starts with, read from the shards that hold them (one at a time)."""
-        out = self._empty_pool(len(rows))
-        shard_rows = self.store.meta["layout"]["shard_rows"]
-        for shard in np.unique(rows // shard_rows):
-            self.stats.shards_read.append(int(shard))
-            data = self._read(int(shard))
-            start = self.store.shard_bounds(int(shard))[0]
-            here = np.flatnonzero(rows // shard_rows == shard)
-            for name in self.names:
-                out[name][here] = data[name][rows[here] - start]
-        return out
-
     def _batch(self, pool: dict[str, np.ndarray], slots: np.ndarray) -> dict[str, np.ndarray]:
         out = {}
         width = max(1, int(pool["length"][slots].max())) if "length" in pool else None
@@ -274,56 +291,83 @@ class StoreStream:
             out[name] = arr[slots, :width] if name in TRIMMED else arr[slots]
         return out
 
+    def _schedule(self, parts: list[_Part], start: int) -> tuple[list[list[int]], np.ndarray]:
+        """The shards each remaining part reads (those holding its rows that no earlier part read, so
+        every shard is read at most once per pass), and the part that uses each row (-1: none)."""
+        shard_rows = self.store.meta["layout"]["shard_rows"]
+        when = np.full(len(self.store), -1, dtype=np.int64)
+        reads, done = [], set()
+        for k, part in enumerate(parts):
+            mine = [b for i, b in enumerate(part.batches) if part.first_batch + i >= start]
+            rows = np.concatenate(mine) if mine else np.empty(0, dtype=np.int64)
+            when[rows] = k
+            needed = {int(s) for s in np.unique(rows // shard_rows)} - done
+            # rows carried from earlier windows first (their shards, ascending), then the window's order
+            ordered = sorted(needed - set(part.shards)) + [s for s in part.shards if s in needed]
+            reads.append(ordered)
+            done |= needed
+        return reads, when
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """The rest of the current epoch's batches; once they are all out, the epoch counter moves on."""
-        groups, total = self._plan(self.epoch)
+        parts, total = self._plan(self.epoch)
         start = self.batches_done
         self.stats = StreamStats()
         self._buffer = self._queued = 0
-        todo = [g for g in groups if g.first_batch + len(g.batches) > start and g.first_batch < total]
+        todo = [p for p in parts if p.first_batch + len(p.batches) > start and p.first_batch < total]
         if todo:
-            first = todo[0]
-            # a skipped group passed rows on to this one: fetch just those, not the skipped groups
-            carried = self._carried_rows(first.pool_rows[: first.n_carry]) if first.n_carry else None
-            reader = _Prefetcher(self._read, [s for g in todo for s in g.shards], self.workers, self.stats,
+            # a resumed pass reads only the shards holding rows still to come, skipped windows' not
+            reads, when = self._schedule(todo, start)
+            reader = _Prefetcher(self._read, [s for r in reads for s in r], self.workers, self.stats,
                                  self._on_submit)
             try:
-                yield from self._run(todo, start, total, reader, carried)
+                yield from self._run(todo, reads, when, start, total, reader)
             finally:
                 reader.close()
         if self.batches_done >= total:  # a finished epoch moves on, so state_dict() points at the next
             self.epoch += 1
             self.batches_done = 0
 
-    def _run(self, todo: list[_Group], start: int, total: int, reader: _Prefetcher,
-             carried: dict[str, np.ndarray] | None) -> Iterator[dict[str, np.ndarray]]:
-        for group in todo:
-            pool = self._empty_pool(len(group.pool_rows))
-            if group.n_carry:
-                for name in self.names:
-                    pool[name][: group.n_carry] = carried[name]
-            offset = group.n_carry
-            for expected in group.shards:
-                shard, data = reader.next()
-                assert shard == expected, (shard, expected)
-                self._queued -= 1
-                self._buffer += 1
-                self._note()
-                n = len(data[self.names[0]])
-                for name in self.names:
-                    pool[name][offset : offset + n] = data[name]
-                offset += n
-                del data
-            for i, slots in enumerate(group.batches):
-                index = group.first_batch + i
+    def _fill(self, k: int, shards: list[int], when: np.ndarray, held: dict[str, np.ndarray], held_rows: np.ndarray,
+              reader: _Prefetcher) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Part k's pool: the rows kept from earlier parts, then the rows of its shards used now or later."""
+        pieces, rows = [held], [held_rows]
+        for expected in shards:
+            shard, data = reader.next()
+            assert shard == expected, (shard, expected)
+            self._queued -= 1
+            self._buffer += 1
+            self._note()
+            shard_rows = np.arange(*self.store.shard_bounds(shard))
+            keep = when[shard_rows] >= k
+            if keep.all():
+                pieces.append(data)
+            else:
+                pieces.append({name: arr[keep] for name, arr in data.items()})
+            rows.append(shard_rows[keep])
+            del data
+        pool = {name: np.concatenate([p[name] for p in pieces]) for name in self.names}
+        return pool, np.concatenate(rows)
+
+    def _run(self, todo: list[_Part], reads: list[list[int]], when: np.ndarray, start: int, total: int,
+             reader: _Prefetcher) -> Iterator[dict[str, np.ndarray]]:
+        slot = np.full(len(self.store), -1, dtype=np.int64)  # row id -> its place in the pool
+        held, held_rows = self._empty_pool(0), np.empty(0, dtype=np.int64)
+        for k, part in enumerate(todo):
+            pool, pool_rows = self._fill(k, reads[k], when, held, held_rows, reader)
+            slot[pool_rows] = np.arange(len(pool_rows))
+            for i, rows in enumerate(part.batches):
+                index = part.first_batch + i
                 if index < start:
                     continue
                 if index >= total:
                     return
-                batch = self._batch(pool, slots)
+                batch = self._batch(pool, slot[rows])
                 self.batches_done = index + 1  # counted before the yield: a checkpoint taken after
                 yield batch  # the step that consumed this batch must not replay it
-            carried = {name: arr[group.carry_out] for name, arr in pool.items()}
+            later = when[pool_rows] > k  # rows carried into later windows stay; the rest can go
+            held = {name: arr[later] for name, arr in pool.items()}
+            held_rows = pool_rows[later]
             del pool
             self._buffer = 0
 
