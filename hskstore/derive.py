@@ -294,6 +294,8 @@ def derive(
         "created": src_meta.get("created"),
         "checksums": src_meta["checksums"],
         "content_address": source.content_address,
+        # lineage: what was asked of the derive (attention_rows None: the source's rows kept when it has them)
+        "options": {"config": str(config), "value_dtype": value_dtype, "attention_rows": attention_rows},
     }
     if src_meta.get("derived_from"):
         derived_from["derived_from"] = src_meta["derived_from"]  # keep the chain back to the dump

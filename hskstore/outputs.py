@@ -367,3 +367,23 @@ def _made_by_hsk(path: Path) -> bool:
         return not path.is_symlink() and path.is_dir() and output_kind(str(path)) is not None
     except OutputError:
         return False
+
+
+def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Path:
+    """The output rule for commands that write one local file (a catalog page, a parquet export).
+
+    Nothing there: "new". A file `recognise(path)` says this command wrote: replaced only with
+    `overwrite` (write it to `staged_path(path)` and `os.replace` it in). Anything else (a folder, a
+    link, a foreign file) is refused with one line and left untouched.
+    """
+    p = local_path(path)
+    if not is_local(str(path)):
+        raise OutputError(f"{path}: {kind} outputs are local files; write it here, then copy it where it goes")
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path))}")
+    if p.exists():
+        if not recognise(p):
+            raise OutputError(f"{path} exists and is not a {kind} hsk wrote: {_what_to_do(str(path))}")
+        if not overwrite:
+            raise OutputError(f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another path")
+    return p

@@ -38,9 +38,11 @@ import zarr
 
 from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, write_card
+from .croissant import write_croissant
 from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease
+from .lineage import data_origin
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .outputs import (
     LEASE_NAME,
@@ -389,11 +391,14 @@ class StoreWriter:
             [checksums["input_ids"].encode(), checksums["token_type_ids"].encode()]
         )
         meta["complete"] = True
+        if "data_origin" not in meta:  # lineage: the data file's sha256 (or hub id); derived stores inherit it
+            meta["data_origin"] = data_origin((meta.get("dataset") or {}).get("source", ""))
         meta.pop(MANIFEST_KEY, None)
         meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(self.group))
         self.group.attrs[META_KEY] = meta
         self.meta = meta
         write_card(self.group, meta, [spec.name for spec in self.specs], self.url)  # README.md at the root
+        write_croissant(self.group, meta, [spec.name for spec in self.specs], self.url)  # croissant.json beside it
         return meta
 
 

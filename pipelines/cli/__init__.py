@@ -48,6 +48,7 @@ RESUMABLE = {"dump", "derive", "train", "sweep"}
 # Registering the commands (imported for their @app.command side effect).
 from . import (  # noqa: E402,F401
     bundle_commands,
+    share_commands,
     store_commands,
     student_commands,
     sweep_commands,

@@ -19,18 +19,24 @@ def pack(
     The bundle is written under a temporary name, checked against the store's checksums and only
     then renamed to OUT; packing the same store twice gives the same bytes.
 
+    Beside the bundle it writes NAME.croissant.json (Croissant 1.1): the bundle file with its sha256
+    (a bundle cannot hold its own hash; the croissant.json inside it describes the store).
+
     Example: hsk pack sst2.zarr sst2.hsk.zip && hsk info sst2.hsk.zip
     """
     from tqdm.auto import tqdm
 
     from hskstore.bundle import pack as pack_store
+    from hskstore.croissant import claim_sibling, write_bundle_croissant
 
+    sibling = claim_sibling(out, overwrite=overwrite)  # refused before any work, like the bundle itself
     path = pack_store(
         store, out, overwrite=overwrite,
         progress=lambda keys: tqdm(keys, desc="pack", unit="object", disable=not progress or None),
     )
+    write_bundle_croissant(path, sibling)
     typer.echo(f"packed {store} -> {path} ({path.stat().st_size / 2**20:.1f} MiB; read it directly: "
-               f"`hsk info {path}`, `hsk train --store {path} ...`)")
+               f"`hsk info {path}`, `hsk train --store {path} ...`; Croissant metadata: {sibling})")
 
 
 @app.command()

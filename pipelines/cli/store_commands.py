@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,15 +126,21 @@ def dump(
     threads_per_worker: int = typer.Option(
         None, help="With --workers/--scheduler: torch CPU threads per worker [default: cores / workers]. On CPU "
         "the last bits of float32 logits depend on it: equal threads give a single-process dump's bytes."),
+    license: str = typer.Option(
+        None, "--license", help="The store's licence (e.g. an SPDX id such as cc-by-4.0), from what the teacher's "
+        "and the data's licences allow; recorded in the metadata and croissant.json [default: unknown, said so]."),
+    creator: str = typer.Option(
+        None, "--creator", help="Who made the store (a person or team; several separated by ';'); in croissant.json."),
 ) -> None:
     # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
     parsed = HSKConfig.parse(config) if config and objective == "task" else None
     explicit_layers = _int_list(layers)
     from pipelines.core.devices import pick_device
 
+    sharing = _sharing(license, creator)
     if objective == "mlm":
         _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
-                  batch_size, shard_rows, pick_device(device), overwrite, progress)
+                  batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
     if objective != "task":
         raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
@@ -164,6 +171,7 @@ def dump(
         overwrite=overwrite,
         progress=progress,
         allow_task_mismatch=allow_task_mismatch,
+        extra_meta=sharing,
     )
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
     task = get_task(task).name
@@ -187,8 +195,18 @@ def dump(
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 
 
+def _sharing(license: str | None, creator: str | None) -> dict:
+    """What `--license`/`--creator` put in the metadata (key `sharing`); nothing when neither is given."""
+    if license is not None and not license.strip():
+        raise ValueError("--license needs a value (e.g. cc-by-4.0, or leave it out: the store then says unknown)")
+    creators = [name.strip() for name in (creator or "").split(";") if name.strip()]
+    if not license and not creators:
+        return {}
+    return {"sharing": {"license": license.strip() if license else None, "creators": creators}}
+
+
 def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length, batch_size,
-              shard_rows, device, overwrite, progress) -> None:
+              shard_rows, device, overwrite, progress, sharing) -> None:
     from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 
     if not teacher or not out:
@@ -197,7 +215,7 @@ def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, ma
     corpus = load_corpus(text_file, data_file, text_columns, limit)
     dump_mlm(teacher, out, corpus, top_k=top_k, masking=Masking(mask_seed=mask_seed), max_length=max_length or 128,
              batch_size=batch_size, shard_rows=shard_rows, device=device, overwrite=overwrite, progress=progress,
-             log=typer.echo)
+             log=typer.echo, extra_meta=sharing)
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 
 
@@ -211,6 +229,7 @@ def info(
     from hskstore.card import CARD_NAME, read_card, render_card, store_name
     from hskstore.errors import printable
     from hskstore.info import format_report, storage_report
+    from hskstore.lineage import chain, format_chain
     from hskstore.reader import open_store
 
     s = open_store(store, allow_incomplete=True)
@@ -223,11 +242,15 @@ def info(
         typer.echo(printable(text, keep_newlines=True), nl=False)
         return
     report = storage_report(s)
+    ancestors = chain(s.url, s.meta)  # lineage: root metadata of each reachable ancestor only
     if as_json:
-        doc = {"content_address": s.content_address, "meta": s.meta, "storage": report, "card": text}
+        doc = {"content_address": s.content_address, "meta": s.meta, "storage": report, "card": text,
+               "lineage": [dataclasses.asdict(a) for a in ancestors]}
         typer.echo(json.dumps(doc, indent=2, default=str))
     else:
         typer.echo(format_report(s, report))
+        if ancestors:
+            typer.echo("\n".join(["", "lineage (nearest first)", *format_chain(ancestors)]))
         typer.echo(f"card           {CARD_NAME} in the store (`hsk info --card {store}` prints it)" if text else
                    "card           none yet (written when the store is finalized)")
 

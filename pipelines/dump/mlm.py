@@ -228,8 +228,10 @@ def dump_mlm(
     overwrite: bool = False,
     progress: bool = True,
     log=print,
+    extra_meta: dict | None = None,
 ) -> dict:
-    """Write (or finish) the MLM store at `out`; returns its metadata."""
+    """Write (or finish) the MLM store at `out`; returns its metadata. `extra_meta`: more hsk metadata
+    (e.g. `sharing`: licence and creators)."""
     masking.check()
     tokenizer = load_tokenizer(teacher)
     if tokenizer.mask_token_id is None:
@@ -238,6 +240,7 @@ def dump_mlm(
     if not 1 <= top_k <= model.config.vocab_size:
         raise ValueError(f"--top-k {top_k} must be in 1..{model.config.vocab_size} (the teacher's vocabulary)")
     meta = mlm_metadata(corpus, teacher, model, tokenizer, masking, max_length, top_k, shard_rows)
+    meta.update(extra_meta or {})
     # The same output rule, writer lease and staged --overwrite as every store (hskstore/writer.py).
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:

@@ -1,0 +1,80 @@
+"""`hsk catalog`, `hsk export`: find the stores a team has, and hand one to a standard loader."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from . import app
+
+_LOCATIONS = typer.Argument(..., help="Local folders, s3:// (or other fsspec) prefixes, stores, bundles.")
+
+
+@app.command()
+def catalog(
+    locations: list[str] = _LOCATIONS,
+    task: str = typer.Option(None, "--task", help="Only stores of this task (sst2, mlm, ...)."),
+    teacher: str = typer.Option(None, "--teacher", help="Only stores of this teacher: weights hash (a prefix is "
+                                "enough) or part of its name."),
+    config: str = typer.Option(None, "--config", help="Only stores of this config, e.g. 3,8,0.2."),
+    values: str = typer.Option(None, "--values", help="Only stores whose values are float16, int8, int4 or mxfp4."),
+    derived_from: str = typer.Option(None, "--derived-from", help="Only stores derived (at any depth) from the "
+                                     "store with this content address (a prefix is enough)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON (cards included)."),
+    html_out: str = typer.Option(None, "--html", help="Also write a self-contained HTML page of the listing here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a catalog page hsk wrote at --html."),
+) -> None:
+    """List the stores and bundles under folders and prefixes, from their root metadata only (never chunks).
+
+    Columns: content address, task, split, rows, teacher hash, config, values codec, bytes, created,
+    parent (the store it was derived from), status, URL. A damaged or incomplete store is listed as
+    such (`hsk verify` checks one). --html writes a static page to publish next to the bucket: a
+    table sorted and filtered in the browser, each store's card, links from a store to its parent.
+
+    Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html catalog.html
+    """
+    from hskstore.catalog import Filters, format_table, is_catalog_page, render_html, to_json
+    from hskstore.catalog import catalog as list_stores
+    from hskstore.outputs import claim_file_output
+
+    page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
+    try:
+        entries = list_stores(locations, Filters(task, teacher, config, values, derived_from))
+    except FileNotFoundError as exc:
+        raise ValueError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
+    typer.echo(to_json(entries) if as_json else format_table(entries))
+    if page is not None:
+        tmp = page.with_name(f".{page.name}.{os.getpid()}.tmp")
+        tmp.write_text(render_html(entries, title=f"hsk stores: {', '.join(locations)}"))
+        os.replace(tmp, page)
+        typer.echo(f"wrote {page} ({len(entries)} entries)", err=as_json)
+
+
+@app.command()
+def export(
+    store: str = typer.Argument(..., help="A complete store: path, fsspec URL or .hsk.zip bundle."),
+    out: str = typer.Argument(..., help="The file to write (a new path; --overwrite replaces an export hsk wrote)."),
+    fmt: str = typer.Option("parquet", "--format", help="Output format: parquet."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an export hsk wrote at OUT."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Write a store as one Parquet file: one row per example, one column per array.
+
+    Each kept layer's values are decoded to float32 fixed-size lists [NL, NW] (the kept activations,
+    scales applied); masks stay bit-packed; float16 attention rows become float32. Every shard is
+    checked against its digests. Readable by pyarrow, pandas and
+    `datasets.load_dataset("parquet", data_files=OUT)`.
+
+    Example: hsk export sst2.zarr --format parquet sst2.parquet
+    """
+    from tqdm.auto import tqdm
+
+    from hskstore.export import export_parquet
+
+    if fmt != "parquet":
+        raise ValueError(f"unknown --format {fmt!r}: hsk exports parquet")
+    result = export_parquet(store, out, overwrite=overwrite,
+                            progress=lambda it: tqdm(it, desc="export", unit="shard", disable=not progress))
+    typer.echo(f"exported {store} -> {result.path}: {result.rows} rows, {result.columns} columns, "
+               f"{result.bytes / 2**20:.2f} MiB")
