@@ -144,3 +144,33 @@ def test_older_file_without_a_column_still_reads(tmp_path):
     assert table.schema == RESULTS_SCHEMA and table.column("student").to_pylist() == [None]
     with pytest.raises(FileNotFoundError, match="run a sweep"):
         read_results(tmp_path / "missing.parquet")
+
+
+def test_report_of_several_tables_one_panel_each(tmp_path, capsys):
+    """`hsk report A B --out DIR`: one panel per table (metric vs bytes per example), a section per table."""
+    from pipelines.cli import main
+    from pipelines.sweep.report import plot_tasks
+
+    a, b = tmp_path / "mrpc" / "results.parquet", tmp_path / "cola" / "results.parquet"
+    append_results(a, synthetic_rows())
+    append_results(b, [{**r, "run_id": "c-" + r["run_id"], "metric_name": "matthews",
+                        "bytes_per_example": r.get("bytes_per_example") or 5000.0} for r in synthetic_rows()])
+    missing = tmp_path / "none" / "results.parquet"
+    assert main(["report", str(a), str(missing), "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "marginal_utility.png").read_bytes()[:8] == PNG_MAGIC
+    md = (tmp_path / "rep" / "marginal_utility.md").read_text()
+    assert "## mrpc" in md and "## cola" in md and "metric: matthews" in md
+    panels = plot_tasks([("mrpc", a), ("cola", b)], tmp_path / "p.png")
+    assert [p["metric"] for p in panels] == ["accuracy", "matthews"]
+    points = panels[0]["points"]  # mrpc's 'full' rows have no bytes: left out of a bytes axis
+    assert [p["kind"] for p in points].count("full") == 0
+    assert [p["bytes_per_example"] for p in points] == sorted(p["bytes_per_example"] for p in points)
+    pred = next(p for p in points if p["kind"] == "pred_only")
+    assert pred["bytes_per_example"] == 40.0 and pred["mean"] == pytest.approx(0.79)
+    fp16 = [p for p in points if p["value_dtype"] == "float16"]
+    assert [p["bytes_per_example"] for p in fp16] == pytest.approx([9.0, 30.0, 48.0, 320.0])
+    assert fp16[0]["mean"] == pytest.approx(0.81) and fp16[0]["n"] == 3
+    cola_full = next(p for p in panels[1]["points"] if p["kind"] == "full")
+    assert cola_full["bytes_per_example"] == 5000.0 and cola_full["mean"] == pytest.approx(0.88)

@@ -72,10 +72,13 @@ REPORT_HELP = """Plot metric vs amount of HSK from a sweep's results table, and 
 
 Writes OUT/marginal_utility.png (mean over seeds with a min-max band, reference lines for
 pred-only / full / no-kd, store bytes per example below) and OUT/marginal_utility.md.
+Several tables (e.g. one sweep per task): one panel per table, titled by its folder's name, dev
+metric against store bytes per example (log x, min-max over seeds), and one markdown section each.
 
-Example:
+Examples:
 
   hsk report runs/sweep/results.parquet --out runs/sweep/report
+  hsk report runs/mrpc/results.parquet runs/cola/results.parquet --out runs/tasks-report
 """
 
 
@@ -241,15 +244,17 @@ def _print_plan(spec, runs, blocked) -> None:
 
 @app.command("report", help=REPORT_HELP)
 def report_cmd(
-    results: str = typer.Argument(..., help="Results table (Parquet) written by `hsk sweep`."),
+    results: list[str] = typer.Argument(..., help="Results table(s) (Parquet) written by `hsk sweep`."),  # noqa: B008
     out: str = typer.Option(..., "--out", "-o", help="Folder for marginal_utility.png and .md."),
-    metric: str = typer.Option(None, help="Metric to plot [default: the one most runs report]."),
+    metric: str = typer.Option(None, help="Metric to plot [default: each table's most reported one]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a report folder at --out."),
 ) -> None:
     from pipelines.sweep.report import report, results_markdown
 
-    if not Path(results).exists():
-        raise typer.BadParameter(f"no results table at {results}: run `hsk sweep` first", param_hint="RESULTS")
-    png, md = report(results, out, metric=metric, overwrite=overwrite)
-    typer.echo(results_markdown(results))
+    for path in results:
+        if not Path(path).exists():
+            raise typer.BadParameter(f"no results table at {path}: run `hsk sweep` first", param_hint="RESULTS")
+    png, md = report(results[0] if len(results) == 1 else results, out, metric=metric, overwrite=overwrite)
+    for path in results:
+        typer.echo(results_markdown(path))
     typer.echo(f"\nplot: {png}\nreport: {md}")

@@ -11,6 +11,7 @@ import math
 import os
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -250,27 +251,131 @@ def results_markdown(results: pa.Table | str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------------
+# Several tasks in one figure: one panel per results table, metric against store bytes per example
+
+
+def task_panel_data(results: pa.Table | str | os.PathLike, label: str, *, metric: str | None = None) -> dict:
+    """One panel's points: per (kind, config, value dtype), mean bytes per example and the metric over seeds."""
+    rows = _rows(results)
+    metric = _pick_metric(rows, metric)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["metric_name"] == metric and _finite(r["metric"]) and _finite(r["bytes_per_example"]):
+            groups[(r["kind"] or "?", r["config"] or "-", r["value_dtype"] or "-")].append(r)
+    points = [{"kind": kind, "config": config, "value_dtype": dtype,
+               "bytes_per_example": statistics.fmean(r["bytes_per_example"] for r in runs),
+               **_stats([r["metric"] for r in runs])}
+              for (kind, config, dtype), runs in groups.items()]
+    points.sort(key=lambda p: p["bytes_per_example"])
+    return {"label": label, "metric": metric, "points": points, "n_runs": sum(p["n"] for p in points)}
+
+
+def _panel_series(panel: dict) -> tuple[list[dict], list[dict]]:
+    """(float16 HSK between the references pred-only and full, every other value dtype's points)."""
+    def on_line(p: dict) -> bool:
+        return p["kind"] in ("pred_only", "full") or (p["kind"] == "hsk" and p["value_dtype"] == "float16")
+
+    chain = [p for p in panel["points"] if on_line(p)]
+    return chain, [p for p in panel["points"] if not on_line(p) and p["kind"] != "no_kd"]
+
+
+def _draw_points(ax, pts: list[dict], *, line: bool) -> None:
+    xs, ys = [p["bytes_per_example"] for p in pts], [p["mean"] for p in pts]
+    err = [[p["mean"] - p["min"] for p in pts], [p["max"] - p["mean"] for p in pts]]
+    label = "float16 (pred-only ... full)" if line else " / ".join(sorted({p["value_dtype"] for p in pts}))
+    ax.errorbar(xs, ys, yerr=err, linestyle="-" if line else "none", marker="o" if line else "D", capsize=3,
+                label=label)
+    for p in pts:
+        name = p["config"] if p["kind"] == "hsk" else p["kind"].replace("_", "-")
+        ax.annotate(name if line else f"{name} {p['value_dtype']}", (p["bytes_per_example"], p["mean"]),
+                    textcoords="offset points", xytext=(4, -11) if line else (4, 6), fontsize=7, color="0.3")
+
+
+def _draw_panel(ax, panel: dict) -> None:
+    """float16 HSK between the references (pred-only, full) as one line; other value dtypes as markers."""
+    chain, rest = _panel_series(panel)
+    for pts, line in ((chain, True), (rest, False)):
+        if pts:
+            _draw_points(ax, pts, line=line)
+    for p in panel["points"]:
+        if p["kind"] == "no_kd":
+            ax.axhline(p["mean"], linestyle="-.", color="tab:red", linewidth=1, label=KIND_LABELS["no_kd"])
+    ax.set_xscale("log")
+    ax.set_title(f"{panel['label']}: dev {panel['metric']} ({panel['n_runs']} runs)", fontsize=10)
+    ax.set_xlabel("store bytes per example (log)")
+    ax.set_ylabel(f"dev {panel['metric']} (bars: min-max over seeds)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def plot_tasks(tables: Sequence[tuple[str, pa.Table | str | os.PathLike]], out_png: str | os.PathLike, *,
+               metric: str | None = None) -> list[dict]:
+    """One panel per (label, results table): dev metric (mean over seeds, min-max bars) against store bytes
+    per example, log x. Returns the panels' data (`task_panel_data`)."""
+    panels = [task_panel_data(table, label, metric=metric) for label, table in tables]
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(6.5 * cols, 4.8 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, panel in zip(axes, panels, strict=False):
+        _draw_panel(ax, panel)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle("Marginal utility of hidden-state knowledge: dev metric vs store size", fontsize=12)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    return panels
+
+
+def table_labels(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """A panel title per results table: its folder's name (e.g. runs/mrpc/results.parquet -> mrpc), else its path."""
+    names = [Path(p).resolve().parent.name for p in paths]
+    return names if len(set(names)) == len(names) and all(names) else [str(p) for p in paths]
+
+
+def _several_tables_md(paths: Sequence[str | os.PathLike], labels: list[str], tables: list[pa.Table],
+                       metric: str | None) -> str:
+    parts = [f"# Marginal utility of hidden-state knowledge on {len(paths)} tables\n",
+             "![metric vs store bytes per example](marginal_utility.png)\n"]
+    for path, label, table in zip(paths, labels, tables, strict=True):
+        data = marginal_utility_data(table, metric=metric)
+        parts += [f"## {label}\n", f"Results: `{path}` ({table.num_rows} runs; metric: {data['metric']}).\n",
+                  interpret(data) + "\n", results_markdown(table) + "\n"]
+    return "\n".join(parts)
+
+
 OUTPUT_KIND = "report"  # hskstore.outputs: what `hsk report --out` holds
 
 
-def report(results_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+def report(results_path: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
            metric: str | None = None, overwrite: bool = False) -> tuple[Path, Path]:
     """Write marginal_utility.png and marginal_utility.md (table + reading) to out_dir.
 
+    Several results tables (e.g. one per task): one panel per table, metric against store bytes per
+    example (`plot_tasks`), and one section of the markdown per table.
     out_dir follows the output rule (hskstore.outputs): a new (or empty) folder, or a report folder
     with `overwrite`, replaced only once the new report is complete; anything else is refused.
     """
+    paths = [results_path] if isinstance(results_path, (str, os.PathLike)) else list(results_path)
     out_dir = Path(out_dir)
     claim_whole_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite)
-    table = read_results(results_path)
+    tables = [read_results(p) for p in paths]
     with staged_replace(str(out_dir)) as staged:
-        mark_output(staged, OUTPUT_KIND, results=str(results_path))
-        data = plot_marginal_utility(table, Path(staged) / "marginal_utility.png", metric=metric)
-        (Path(staged) / "marginal_utility.md").write_text(
-            "# Marginal utility of hidden-state knowledge\n\n"
-            f"Results: `{results_path}` ({table.num_rows} runs; plotted metric: {data['metric']}).\n\n"
-            "![metric vs amount of HSK](marginal_utility.png)\n\n"
-            f"{interpret(data)}\n\n"
-            f"{results_markdown(table)}\n"
-        )
+        mark_output(staged, OUTPUT_KIND, results=", ".join(str(p) for p in paths))
+        png, md = Path(staged) / "marginal_utility.png", Path(staged) / "marginal_utility.md"
+        if len(paths) > 1:
+            labels = table_labels(paths)
+            plot_tasks(list(zip(labels, tables, strict=True)), png, metric=metric)
+            md.write_text(_several_tables_md(paths, labels, tables, metric))
+        else:
+            data = plot_marginal_utility(tables[0], png, metric=metric)
+            md.write_text(
+                "# Marginal utility of hidden-state knowledge\n\n"
+                f"Results: `{paths[0]}` ({tables[0].num_rows} runs; plotted metric: {data['metric']}).\n\n"
+                "![metric vs amount of HSK](marginal_utility.png)\n\n"
+                f"{interpret(data)}\n\n"
+                f"{results_markdown(tables[0])}\n"
+            )
     return out_dir / "marginal_utility.png", out_dir / "marginal_utility.md"
