@@ -311,9 +311,9 @@ def staged_replace(path: str) -> Iterator[str]:
 
     Local disks: each rename is atomic, so `path` always holds either the whole old or the whole new
     output, except for the instant between the two renames (a kill there leaves the old one at
-    `.NAME.hsk-old-PID`). Object stores have no rename: fsspec's move copies then deletes object by
-    object, so a kill during the swap can leave `path` partly copied; the staged copy is complete and
-    the command can be rerun.
+    `.NAME.hsk-old-PID`, which the next command on `path` moves back: `recover_swap`). Object stores
+    have no rename: fsspec's move copies then deletes object by object, so a kill during the swap can
+    leave `path` partly copied; the staged copy is complete and the command can be rerun.
     """
     path = str(path).rstrip("/")
     staged = staged_path(path)

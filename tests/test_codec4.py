@@ -188,9 +188,12 @@ def test_info_reports_bytes_per_part(stores, capsys):
     assert "scale" in capsys.readouterr().out
 
 
-def test_format_1_store_still_opens_decodes_and_derives(tmp_path, capsys):
+def test_format_1_store_still_opens_decodes_and_derives(tmp_path, capsys, monkeypatch):
     src = tmp_path / "v1.zarr"
     shutil.copytree(V1_STORE, src)
+    assert main(["info", str(src)]) == 2  # no manifest covers its metadata: refused unless opted in (issue 19)
+    assert f"hsk upgrade {src}" in capsys.readouterr().err
+    monkeypatch.setenv("HSK_ALLOW_UNVERIFIED", "1")
     store = open_store(str(src))
     assert store.meta["format_version"] == 1 and store.verify() == []
     shard = store.read_shard(0)
@@ -206,3 +209,7 @@ def test_format_1_store_still_opens_decodes_and_derives(tmp_path, capsys):
     derived = open_store(str(out))
     assert derived.meta["format_version"] == 2 and derived.selection.value_dtype == "int4"
     assert main(["info", str(src)]) == 0 and "format v1" in capsys.readouterr().out
+    monkeypatch.delenv("HSK_ALLOW_UNVERIFIED")
+    assert main(["upgrade", str(src)]) == 0  # a real format-1 store: data checked, metadata covered
+    assert main(["verify", str(src)]) == 0 and "matches the manifest" in capsys.readouterr().out
+    assert open_store(str(src)).meta["upgraded"]["from_version"] == 1

@@ -262,17 +262,33 @@ def test_lease_that_is_a_folder_is_one_line(store, teacher, glue_dir, capsys):
     assert tree_hashes(store) == before and (store / ".hsk-lease.json").is_dir()
 
 
-def test_train_on_a_full_disk_says_rerun_to_resume(reference, glue_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("what", ["checkpoint", "best model"])
+def test_train_on_a_full_disk_says_rerun_to_resume(reference, glue_dir, tmp_path, capsys, monkeypatch, what):
+    """The failures a real full disk gave (a 3 MiB tmpfs): torch's zip writer fails as it closes the
+    checkpoint ("unexpected pos"), safetensors fails saving the best model (SafetensorError, os error 28)."""
+    import safetensors
+    import transformers.modeling_utils
+
     import pipelines.core.run_state as run_state
 
-    def full(obj, path):  # what torch's zip writer raises when the disk fills while it closes the archive
+    def full_torch(obj, path):
         Path(path).write_bytes(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
 
-    monkeypatch.setattr(run_state.torch, "save", full)
+    def full_safetensors(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    if what == "checkpoint":
+        monkeypatch.setattr(run_state.torch, "save", full_torch)
+    else:
+        monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_safetensors)
     code = main(train_args(reference, tmp_path / "run", "--data-dir", str(glue_dir)))
     one_error(capsys, code, "disk full", "rerun the same command to resume")
     assert not list((tmp_path / "run").rglob("*.tmp"))
+    monkeypatch.undo()
+    assert main(train_args(reference, tmp_path / "run", "--data-dir", str(glue_dir))) == 0  # the rerun finishes
+    assert (tmp_path / "run" / "best").is_dir()
 
 
 # 6 -------------------------------------------------------------------------------------------------------------

@@ -261,7 +261,8 @@ def verify(store: str = typer.Argument(..., help="Store path, fsspec URL or .hsk
 
     Exit status: 0 the store is complete and every shard matches; 1 it is incomplete or damaged (each
     problem is printed); 2 there is no readable hsk store at STORE (nothing there, not a store, or
-    metadata that cannot be read, or edited so that it no longer matches the store's manifest).
+    metadata that cannot be read, or edited so that it no longer matches the store's manifest, or
+    shard digests that do not add up to its checksums, or no manifest at all: see `hsk upgrade`).
     """
     from tqdm.auto import tqdm
 

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,22 @@ def atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _failed_write(exc: RuntimeError) -> bool:
+def save_model_folder(model: Any, tokenizer: Any, tmp: Path) -> None:
+    """save_pretrained of a model and its tokenizer into `tmp`; on a full disk the half-written folder is
+    removed and the failure raised as OSError(ENOSPC) (safetensors reports it as its own SafetensorError)."""
+    from safetensors import SafetensorError
+
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    except (SafetensorError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if "os error 28" in str(exc) or "No space left" in str(exc) or _failed_write(exc):
+            raise OSError(errno.ENOSPC, f"cannot write {tmp}: {str(exc).splitlines()[-1]}") from exc
+        raise
+
+
+def _failed_write(exc: BaseException) -> bool:
     """torch's zip writer on a full disk: "PytorchStreamWriter failed writing file ...", or, when the failure
     surfaces as the archive is closed, "unexpected pos N vs M" (fewer bytes landed than were written)."""
     text = str(exc).lower()

@@ -26,7 +26,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from hskstore.config import ConfigError
-from pipelines.core.run_state import MetricsLog, atomic_save, json_default, rng_state, set_rng_state
+from pipelines.core.run_state import (
+    MetricsLog,
+    atomic_save,
+    json_default,
+    rng_state,
+    save_model_folder,
+    set_rng_state,
+)
 from pipelines.core.tasks import Task
 from pipelines.methods.base import Stage
 from pipelines.train.ddp import Ranks
@@ -200,8 +207,7 @@ class Keeper:
 
     def save(self, student: Student, step: int, reason: str) -> None:
         target, tmp = self.out / "best", self.out / "best.tmp"
-        student.model.save_pretrained(tmp)
-        student.info.tokenizer.save_pretrained(tmp)
+        save_model_folder(student.model, student.info.tokenizer, tmp)  # a full disk: one line, rerun resumes
         card = {"reason": reason, "step": step, "task": self.task.name, "student": student.info.describe(),
                 "source": self.source_url, "best": self.best}
         (tmp / "hsk_student.json").write_text(json.dumps(card, indent=2, default=json_default))

@@ -203,8 +203,8 @@ def check_expected_store(source: Source, expected: str | None) -> None:
     found = getattr(source.store, "content_address", None)
     if found is None:
         raise ConfigError(
-            f"--expect-store {expected}: the store {source.store.url} has no content address (written by an older "
-            "hsk); rewrite it with `hsk derive` or drop --expect-store"
+            f"--expect-store {expected}: the store {source.store.url} has no content address (no manifest covers "
+            f"its metadata); cover it with `hsk upgrade {source.store.url}` or drop --expect-store"
         )
     if found != expected:
         raise ConfigError(f"--expect-store {expected}: the store {source.store.url} is {found}")
