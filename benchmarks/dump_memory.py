@@ -81,11 +81,14 @@ def main() -> None:
     ap.add_argument("--sizes", default="2000,8000,32000")
     ap.add_argument("--config", default="3,8,0.2")
     ap.add_argument("--out", default="benchmarks/results/dump_memory.json")
+    ap.add_argument("--allocators", choices=["both", "default"], default="both",
+                    help="default: glibc's default allocator only (the dump's own setting).")
     args = ap.parse_args()
     rows = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hsk-mem-") as work:
-        for allocator, env in (("glibc default", {}), ("MALLOC_MMAP_THRESHOLD_=131072", PINNED)):
+        allocators = (("glibc default", {}), ("MALLOC_MMAP_THRESHOLD_=131072", PINNED))
+        for allocator, env in allocators[: 1 if args.allocators == "default" else 2]:
             for n in [int(x) for x in args.sizes.split(",")]:
                 dump_args = [
                     *("dump", "--task", "sst2", "--teacher", args.teacher, "--config", args.config),

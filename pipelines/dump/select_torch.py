@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -40,9 +39,21 @@ FP16_MAX = float(np.finfo(np.float16).max)
 NUMPY_KERNELS_ON_CPU = True
 
 
+# Small constant tensors, made once per device: building one from host data is a blocking copy
+# on CUDA, which would stall the queue of device work the dump relies on.
+_ON_DEVICE: dict[tuple, torch.Tensor] = {}
+
+
+def _cached(key: tuple, device: torch.device, make) -> torch.Tensor:
+    found = _ON_DEVICE.get((*key, str(device)))
+    if found is None:
+        found = _ON_DEVICE[(*key, str(device))] = make().to(device)
+    return found
+
+
 def _const(value: float, like: torch.Tensor) -> torch.Tensor:
-    """A 0-dim tensor on `like`'s device: dividing by it is a true IEEE division everywhere."""
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    """A 0-dim float32 tensor on `like`'s device: dividing by it is a true IEEE division everywhere."""
+    return _cached(("const", value), like.device, lambda: torch.tensor(value, dtype=torch.float32))
 
 
 # --- length selection ---------------------------------------------------------------------------------
@@ -107,11 +118,6 @@ def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, str
 
 
 # --- width masks ----------------------------------------------------------------------------------------
-@lru_cache(maxsize=32)
-def _static_indices(strategy: str, d: int, n_width: int, seed: int) -> np.ndarray:
-    return static_width_indices(strategy, d, n_width, seed)  # one host computation per (shape, seed)
-
-
 def _mag_keys(vectors: torch.Tensor) -> torch.Tensor:
     """fp16 |v| bits above the reversed index: one unique int32 key per activation, ties to the lower index.
 
@@ -126,7 +132,8 @@ def kept_indices(vectors: torch.Tensor, n_width: int, strategy: str, seed: int) 
     """Indices [..., N^W] (increasing) of the activations each vector keeps (hskstore.selection.width_mask)."""
     d = vectors.shape[-1]
     if strategy != "mag":
-        idx = torch.from_numpy(_static_indices(strategy, d, n_width, seed)).to(vectors.device)
+        idx = _cached(("static", strategy, d, n_width, seed), vectors.device,
+                      lambda: torch.from_numpy(static_width_indices(strategy, d, n_width, seed)))
         return idx.expand(*vectors.shape[:-1], n_width)
     if n_width >= d:
         return torch.arange(d, device=vectors.device).expand(*vectors.shape[:-1], d)
@@ -152,7 +159,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """[..., d] bool -> [..., ceil(d/8)] uint8, byte for byte numpy.packbits(mask, axis=-1)."""
     d = mask.shape[-1]
     bits = torch.nn.functional.pad(mask.to(torch.uint8), (0, -d % 8))
-    weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=mask.device)
+    weights = _cached(("bits",), mask.device, lambda: torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8))
     return (bits.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
@@ -193,7 +200,7 @@ def quantize_mxfp4_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     exp = torch.frexp(peak).exponent.to(torch.int64) - 1 - codec.E2M1_EMAX
     exp = torch.where(peak > 0, exp.clamp(-codec.E8M0_BIAS, codec.E8M0_BIAS), -codec.E8M0_BIAS)
     mag = torch.minimum(grouped.abs() / _power_of_two(exp)[..., None], _const(float(codec.E2M1_GRID[-1]), grouped))
-    mids = torch.from_numpy(codec._E2M1_MID).to(grouped.device)
+    mids = _cached(("e2m1",), grouped.device, lambda: torch.from_numpy(codec._E2M1_MID))
     idx = torch.searchsorted(mids, mag.contiguous(), side="left")
     nearest_mid = mids[idx.clamp(max=len(mids) - 1)]
     tie_up = (idx < len(mids)) & (idx % 2 == 1) & (mag == nearest_mid)  # ties to the even code
