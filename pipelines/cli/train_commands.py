@@ -21,7 +21,8 @@ default to the paper's per-task recipe. The store is checked against the method 
 step. Dev data comes from --data-dir, the folder the store was dumped from, $HSK_DATA_DIR or the
 hub; without any, the run stops unless --no-eval. The best dev checkpoint is saved in OUT/best
 (plain transformers format); OUT/metrics.jsonl logs every step and each loss term; OUT/summary.json
-sums the run up. Rerunning the same command after an interruption resumes mid-stage.
+sums the run up. Rerunning the same command after an interruption resumes mid-stage; --no-resume
+restarts an unfinished run; a finished run is replaced only with --overwrite.
 
 Students: tinybert4 (huawei-noah/TinyBERT_General_4L_312D from the hub, --student-weights DIR or
 $HSK_TINYBERT_PATH; else random init, loudly), bert<k> (the first k layers of the store's teacher,
