@@ -33,6 +33,10 @@ WORK_DIR/stores/), trains with `hsk train`'s code in WORK_DIR/runs/<run>/, and a
 the Parquet results table as soon as it finishes. Rerun the same command after an interruption:
 finished runs (same run_id: source, config, dtype, student, seed, training settings) are skipped.
 
+Before anything runs, every planned run is checked against its store with `hsk train`'s own check
+(what the method needs; the student's depth against the layer map): a sweep with runs that cannot
+run refuses to start, one line each with what would fix it; --dry-run marks them in the plan.
+
 --configs: entries separated by ';'
 
 \b
@@ -173,7 +177,8 @@ def sweep_cmd(
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep each finished run's checkpoint/ (optimizer state); best/ is kept."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the planned runs and stores, run nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the planned runs (each checked against its store) and stores; run nothing."),
 ) -> None:
     from pipelines.sweep.check import blocked_runs, refusal
     from pipelines.sweep.run import SweepError, SweepSpec, plan_runs, run_sweep
