@@ -13,6 +13,8 @@ import sys
 
 import typer
 
+from .quiet import quiet_libraries
+
 app = typer.Typer(
     name="hsk",
     help=(
@@ -104,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted)."""
     # hsk's library loggers repeat what the commands print: one copy on the terminal is enough.
     logging.getLogger("hsk").addHandler(logging.NullHandler())
-    # transformers' own load/save bars and MISSING/UNEXPECTED tables: hsk says what matters in its own words.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_libraries()  # transformers' own bars and load-report tables (pipelines/cli/quiet.py)
     try:
         app(args=argv, prog_name="hsk")  # standalone: Typer handles --help and usage errors itself
     except SystemExit as exc:
