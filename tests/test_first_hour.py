@@ -173,9 +173,12 @@ def test_a_moved_store_finds_its_data_and_says_where_it_looked(teacher, tmp_path
 # -- 7. quiet, quick edges ------------------------------------------------------------------------------
 
 
-def test_a_bad_config_is_refused_before_torch_is_imported(tmp_path):
-    code = ("import sys; from pipelines.cli import main; rc = main(['dump', '--task', 'sst2', '--config', "
-            "'3-8-0.2', '--out', 'x.zarr']); print('torch' in sys.modules); sys.exit(rc)")
+@pytest.mark.parametrize("argv", [
+    "['dump', '--task', 'sst2', '--config', '3-8-0.2', '--out', 'x.zarr']",
+    "['train', '--teacher', 't', '--task', 'sst2', '--config', '3-8-0.2', '--student', 'bert2', '--out', 'x.zarr']",
+], ids=["dump", "train"])
+def test_a_bad_config_is_refused_before_torch_is_imported(tmp_path, argv):
+    code = f"import sys; from pipelines.cli import main; rc = main({argv}); print('torch' in sys.modules); sys.exit(rc)"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 2 and done.stdout.strip() == "False"

@@ -13,6 +13,8 @@ import sys
 
 import typer
 
+from .quiet import quiet_libraries
+
 app = typer.Typer(
     name="hsk",
     help=(
@@ -136,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted)."""
     # hsk's library loggers repeat what the commands print: one copy on the terminal is enough.
     logging.getLogger("hsk").addHandler(logging.NullHandler())
-    # transformers' own load/save bars and MISSING/UNEXPECTED tables: hsk says what matters in its own words.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_libraries()  # transformers' own bars and load-report tables (pipelines/cli/quiet.py)
     memory = _in_memory_url(argv)
     if memory is not None:
         _error(f"{memory}: memory:// lives in the memory of one hsk process and is gone when it exits; give a "

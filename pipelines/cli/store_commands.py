@@ -52,6 +52,10 @@ Masked-LM store (LightPAFF): --objective mlm runs a BertForMaskedLM teacher (e.g
 """
 
 
+def _task_config(config: str | None, objective: str) -> HSKConfig | None:
+    return HSKConfig.parse(config) if config and objective == "task" else None
+
+
 def _int_list(text: str | None) -> list[int] | None:
     if not text:
         return None
@@ -133,7 +137,7 @@ def dump(
         None, "--creator", help="Who made the store (a person or team; several separated by ';'); in croissant.json."),
 ) -> None:
     # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
-    parsed = HSKConfig.parse(config) if config and objective == "task" else None
+    parsed = _task_config(config, objective)
     explicit_layers = _int_list(layers)
     from pipelines.core.devices import pick_device
 

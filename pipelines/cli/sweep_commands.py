@@ -33,6 +33,10 @@ WORK_DIR/stores/), trains with `hsk train`'s code in WORK_DIR/runs/<run>/, and a
 the Parquet results table as soon as it finishes. Rerun the same command after an interruption:
 finished runs (same run_id: source, config, dtype, student, seed, training settings) are skipped.
 
+Before anything runs, every planned run is checked against its store with `hsk train`'s own check
+(what the method needs; the student's depth against the layer map): a sweep with runs that cannot
+run refuses to start, one line each with what would fix it; --dry-run marks them in the plan.
+
 --configs: entries separated by ';'
 
 \b
@@ -176,7 +180,8 @@ def sweep_cmd(
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep each finished run's checkpoint/ (optimizer state); best/ is kept."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the planned runs and stores, run nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the planned runs (each checked against its store) and stores; run nothing."),
 ) -> None:
     from pipelines.sweep.check import blocked_runs, refusal
     from pipelines.sweep.run import SweepError, SweepSpec, plan_runs, run_sweep
@@ -221,7 +226,7 @@ def sweep_cmd(
 def _print_plan(spec, runs, blocked) -> None:
     """--dry-run: every planned run with its status, the stores, and why any run cannot run."""
     from pipelines.sweep.check import describe
-    from pipelines.sweep.run import finished_run_ids, store_path
+    from pipelines.sweep.run import finished_run_ids
 
     done = finished_run_ids(spec.results_path)
     bad = {b.run.run_id for b in blocked}
@@ -231,15 +236,21 @@ def _print_plan(spec, runs, blocked) -> None:
         status = "done" if r.run_id in done else "CANNOT RUN" if r.run_id in bad else "pending"
         typer.echo(f"  {r.run_id:<17}{r.kind:<10}{r.config:<12}{r.value_dtype or '-':<9}{r.amount_hsk:>8.3g}  "
                    f"{r.student:<12}{r.seed:<6}{status}")
+    _print_stores(spec, runs)
+    if blocked:
+        typer.echo(f"{len(blocked)} of {len(runs)} runs cannot run (the sweep would refuse to start):")
+        for b in blocked:
+            typer.echo(f"  {describe(b.run)}: {b.problem}")
+
+
+def _print_stores(spec, runs) -> None:
+    from pipelines.sweep.run import store_path
+
     stores = list(dict.fromkeys(r.store_key for r in runs if r.store_key is not None))
     typer.echo(f"stores to derive or reuse ({len(stores)}):")
     for cfg, dtype in stores:
         path = store_path(spec, cfg, dtype)
         typer.echo(f"  {cfg:<12}{dtype or 'logits':<9}{path}{'  (exists)' if Path(path).exists() else ''}")
-    if blocked:
-        typer.echo(f"{len(blocked)} of {len(runs)} runs cannot run (the sweep would refuse to start):")
-        for b in blocked:
-            typer.echo(f"  {describe(b.run)}: {b.problem}")
 
 
 @app.command("report", help=REPORT_HELP)

@@ -21,7 +21,8 @@ default to the paper's per-task recipe. The store is checked against the method 
 step. Dev data comes from --data-dir, the folder the store was dumped from, $HSK_DATA_DIR or the
 hub; without any, the run stops unless --no-eval. The best dev checkpoint is saved in OUT/best
 (plain transformers format); OUT/metrics.jsonl logs every step and each loss term; OUT/summary.json
-sums the run up. Rerunning the same command after an interruption resumes mid-stage.
+sums the run up. Rerunning the same command after an interruption resumes mid-stage; --no-resume
+restarts an unfinished run; a finished run is replaced only with --overwrite.
 
 Students: tinybert4 (huawei-noah/TinyBERT_General_4L_312D from the hub, --student-weights DIR or
 $HSK_TINYBERT_PATH; else random init, loudly), bert<k> (the first k layers of the store's teacher,
@@ -69,6 +70,15 @@ def method_options(values: dict, sets: list[str] | None) -> dict:
             raise typer.BadParameter(f"--set takes NAME=VALUE, got {item!r}")
         chosen[name.strip().replace("-", "_")] = value.strip()
     return chosen
+
+
+def _layer_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--layers takes comma-separated layer numbers like '2,4', got {text!r}") from None
 
 
 @app.command(help=TRAIN_HELP)
@@ -134,6 +144,13 @@ def train(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     from hskstore.config import HSKConfig
+
+    # Arguments first, torch after: a typo is refused in a second, not after torch's import.
+    parsed = HSKConfig.parse(config) if config else None
+    explicit = _layer_list(layers)
+    chosen = method_options(dict(stages=stages, epochs_hsk=epochs_hsk, epochs_pred=epochs_pred, lr_hsk=lr_hsk,
+                                 lr_pred=lr_pred, temperature=temperature, alpha=alpha, hsk_loss=hsk_loss,
+                                 epochs=epochs, lr=lr, beta=beta, ptp_t1=ptp_t1, ptp_t2=ptp_t2, lam=lam), set_)
     from pipelines.dump.stage import DumpOptions
     from pipelines.train.ddp import env_rank
     from pipelines.train.distill import train as run_train
@@ -141,15 +158,11 @@ def train(
 
     online_mode = bool(teacher) and not store
     online = None
-    if online_mode and config:
-        explicit = [int(x) for x in layers.split(",")] if layers else None
-        online = DumpOptions(config=HSKConfig.parse(config), shard_rows=shard_rows, ref_student_layers=student_layers,
+    if online_mode and parsed is not None:
+        online = DumpOptions(config=parsed, shard_rows=shard_rows, ref_student_layers=student_layers,
                              l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
-    given = dict(stages=stages, epochs_hsk=epochs_hsk, epochs_pred=epochs_pred, lr_hsk=lr_hsk, lr_pred=lr_pred,
-                 temperature=temperature, alpha=alpha, hsk_loss=hsk_loss, epochs=epochs, lr=lr, beta=beta,
-                 ptp_t1=ptp_t1, ptp_t2=ptp_t2, lam=lam)
     options = TrainOptions(
-        method=method, method_options=method_options(given, set_), batch_size=batch_size, seed=seed,
+        method=method, method_options=chosen, batch_size=batch_size, seed=seed,
         device=device, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
         eval_limit=eval_limit,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,

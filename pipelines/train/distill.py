@@ -144,23 +144,7 @@ def _student(student: str, options: TrainOptions, source: Source, stages: list[S
     task, sel = source.task, source.selection
     with_pairs = any(s.pairs for s in stages) and not sel.config.logits_only
     teacher = store_teacher(source, options.teacher)
-    try:
-        model, info = build_student(
-            student,
-            num_labels=task.num_labels,
-            teacher_hidden_size=sel.hidden_size if with_pairs else None,
-            base=options.student_base or teacher,
-            weights=options.student_weights,
-            tokenizer_fallback=teacher,
-        )
-    except ModelLoadError as exc:
-        if options.student_base or options.teacher or not _TEACHER_LAYERS.fullmatch(student.strip().lower()):
-            raise
-        raise ModelLoadError(
-            f"{student} starts from the first layers of the store's teacher, recorded at {teacher}, which cannot "
-            f"be loaded ({exc}). If the teacher moved, pass --teacher DIR (where it is now; its weights are checked "
-            "against the store's hash), or start from another checkpoint with --student-base"
-        ) from exc
+    model, info = _build(student, options, teacher, task.num_labels, sel.hidden_size if with_pairs else None)
     for msg in info.warnings:
         notes.log(f"WARNING: {msg}")
     notes.items += info.warnings
@@ -172,6 +156,22 @@ def _student(student: str, options: TrainOptions, source: Source, stages: list[S
         raise ConfigError(f"the store's max length {source.meta['max_length']} exceeds the student's {positions} "
                           "positions")
     return model, info
+
+
+def _build(student: str, options: TrainOptions, teacher: str, num_labels: int, teacher_width: int | None):
+    """build_student; a bert<k> / sps<k> whose teacher cannot be found says which flag to pass."""
+    try:
+        return build_student(student, num_labels=num_labels, teacher_hidden_size=teacher_width,
+                             base=options.student_base or teacher, weights=options.student_weights,
+                             tokenizer_fallback=teacher)
+    except ModelLoadError as exc:
+        if options.student_base or options.teacher or not _TEACHER_LAYERS.fullmatch(student.strip().lower()):
+            raise
+        raise ModelLoadError(
+            f"{student} starts from the first layers of the store's teacher, recorded at {teacher}, which cannot "
+            f"be loaded ({exc}). If the teacher moved, pass --teacher DIR (where it is now; its weights are checked "
+            "against the store's hash), or start from another checkpoint with --student-base"
+        ) from exc
 
 
 def _pairs(stages: list[Stage], source: Source, info: StudentInfo, log: Callable) -> list[list[LayerPair]]:
@@ -244,7 +244,7 @@ def _quiet(*_: Any) -> None:
 def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> dict:
     """--overwrite: train afresh in a hidden sibling and swap it in once it is complete (the output rule:
     a killed overwrite leaves the old run as it was). Rank 0 alone writes; the other ranks write nothing."""
-    fresh = dataclasses.replace(options, resume=False, overwrite=False)
+    fresh = dataclasses.replace(options, resume=False)  # overwrite stays: the old run is no obstacle
     if not ranks.main:
         return _train(fresh, ranks, out_dir=out_dir, **run)
     with staged_replace(out_dir) as staged:
@@ -268,10 +268,24 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
             and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
 
 
+def _resume(checkpoints: Checkpoints, options: TrainOptions, out: Path, log: Callable, same_finished: Callable,
+            n_stages: int) -> tuple[dict | None, bool]:
+    """(the state to continue from, whether this very run already finished); a finished run that this
+    command would start over is refused (the output rule)."""
+    finished = (out / "summary.json").exists()
+    state = checkpoints.resume(options.resume, out, log, finished=finished)
+    if state is not None:
+        finished_same = state["position"]["stage_index"] >= n_stages
+    else:
+        finished_same = options.resume and finished and same_finished()
+    _refuse_finished(out, options, finished_same)
+    return state, finished_same and finished
+
+
 def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> None:
     """A finished run is an output: only --overwrite replaces it (--no-resume restarts unfinished runs)."""
     summary = out / "summary.json"
-    if not summary.exists() or finished_same and options.resume:
+    if options.overwrite or not summary.exists() or finished_same and options.resume:
         return
     try:
         method = json.loads(summary.read_text()).get("method", "?")
@@ -331,15 +345,12 @@ def _train(
     _check_ranks(ranks, batch_size, source)
     checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
                               _identity(options, student, source, batch_size, method, method_options))
-    finished = (out / "summary.json").exists()
-    state = checkpoints.resume(options.resume, out, log, finished=finished)
-    finished_same = (state["position"]["stage_index"] >= len(stages) if state is not None
-                     else options.resume and _same_finished(out, student, source, method, method_options))
-    _refuse_finished(out, options, finished_same)
+    state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
+        out, student, source, method, method_options), len(stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
-    if finished_same and finished:
+    if already_done:
         log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
         return json.loads((out / "summary.json").read_text())
     model.to(device)
