@@ -2,9 +2,11 @@
 
 A store is found by its root: a folder holding `zarr.json` with hsk attributes (or only a writer
 lease: a store whose creation was cut short). The walk never descends into a store, and reads of
-each store only its root `zarr.json` and its card (`README.md`, for the bytes and to show it):
-no chunk, no array metadata. A bundle (`*.zip`) is read through its zip directory: the same two
-objects. A store whose metadata cannot be read is listed as damaged, one that is not finished as
+each store only its root `zarr.json` (which records `stored_bytes`), plus its card (`README.md`)
+for the HTML page or for a store written before `stored_bytes` was recorded: no chunk, no array
+metadata. A bundle (`*.zip`) is read through its zip directory: the same objects. On an object
+store the walk costs one batch of concurrent reads per folder level, not one request per store.
+A store whose metadata cannot be read is listed as damaged, one that is not finished as
 incomplete; neither stops the listing. The catalog does not verify (`hsk verify` does): `status`
 is what the store says of itself.
 
@@ -98,43 +100,81 @@ def _local_roots(top: str) -> tuple[list[str], list[str]]:
             entries = list(os.scandir(folder))
         except OSError:
             continue
-        names = {e.name for e in entries}
-        if "zarr.json" in names or LEASE_NAME in names:
+        if any(e.name in ("zarr.json", LEASE_NAME) for e in entries):
             stores.append(folder)
             continue
-        for e in entries:
-            if e.name.startswith("."):
-                continue  # staged outputs, leases, editors' files
-            if e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-            elif is_bundle(e.name) and e.is_file():
-                bundles.append(e.path)
+        folders, found = _children([(e.name, e.path, e.is_dir(follow_symlinks=False)) for e in entries
+                                    if e.is_dir(follow_symlinks=False) or e.is_file()])
+        stack += folders
+        bundles += found
     return sorted(stores), sorted(bundles)
 
 
-def _remote_roots(fs, top: str) -> tuple[list[str], list[str]]:
-    """The same walk over an object store, one delimiter listing per folder level."""
-    if fs.isfile(top):
-        return [], [top] if is_bundle(top) else []
-    stores, bundles, stack = [], [], [top.rstrip("/")]
-    while stack:
-        folder = stack.pop()
-        try:
-            entries = fs.ls(folder, detail=True)
-        except (FileNotFoundError, OSError):
-            continue
-        names = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
-        if "zarr.json" in names or LEASE_NAME in names:
-            stores.append(folder)
-            continue
-        for name, e in names.items():
-            if name.startswith("."):
-                continue
-            if e["type"] == "directory":
-                stack.append(e["name"].rstrip("/"))
-            elif is_bundle(name):
-                bundles.append(e["name"])
-    return sorted(stores), sorted(bundles)
+def _ls(fs, folder: str) -> list[dict]:
+    try:
+        return fs.ls(folder, detail=True)
+    except (FileNotFoundError, OSError):
+        return []
+
+
+def _children(entries: list[tuple[str, str, bool]]) -> tuple[list[str], list[str]]:
+    """(sub-folders, bundles) among a folder's (name, path, is_dir) entries; hidden ones skipped."""
+    folders, bundles = [], []
+    for name, path, is_dir in entries:
+        if name.startswith("."):
+            continue  # staged outputs, leases, editors' files
+        if is_dir:
+            folders.append(path)
+        elif is_bundle(name):
+            bundles.append(path)
+    return folders, bundles
+
+
+def _remote_entries(fs, folder: str) -> list[tuple[str, str, bool]]:
+    return [(e["name"].rstrip("/").rsplit("/", 1)[-1], e["name"].rstrip("/"), e["type"] == "directory")
+            for e in _ls(fs, folder)]
+
+
+def _walk_remote(fs, top: str) -> tuple[dict[str, bytes | None], list[str]]:
+    """({store folder: its zarr.json or None for a lease only}, bundles) under a prefix, one folder level at a
+    time: a level's zarr.json objects are fetched in one concurrent batch, and only the folders without one
+    are listed (concurrently) to descend. Round trips grow with the depth, not with the number of stores."""
+    roots: dict[str, bytes | None] = {}
+    bundles, level = [], [top.rstrip("/")]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        while level:
+            got = fs.cat([f"{d}/zarr.json" for d in level], on_error="return")
+            found = {d: got.get(f"{d}/zarr.json") for d in level}
+            roots.update({d: v for d, v in found.items() if isinstance(v, bytes)})
+            rest = [d for d, v in found.items() if not isinstance(v, bytes)]
+            level = []
+            for folder, listing in zip(rest, pool.map(lambda d: _remote_entries(fs, d), rest)):
+                if any(name == LEASE_NAME for name, _, _ in listing):
+                    roots[folder] = None  # a store whose creation stopped before its zarr.json
+                    continue
+                folders, found_bundles = _children(listing)
+                level += folders
+                bundles += found_bundles
+    return roots, sorted(bundles)
+
+
+def _needs_card(root: bytes | None, cards: bool) -> bool:
+    """The card is read when asked for, or for the bytes of a store written before `stored_bytes` was recorded."""
+    return root is not None and (cards or b'"stored_bytes"' not in root)
+
+
+def _remote_scan(fs, protocol: str, top: str, cards: bool) -> list[Entry]:
+    roots, bundles = _walk_remote(fs, top)
+    wanted = [f"{d}/{CARD}" for d, root in roots.items() if _needs_card(root, cards)]
+    got = fs.cat(wanted, on_error="return") if wanted else {}
+    entries = [entry_from(f"{protocol}://{d}", "store", root, _bytes_or_none(got.get(f"{d}/{CARD}")), root is None)
+               for d, root in roots.items()]
+    entries += [_read_bundle(f"{protocol}://{b}", cards) for b in bundles]
+    return [e for e in entries if e is not None]
+
+
+def _bytes_or_none(value) -> bytes | None:
+    return value if isinstance(value, bytes) else None
 
 
 # --- reading one root ------------------------------------------------------------------------------
@@ -149,17 +189,24 @@ def _ancestors(meta: dict) -> tuple[str, ...]:
     return tuple(a for a in out if a)
 
 
-def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, lease: bool = False) -> Entry:
-    """The catalog entry of one store from its root zarr.json and card bytes (either may be missing)."""
+def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, lease: bool = False) -> Entry | None:
+    """The catalog entry of one store from its root zarr.json and card bytes (either may be missing); None for
+    a zarr group that is not an hsk store."""
     if root is None:
         return Entry(url, kind, "incomplete: creation cut short (writer lease only)" if lease
                      else "damaged: no zarr.json")
     try:
-        meta = json.loads(root)["attributes"]["hsk"]
-        if not isinstance(meta, dict):
-            raise TypeError("hsk attributes are not a mapping")
-    except (ValueError, KeyError, TypeError) as exc:
+        doc = json.loads(root)
+        if not isinstance(doc, dict):
+            raise TypeError("zarr.json is not a mapping")
+    except (ValueError, TypeError) as exc:
         return Entry(url, kind, f"damaged: root metadata unreadable ({exc.__class__.__name__})")
+    meta = (doc.get("attributes") or {}).get("hsk")
+    if meta is None and not lease:
+        return None  # a zarr group that is no hsk store: not listed
+    if not isinstance(meta, dict):
+        return Entry(url, kind, "incomplete: creation cut short (no hsk metadata yet)" if lease
+                     else "damaged: hsk metadata is not a mapping")
     try:
         return _entry(url, kind, meta, None if card is None else card.decode(errors="replace"))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
@@ -179,24 +226,24 @@ def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
         rows=int(meta["layout"]["n_rows"]), teacher=teacher.get("name"), teacher_hash=teacher.get("weights_hash"),
         config=sel.get("config") if objective == "task" else f"top-{sel.get('top_k')}",
         codec=sel.get("value_dtype") if objective == "task" else None,
-        bytes=int(found.group(1)) if found else None, created=meta.get("created"),
+        bytes=meta.get("stored_bytes") or (int(found.group(1)) if found else None), created=meta.get("created"),
         parent=(meta.get("derived_from") or {}).get("content_address"), ancestors=_ancestors(meta),
         license=(meta.get("sharing") or {}).get("license"), card=card,
     )
 
 
-def _read_bundle(url: str) -> Entry:
+def _read_bundle(url: str, cards: bool = False) -> Entry | None:
     try:
         with fsspec.open(url, "rb") as raw, zipfile.ZipFile(raw) as zf:
             names = set(zf.namelist())
             root = zf.read("zarr.json") if "zarr.json" in names else None
-            card = zf.read(CARD) if CARD in names else None
+            card = zf.read(CARD) if CARD in names and _needs_card(root, cards) else None
     except (OSError, zipfile.BadZipFile, ValueError) as exc:
         return Entry(url, "bundle", f"damaged: not a readable zip ({exc.__class__.__name__})")
     return entry_from(url, "bundle", root, card)
 
 
-def _read_local_store(folder: str) -> Entry:
+def _read_local_store(folder: str, cards: bool) -> Entry | None:
     def read(name: str) -> bytes | None:
         try:
             with open(os.path.join(folder, name), "rb") as f:
@@ -204,41 +251,34 @@ def _read_local_store(folder: str) -> Entry:
         except OSError:
             return None
 
-    return entry_from(folder, "store", read("zarr.json"), read(CARD), os.path.exists(os.path.join(folder, LEASE_NAME)))
+    root = read("zarr.json")
+    card = read(CARD) if _needs_card(root, cards) else None
+    return entry_from(folder, "store", root, card, os.path.exists(os.path.join(folder, LEASE_NAME)))
 
 
-def _read_remote_stores(fs, protocol: str, folders: list[str]) -> list[Entry]:
-    paths = [f"{f}/{name}" for f in folders for name in ("zarr.json", CARD, LEASE_NAME)]
-    got = fs.cat(paths, on_error="return") if paths else {}
-
-    def value(path: str) -> bytes | None:
-        v = got.get(path)
-        return v if isinstance(v, bytes) else None
-
-    return [entry_from(f"{protocol}://{f}", "store", value(f"{f}/zarr.json"), value(f"{f}/{CARD}"),
-                       value(f"{f}/{LEASE_NAME}") is not None) for f in folders]
-
-
-def scan(location: str) -> list[Entry]:
-    """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included)."""
+def scan(location: str, cards: bool = False) -> list[Entry]:
+    """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included).
+    `cards`: also read each store's card (for the HTML page); otherwise only zarr.json is read."""
     if is_local(location):
         if not local_path(location).exists():
             raise FileNotFoundError(location)
         stores, bundles = _local_roots(location)
         with ThreadPoolExecutor(max_workers=8) as pool:
-            entries = list(pool.map(_read_local_store, stores))
-        return entries + [_read_bundle(b) for b in bundles]
+            entries = list(pool.map(lambda f: _read_local_store(f, cards), stores))
+        entries += [_read_bundle(b, cards) for b in bundles]
+        return [e for e in entries if e is not None]
     fs, top = fsspec.core.url_to_fs(location)
+    protocol = location.split("://", 1)[0]
+    if is_bundle(top) and fs.isfile(top):
+        return [e for e in [_read_bundle(location, cards)] if e is not None]
     if not fs.exists(top):
         raise FileNotFoundError(location)
-    protocol = location.split("://", 1)[0]
-    stores, bundles = _remote_roots(fs, top)
-    return _read_remote_stores(fs, protocol, stores) + [_read_bundle(f"{protocol}://{b}") for b in bundles]
+    return _remote_scan(fs, protocol, top, cards)
 
 
-def catalog(locations: list[str], filters: Filters = Filters()) -> list[Entry]:
+def catalog(locations: list[str], filters: Filters = Filters(), cards: bool = False) -> list[Entry]:
     """The entries under every location that pass the filters, sorted by URL."""
-    entries = [e for loc in locations for e in scan(loc)]
+    entries = [e for loc in locations for e in scan(loc, cards)]
     return sorted((e for e in entries if filters.keep(e)), key=lambda e: e.url)
 
 
@@ -274,27 +314,28 @@ def _row_id(address: str | None) -> str:
     return "store-" + (address or "").removeprefix("sha256:")[:24]
 
 
+def _html_cell(e: Entry, column: str, present: set[str]) -> str:
+    esc = html.escape
+    value = getattr(e, column)
+    text = esc(_cell(e, column))
+    if column == "parent" and e.parent:
+        text = (f'<a href="#{_row_id(e.parent)}">{text}</a>' if e.parent in present
+                else f'<span title="not in this listing">{text}</span>')
+    elif column == "content_address" and e.content_address:
+        text = f'<span title="{esc(e.content_address)}">{text}</span>'
+    elif column == "url" and e.card:
+        text += f"<details><summary>card</summary><pre>{esc(e.card)}</pre></details>"
+    return f'<td data-sort="{esc("" if value is None else str(value))}">{text}</td>'
+
+
 def _html_row(e: Entry, present: set[str], anchors: dict[str, int], index: int) -> str:
     """One table row; one row per content address carries its anchor (a store folder rather than its bundle)."""
     esc = html.escape
-    cells = []
-    for c in COLUMNS:
-        text = esc(_cell(e, c))
-        sort = esc(str(getattr(e, c) if getattr(e, c) is not None else ""))
-        if c == "parent" and e.parent:
-            text = (f'<a href="#{_row_id(e.parent)}">{text}</a>' if e.parent in present
-                    else f'<span title="not in this listing">{text}</span>')
-        if c == "content_address" and e.content_address:
-            text = f'<span title="{esc(e.content_address)}">{text}</span>'
-        if c == "url":
-            card = (f"<details><summary>card</summary><pre>{esc(e.card)}</pre></details>" if e.card else "")
-            text = f"{text}{card}"
-        cells.append(f'<td data-sort="{sort}">{text}</td>')
+    anchored = e.content_address and anchors[e.content_address] == index
+    row_id = f' id="{_row_id(e.content_address)}"' if anchored else ""
     status = "ok" if e.status == "complete" else "bad"
-    row_id = f' id="{_row_id(e.content_address)}"' if e.content_address and anchors[e.content_address] == index else ""
-
     return (f'<tr{row_id} class="{status}" data-task="{esc(e.task or "")}" data-status="{esc(e.status)}">'
-            + "".join(cells) + "</tr>")
+            + "".join(_html_cell(e, c, present) for c in COLUMNS) + "</tr>")
 
 
 _NUMERIC = {"rows", "bytes"}

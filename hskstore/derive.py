@@ -45,7 +45,7 @@ from .writer import writing
 
 # Bookkeeping of the source that must not leak into the derived store (the writer recomputes it).
 _SOURCE_ONLY = ("checksums", "inputs_hash", "complete", "identity", "created", "software_version",
-                "format_version", "derived_from", "manifest")
+                "format_version", "derived_from", "manifest", "stored_bytes")
 # Arrays that do not depend on the selection: copied verbatim.
 _ROW_ARRAYS = ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length")
 

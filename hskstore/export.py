@@ -8,7 +8,9 @@ One row per example, one column per store array, named by its path with "/" as "
   exported; `masks` stay bit-packed uint8 [N^L, ceil(d/8)] (numpy packbits order) and say
   which of the d activations each value is (`hskstore.codec.dense` rebuilds the dense vectors);
 - float16 arrays (attention rows) become float32 (Parquet readers differ on half floats);
-- everything else (ids, label, logits, positions, scores, masked-LM arrays) keeps its dtype.
+- everything else (ids, label, logits, positions, scores, masked-LM arrays) keeps its dtype
+  (`datasets`' numpy format widens integers to int64: the uint64 `text_hash` shows the same bits
+  as int64; its features and the arrow/python views keep uint64).
 
 Every shard is read digest-checked. The file is written under a temporary name beside OUT and
 renamed in, following the output rule for files (`hskstore.outputs.claim_file_output`); its schema

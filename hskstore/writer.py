@@ -37,7 +37,7 @@ import numpy as np
 import zarr
 
 from .bundle import refuse_bundle_output
-from .card import CARD_NAME, read_card, write_card
+from .card import CARD_NAME, read_card, stored_bytes, write_card
 from .croissant import write_croissant
 from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
@@ -391,6 +391,8 @@ class StoreWriter:
             [checksums["input_ids"].encode(), checksums["token_type_ids"].encode()]
         )
         meta["complete"] = True
+        # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card
+        meta["stored_bytes"] = stored_bytes(self.group, [spec.name for spec in self.specs])
         if "data_origin" not in meta:  # lineage: the data file's sha256 (or hub id); derived stores inherit it
             meta["data_origin"] = data_origin((meta.get("dataset") or {}).get("source", ""))
         meta.pop(MANIFEST_KEY, None)

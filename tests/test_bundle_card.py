@@ -138,7 +138,8 @@ def test_pack_is_deterministic_checked_and_never_overwrites(store, bundle, tmp_p
     assert err.startswith("hsk: error:") and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert main(["pack", str(store), str(again), "--no-progress", "--overwrite"]) == 0
     assert hashlib.sha256(again.read_bytes()).hexdigest() == digest
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.hsk.zip"]  # no temporary left behind
+    # no temporary left behind; the bundle's Croissant metadata beside it (tests/test_share.py)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.croissant.json", "again.hsk.zip"]
 
     # --overwrite replaces a bundle only: a user's zip (or folder) of that name is never touched
     mine = tmp_path / "mine.hsk.zip"
@@ -153,7 +154,8 @@ def test_pack_is_deterministic_checked_and_never_overwrites(store, bundle, tmp_p
         err = capsys.readouterr().err
         assert "not an hsk bundle" in err and len(err.strip().splitlines()) == 1, err
     assert {p.name: p.read_bytes() for p in [mine, tmp_path / "dir.hsk.zip" / "notes.txt"]} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.hsk.zip", "dir.hsk.zip", "mine.hsk.zip"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.croissant.json", "again.hsk.zip", "dir.hsk.zip",
+                                                          "mine.hsk.zip"]
 
 
 def test_pack_refuses_incomplete_and_damaged_stores(teacher_dir, glue_dir, store, tmp_path, capsys):

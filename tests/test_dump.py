@@ -130,8 +130,8 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(url)): p.read_bytes()
         for p in sorted(url.rglob("*"))
-        # metadata documents are not chunks: zarr.json, and the card (README.md, it names the store)
-        if p.is_file() and p.name not in ("zarr.json", "README.md") and "_progress" not in p.parts
+        # metadata documents are not chunks: zarr.json, the card (README.md, it names the store), croissant.json
+        if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json") and "_progress" not in p.parts
     }
 
 

@@ -49,10 +49,11 @@ def copy_store(src: Path, dst: Path) -> Path:
 
 
 def data_files(store: Path) -> dict[str, bytes]:
-    """Every file of a store but the root zarr.json and the card README.md (their creation time differs
-    between two dumps)."""
+    """Every file of a store but the root zarr.json, the card README.md and croissant.json (their creation
+    time differs between two dumps)."""
     return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*"))
-            if p.is_file() and p.relative_to(store) not in (Path("zarr.json"), Path("README.md"))}
+            if p.is_file() and p.relative_to(store) not in (Path("zarr.json"), Path("README.md"),
+                                                            Path("croissant.json"))}
 
 
 def assert_same_store(a: Path, b: Path) -> None:

@@ -182,7 +182,11 @@ def test_catalog_finds_nested_stores_and_bundles_and_filters(shelf, capsys):
     assert (int4["task"], int4["split"], int4["rows"], int4["config"], int4["codec"]) == ("sst2", "train", 24,
                                                                                            "1,2,0.5", "int4")
     assert int4["parent"] == parent.content_address and int4["teacher_hash"] == parent.meta["teacher"]["weights_hash"]
-    assert int4["bytes"] > 0 and int4["created"] and all(e["status"] == "complete" for e in entries)
+    assert int4["created"] and all(e["status"] == "complete" for e in entries)
+    from hskstore.info import storage_report  # the bytes `hsk info` and the card state, from zarr.json alone
+    small = open_store(str(shelf / "team-a" / "sst2-int4.zarr"))
+    assert int4["bytes"] == small.meta["stored_bytes"] == storage_report(small)["total_bytes"]
+    assert int4["card"] is None  # cards are read for the HTML page only
 
     def urls(*filters) -> list[str]:
         return sorted(Path(e["url"]).relative_to(shelf).as_posix() for e in catalog_json(capsys, shelf, *filters))
@@ -407,3 +411,13 @@ def test_export_follows_the_output_rule(shelf, tmp_path):
     assert mine.read_text() == "my data"
     assert main(["export", src, "--format", "csv", str(tmp_path / "x.csv")]) == 2
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary left behind
+
+
+def test_a_student_run_records_the_stores_it_read(shelf, glue_dir, tmp_path):
+    store = shelf / "team-a" / "sst2-int4.zarr"
+    run = tmp_path / "run"
+    assert main(["train", "--store", str(store), "--student", "bert2", "--out", str(run), "--max-steps", "1",
+                 "--batch-size", "8", "--data-dir", str(glue_dir), "--eval-limit", "8", "--no-progress",
+                 "--workers", "1"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stores_read"] == [{"url": str(store), "content_address": open_store(str(store)).content_address}]

@@ -21,7 +21,7 @@ def catalog(
     values: str = typer.Option(None, "--values", help="Only stores whose values are float16, int8, int4 or mxfp4."),
     derived_from: str = typer.Option(None, "--derived-from", help="Only stores derived (at any depth) from the "
                                      "store with this content address (a prefix is enough)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON (cards included)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON (cards too with --html)."),
     html_out: str = typer.Option(None, "--html", help="Also write a self-contained HTML page of the listing here."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a catalog page hsk wrote at --html."),
 ) -> None:
@@ -40,7 +40,7 @@ def catalog(
 
     page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
     try:
-        entries = list_stores(locations, Filters(task, teacher, config, values, derived_from))
+        entries = list_stores(locations, Filters(task, teacher, config, values, derived_from), cards=page is not None)
     except FileNotFoundError as exc:
         raise ValueError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
     typer.echo(to_json(entries) if as_json else format_table(entries))

@@ -253,10 +253,10 @@ def info(
         typer.echo(json.dumps(doc, indent=2, default=str))
     else:
         typer.echo(format_report(s, report))
-        if ancestors:
-            typer.echo("\n".join(["", "lineage (nearest first)", *format_chain(ancestors)]))
         typer.echo(f"card           {CARD_NAME} in the store (`hsk info --card {store}` prints it)" if text else
                    "card           none yet (written when the store is finalized)")
+        if ancestors:  # lineage: the stores this one was derived from, nearest first
+            typer.echo("\n".join(["", "derived from (nearest first)", *format_chain(ancestors)]))
 
 
 @app.command()

@@ -411,6 +411,9 @@ def _summary(run: Run, method, method_options, dev: DevData, warnings: list[str]
         "mode": source.mode,
         "source": str(source.store.url),
         "store_content_address": getattr(source.store, "content_address", None),
+        # lineage: every store this run read, by content address (`hsk catalog --json` lists them)
+        "stores_read": [{"url": str(source.store.url), "content_address": source.store.content_address}]
+        if source.mode == "offline" else [],
         "method": method.name,
         "method_options": asdict(method_options),
         "plan": [stage.describe() for stage in run.stages],
