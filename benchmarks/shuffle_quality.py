@@ -58,6 +58,32 @@ def rank_reads(batches: list[np.ndarray], layout: Layout, world: int) -> float:
     return round(float(np.mean(fractions)), 3)
 
 
+def reference(n: int, batch_size: int, epochs: int) -> dict:
+    """The statistics of a full random permutation of the epoch's rows."""
+    full = []
+    for epoch in range(epochs):
+        perm = np.random.default_rng([0, epoch]).permutation(n)
+        full.append(quality([perm[i : i + batch_size] for i in range(0, n, batch_size)], n))
+    return {"window": "full permutation", **{k: round(float(np.mean([q[k] for q in full])), 4) for k in full[0]}}
+
+
+def window_row(layout: Layout, args, window: int, row_bytes: int) -> dict:
+    per_epoch, reads = [], {2: [], 4: []}
+    for epoch in range(args.epochs):
+        plan = global_plan(layout, args.batch_size, epoch, seed=0, window=window, drop_last=True)
+        batches = [g.pool_rows[slots] for g in plan for slots in g.batches]
+        per_epoch.append(quality(batches, layout.n_rows))
+        for world in reads:
+            reads[world].append(rank_reads(batches, layout, world))
+    return {
+        "window": window,
+        **{k: round(float(np.mean([q[k] for q in per_epoch])), 4) for k in per_epoch[0]},
+        "window_rows": window * args.shard_rows,
+        "window_mib": round(window * args.shard_rows * row_bytes / 2**20, 1),
+        **{f"shards_read_per_rank_{w}_ranks": round(float(np.mean(v)), 3) for w, v in reads.items()},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", type=int, default=64)
@@ -71,26 +97,8 @@ def main() -> None:
     layout = Layout(args.shards * args.shard_rows, args.shard_rows)
     n = layout.n_rows
     row_bytes = bytes_per_row(args.config)
-    full = []
-    for epoch in range(args.epochs):
-        perm = np.random.default_rng([0, epoch]).permutation(n)
-        full.append(quality([perm[i : i + args.batch_size] for i in range(0, n, args.batch_size)], n))
-    rows = [{"window": "full permutation", **{k: float(np.mean([q[k] for q in full])) for k in full[0]}}]
-    for window in [int(w) for w in args.windows.split(",")]:
-        per_epoch, reads = [], {2: [], 4: []}
-        for epoch in range(args.epochs):
-            plan = global_plan(layout, args.batch_size, epoch, seed=0, window=window, drop_last=True)
-            batches = [g.pool_rows[slots] for g in plan for slots in g.batches]
-            per_epoch.append(quality(batches, n))
-            for world in reads:
-                reads[world].append(rank_reads(batches, layout, world))
-        rows.append({
-            "window": window,
-            **{k: round(float(np.mean([q[k] for q in per_epoch])), 4) for k in per_epoch[0]},
-            "window_rows": window * args.shard_rows,
-            "window_mib": round(window * args.shard_rows * row_bytes / 2**20, 1),
-            **{f"shards_read_per_rank_{w}_ranks": float(np.mean(v)) for w, v in reads.items()},
-        })
+    rows = [reference(n, args.batch_size, args.epochs)]
+    rows += [window_row(layout, args, window, row_bytes) for window in (int(w) for w in args.windows.split(","))]
     for r in rows:
         print(json.dumps(r))
     result = {"shards": args.shards, "shard_rows": args.shard_rows, "global_batch": args.batch_size,

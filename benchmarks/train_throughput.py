@@ -14,8 +14,9 @@ noise, e.g. other jobs on a shared CPU, hits all three alike; medians over all t
 (--workers 0: reads in the training thread, so no thread competes with the step), and the training
 loop on targets decoded beforehand (the loop's own cost beside the hand-written in-memory step).
 Process CPU seconds per step (threads included) are reported beside wall time: on a loaded machine
-they are the robust figure. The dump that writes the store is timed separately and is not part of any ratio. Random weights
-everywhere: throughput does not depend on them (the student's random init warning is expected).
+they are the robust figure. The dump that writes the store is timed separately and is not part
+of any ratio. Random weights everywhere: throughput does not depend on them (the student's random
+init warning is expected).
 """
 
 from __future__ import annotations
