@@ -38,6 +38,7 @@ class TrainOptions:
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads
+    read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
     checkpoint_every: int = field(default=500, metadata=_NO)
     eval_batch_size: int = field(default=64, metadata=_NO)
@@ -50,7 +51,8 @@ class TrainOptions:
         self.method_options = dict(self.method_options or {})
         at_least = {
             "batch_size": 1, "max_steps": 1, "eval_every": 1, "eval_limit": 1, "train_limit": 1,
-            "buffer_shards": 1, "workers": 0, "log_every": 1, "checkpoint_every": 1, "eval_batch_size": 1,
+            "buffer_shards": 1, "workers": 0, "read_ahead": 0, "log_every": 1, "checkpoint_every": 1,
+            "eval_batch_size": 1,
         }
         for name, low in at_least.items():
             value = getattr(self, name)

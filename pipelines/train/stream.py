@@ -19,7 +19,8 @@ stay in memory. A resumed stream skips shards without reading them.
 
 Background threads (not processes: zarr 3 runs its I/O on an event loop that does not survive a
 fork, and blosc/zstd/blake2 release the GIL) prefetch the next shards in that fixed order.
-Memory stays near `buffer_shards + workers` shards (fewer on a rank of several: it reads only its shards).
+Memory stays near `buffer_shards + read_ahead` shards (read_ahead defaults to `workers`; fewer on a rank
+of several: it reads only its shards).
 """
 
 from __future__ import annotations
@@ -110,13 +111,14 @@ def rank_slice(rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 class _Prefetcher:
-    """Reads shards in a fixed order on background threads, keeping at most `depth` reads ahead."""
+    """Reads shards in a fixed order on `workers` background threads, keeping `depth` reads ahead
+    (in flight or queued for a thread; default: one per thread)."""
 
-    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit):
+    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit, depth: int = 0):
         self._read = read
         self._todo = iter(shards)
         self._pending: deque[tuple[int, Future | None]] = deque()
-        self._depth = max(1, workers)
+        self._depth = max(1, depth or workers) if workers else 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hsk-stream") if workers else None
         self._stats = stats
         self._on_submit = on_submit
@@ -166,6 +168,7 @@ class StoreStream:
         shuffle: bool = True,
         buffer_shards: int = 4,
         workers: int = 2,
+        read_ahead: int = 0,
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
@@ -176,9 +179,9 @@ class StoreStream:
                 f"{store.url} is incomplete: finish its dump (rerun the same `hsk dump` command) "
                 "before training"
             )
-        if batch_size < 1 or buffer_shards < 1 or workers < 0:
-            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0; got {batch_size}, "
-                             f"{buffer_shards}, {workers}")
+        if batch_size < 1 or buffer_shards < 1 or workers < 0 or read_ahead < 0:
+            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0, read_ahead >= 0; got "
+                             f"{batch_size}, {buffer_shards}, {workers}, {read_ahead}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if world_size > store.n_shards:
@@ -192,6 +195,7 @@ class StoreStream:
         self.shuffle = shuffle
         self.buffer_shards = buffer_shards
         self.workers = workers
+        self.read_ahead = read_ahead  # shards read ahead (0: one per worker); hides object-store latency
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
@@ -324,7 +328,7 @@ class StoreStream:
             # a resumed pass reads only the shards holding rows still to come, skipped windows' not
             reads, when = self._schedule(todo, start)
             reader = _Prefetcher(self._read, [s for r in reads for s in r], self.workers, self.stats,
-                                 self._on_submit)
+                                 self._on_submit, self.read_ahead)
             try:
                 yield from self._run(todo, reads, when, start, total, reader)
             finally:
