@@ -165,3 +165,11 @@ def test_a_store_copied_to_s3_resumes_in_the_same_order(s3, store, glue_dir, uni
     s3.filesystem().put(store, url.removeprefix("s3://"), recursive=True)
     assert main(train_args(url, out, glue_dir)) == 0
     assert_same_weights(weights(out), weights(uninterrupted))
+
+
+def test_the_shuffle_window_is_checked_before_anything_is_read(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(tmp_path / "none.zarr"), "--student", "bert2", "--out", str(out),
+                 "--shuffle-window", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "hsk: error: --shuffle-window must be an integer >= 1, got 0"
+    assert not out.exists()

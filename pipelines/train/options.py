@@ -24,7 +24,7 @@ class TrainOptions:
     weight_decay: float = 0.01  # not on bias / LayerNorm
     max_grad_norm: float | None = 1.0  # BertAdam's default clipping in the reference code
     seed: int = 42
-    buffer_shards: int = 4  # shards mixed in the shuffle buffer (part of the data order)
+    buffer_shards: int = 4  # --shuffle-window: shards whose rows are shuffled together (part of the data order)
     max_steps: int | None = None  # cap on optimizer steps per stage
     eval_every: int | None = None  # steps (stages that keep the best); evaluation also runs at epoch ends
     eval_limit: int | None = None  # first N dev examples (quick runs)
@@ -57,7 +57,8 @@ class TrainOptions:
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
-                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+                flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
+                raise ConfigError(f"--{flag} must be an integer >= {low}, got {value!r}")
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"
