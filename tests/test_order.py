@@ -171,5 +171,6 @@ def test_the_shuffle_window_is_checked_before_anything_is_read(tmp_path, capsys)
     out = tmp_path / "run"
     assert main(["train", "--store", str(tmp_path / "none.zarr"), "--student", "bert2", "--out", str(out),
                  "--shuffle-window", "0"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == "hsk: error: --shuffle-window must be an integer >= 1, got 0"
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == "hsk: error: --shuffle-window must be an integer >= 1, got 0"
     assert not out.exists()
