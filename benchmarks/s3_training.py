@@ -66,7 +66,10 @@ def run_arms(args, local: str, remote: str, endpoint: str, proxied: str, work: P
     rounds = []
     for r in range(args.rounds):
         order = list(arms) if r % 2 == 0 else list(arms)[::-1]
-        row = {arm: step_seconds(*arms[arm][:2], work / f"run-{r}", arms[arm][2]) for arm in order}
+        row = {}
+        for arm in order:
+            store, depth, url = arms[arm]
+            row[arm] = step_seconds(store, args, work / f"run-{r}", depth, url)
         rounds.append(row)
         print(f"round {r} (load {os.getloadavg()[0]:.1f}): "
               + ", ".join(f"{k} {v:.3f} s/step" for k, v in row.items()), flush=True)
