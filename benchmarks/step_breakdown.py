@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--shard-rows", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--value-dtype", default="float16", help="float16, int8, int4, mxfp4")
     ap.add_argument("--out", default="benchmarks/results/step_breakdown.json")
     args = ap.parse_args()
     torch.set_num_threads(1)  # CPU seconds of one thread: what the loader takes from the step's cores
@@ -71,7 +72,7 @@ def main() -> None:
     try:
         for config in args.configs.split(";"):
             url = str(work / f"{config}.zarr")
-            build_store(url, 2 * args.shard_rows, args.shard_rows, config)
+            build_store(url, 2 * args.shard_rows, args.shard_rows, config, args.value_dtype)
             store = open_store(url)
             names = [n for n in store.specs if not n.endswith("/scores") and n != "text_hash"]
             rounds = []
@@ -81,7 +82,7 @@ def main() -> None:
                       + ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1].items()), flush=True)
             med = {k: statistics.median(x[k] for x in rounds) for k in rounds[0]}
             med["total_ms"] = sum(med.values())
-            results.append({"config": config, "median": med, "rounds": rounds})
+            results.append({"config": config, "value_dtype": args.value_dtype, "median": med, "rounds": rounds})
             print(f"{config}: loader CPU per batch of {args.batch_size}: {med['total_ms']:.2f} ms")
     finally:
         shutil.rmtree(work, ignore_errors=True)
