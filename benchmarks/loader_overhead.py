@@ -44,10 +44,10 @@ from pipelines.train.stream import StoreStream, decode_batch
 D, T, VOCAB = 768, 128, 30522
 
 
-def store_meta(n_rows: int, shard_rows: int, config: str) -> dict:
+def store_meta(n_rows: int, shard_rows: int, config: str, value_dtype: str = "float16") -> dict:
     cfg = HSKConfig.parse(config)
     layers = tuple(range(12 - cfg.n_layers + 1, 13))  # any kept layers do: the loader never looks
-    sel = Selection(cfg, D, 12, layers, None, layers, ref_student_layers=None)
+    sel = Selection(cfg, D, 12, layers, None, layers, ref_student_layers=None, value_dtype=value_dtype)
     return {
         "task": {"name": "sst2", "split": "train", "labels": ["negative", "positive"], "regression": False},
         "dataset": {"source": "synthetic", "fingerprint": "bench", "n_rows": n_rows},
@@ -85,11 +85,13 @@ def synthetic_shard(meta: dict, start: int, stop: int) -> dict[str, np.ndarray]:
         np.put_along_axis(mask, top, True, axis=-1)
         values, scale = codec.encode_values(vectors, mask, n_width, meta["selection"]["value_dtype"])
         out[f"{layer}/values"], out[f"{layer}/masks"] = values, codec.pack_mask(mask)
+        if scale is not None:  # int8 / int4 / mxfp4 values
+            out[f"{layer}/scale"] = scale
     return out
 
 
-def build_store(url: str, n_rows: int, shard_rows: int, config: str) -> None:
-    meta = store_meta(n_rows, shard_rows, config)
+def build_store(url: str, n_rows: int, shard_rows: int, config: str, value_dtype: str = "float16") -> None:
+    meta = store_meta(n_rows, shard_rows, config, value_dtype)
     writer = StoreWriter.open(url, meta)
     for shard in writer.pending_shards():
         writer.write_shard(shard, synthetic_shard(meta, *writer.shard_bounds(shard)))

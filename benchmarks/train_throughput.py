@@ -10,8 +10,13 @@ and decoding the store) and online (teacher forward + selection + encoding per b
 step from inside the run; the ceiling runs the same student step on batches decoded beforehand.
 The modes alternate round by round (each round: warm-up steps, then timed steps) so that machine
 noise, e.g. other jobs on a shared CPU, hits all three alike; medians over all timed steps.
-The dump that writes the store is timed separately and is not part of any ratio. Random weights
-everywhere: throughput does not depend on them (the student's random init warning is expected).
+--attribution adds two arms that split an offline/in-memory gap: offline with no read-ahead threads
+(--workers 0: reads in the training thread, so no thread competes with the step), and the training
+loop on targets decoded beforehand (the loop's own cost beside the hand-written in-memory step).
+Process CPU seconds per step (threads included) are reported beside wall time: on a loaded machine
+they are the robust figure. The dump that writes the store is timed separately and is not part
+of any ratio. Random weights everywhere: throughput does not depend on them (the student's random
+init warning is expected).
 """
 
 from __future__ import annotations
@@ -63,16 +68,40 @@ def step_times(stamps: list[float], warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps[warmup - 1 : -1], stamps[warmup:], strict=True)]
 
 
-def timed_train(options: TrainOptions, out: Path, **kw) -> tuple[list[float], dict]:
+def timed_train(options: TrainOptions, out: Path, cpu: list[float] | None = None, **kw) -> tuple[list[float], dict]:
     stamps: list[float] = []
-    summary = train(
-        options,
-        out_dir=str(out),
-        on_step=lambda _r: stamps.append(time.perf_counter()),
-        log=lambda *_: None,
-        **kw,
-    )
+
+    def on_step(_record: dict) -> None:
+        stamps.append(time.perf_counter())
+        if cpu is not None:
+            cpu.append(time.process_time())
+
+    summary = train(options, out_dir=str(out), on_step=on_step, log=lambda *_: None, **kw)
     return stamps, summary
+
+
+class CachedDecoding:
+    """BatchMaker with its output cached by row ids: the training loop's step on targets decoded
+    beforehand (the attribution arm "loop_decoded": the loop and the stream, without the decoding)."""
+
+    def __init__(self):
+        self._cache: dict[bytes, dict] = {}
+        self._call = BatchMaker.__call__
+
+    def __enter__(self):
+        cache, call = self._cache, self._call
+
+        def cached(maker, raw):
+            key = raw["row"].tobytes()
+            if key not in cache:
+                cache[key] = call(maker, raw)
+            return cache[key]
+
+        BatchMaker.__call__ = cached
+        return self
+
+    def __exit__(self, *exc):
+        BatchMaker.__call__ = self._call
 
 
 class InMemory:
@@ -142,6 +171,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--attribution", action="store_true",
+                    help="also time offline with no read-ahead threads (--workers 0) and the loop on decoded targets")
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -193,12 +224,27 @@ def main() -> None:
         )
         memory = InMemory(store, TrainOptions(**common), args.student, teacher, run_steps)
         times: dict[str, list[float]] = {"offline": [], "online": [], "in_memory": []}
+        cpu: dict[str, list[float]] = {"offline": [], "in_memory": []}  # process CPU seconds per step
+        if args.attribution:
+            times |= {"offline_workers0": [], "loop_decoded": []}
+        cached = CachedDecoding()
         summaries = {}
         for r in range(args.rounds):
+            stamps, clock = [], []
             stamps, summaries["offline"] = timed_train(
-                TrainOptions(**common), work / "offline", student=args.student, store=store
+                TrainOptions(**common), work / "offline", clock, student=args.student, store=store
             )
             times["offline"] += step_times(stamps, args.warmup)
+            cpu["offline"] += step_times(clock, args.warmup)
+            if args.attribution:
+                stamps, _ = timed_train(TrainOptions(**common, workers=0), work / "offline0", student=args.student,
+                                        store=store)
+                times["offline_workers0"] += step_times(stamps, args.warmup)
+                with cached:  # round 0 fills the cache: its steps decode, like the offline arm
+                    stamps, _ = timed_train(TrainOptions(**common), work / "decoded", student=args.student,
+                                            store=store)
+                if r:
+                    times["loop_decoded"] += step_times(stamps, args.warmup)
             stamps, summaries["online"] = timed_train(
                 TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
                 work / "online",
@@ -208,9 +254,12 @@ def main() -> None:
                 config=args.config,
             )
             times["online"] += step_times(stamps, args.warmup)
+            before = time.process_time()
             times["in_memory"] += memory.steps(args.warmup)
+            cpu["in_memory"].append((time.process_time() - before) / run_steps)
             print(
-                f"round {r}: " + ", ".join(f"{k} {statistics.median(v):.3f} s/step" for k, v in times.items()),
+                f"round {r} (load {os.getloadavg()[0]:.1f}): "
+                + ", ".join(f"{k} {statistics.median(v):.3f} s/step" for k, v in times.items() if v),
                 flush=True,
             )
 
@@ -247,7 +296,8 @@ def main() -> None:
                 "examples_per_s": result.examples_per_s,
                 "store_bytes": store_bytes,
             },
-            **{k: stats(v) for k, v in times.items()},
+            **{k: stats(v) for k, v in times.items() if v},
+            "cpu_s_per_step_median": {k: statistics.median(v) for k, v in cpu.items()},
             "raw_step_seconds": times,
         }
         report["ratio_offline_over_online_min"] = (

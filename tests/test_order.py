@@ -154,3 +154,23 @@ def test_a_store_copied_elsewhere_resumes_in_the_same_order(store, glue_dir, uni
     assert_same_weights(weights(out), weights(uninterrupted))
     assert sorted(p.read_bytes() for p in moved.rglob("*") if p.is_file()) == before  # the copy is only read
     assert np.isfinite([r["loss"] for r in train_records(out)]).all()
+
+
+def test_a_store_copied_to_s3_resumes_in_the_same_order(s3, store, glue_dir, uninterrupted, tmp_path):  # noqa: F811
+    from s3_server import BUCKET
+
+    out = tmp_path / "cut"
+    stop_after_step_1(store, out, glue_dir, tmp_path, ranks=1)
+    url = f"s3://{BUCKET}/{tmp_path.name}/copy.zarr"
+    s3.filesystem().put(store, url.removeprefix("s3://"), recursive=True)
+    assert main(train_args(url, out, glue_dir)) == 0
+    assert_same_weights(weights(out), weights(uninterrupted))
+
+
+def test_the_shuffle_window_is_checked_before_anything_is_read(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(tmp_path / "none.zarr"), "--student", "bert2", "--out", str(out),
+                 "--shuffle-window", "0"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == "hsk: error: --shuffle-window must be an integer >= 1, got 0"
+    assert not out.exists()

@@ -130,6 +130,13 @@ def test_buffer_holds_at_most_the_configured_shards(store, buffer_shards, worker
     assert sorted(stats.shards_read) == list(range(store.n_shards))
 
 
+def test_read_ahead_queues_more_shards_than_threads_same_batches(store):
+    plain = StoreStream(store, batch_size=3, buffer_shards=2, workers=1, names=["row"])
+    deep = StoreStream(store, batch_size=3, buffer_shards=2, workers=1, read_ahead=5, names=["row"])
+    assert rows_of(deep) == rows_of(plain)
+    assert plain.stats.peak_resident_shards <= 2 + 1 < deep.stats.peak_resident_shards <= 2 + 5
+
+
 def test_resume_mid_epoch_continues_exactly(store):
     kw = dict(batch_size=4, buffer_shards=2, workers=2, seed=7, names=["row", "logits"])  # fewer reads: fast
     full = StoreStream(store, **kw)

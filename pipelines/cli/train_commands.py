@@ -110,6 +110,7 @@ def train(
     seed: int = typer.Option(42, help="Seed of the student init, dropout and data order."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     workers: int = typer.Option(2, help="Store reading threads."),
+    read_ahead: int = typer.Option(0, help="Shards read ahead [default: one per --workers]; more hides S3 latency."),
     shuffle_window: int = typer.Option(4, help="Shards whose rows are shuffled together (data order; memory)."),
     max_steps: int = typer.Option(None, help="Cap on optimizer steps per stage."),
     eval_every: int = typer.Option(None, help="Evaluate every N steps of stages that keep the best checkpoint."),
@@ -164,7 +165,7 @@ def train(
     options = TrainOptions(
         method=method, method_options=chosen, batch_size=batch_size, seed=seed,
         device=device, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
-        eval_limit=eval_limit,
+        eval_limit=eval_limit, read_ahead=read_ahead,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,
         resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store,

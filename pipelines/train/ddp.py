@@ -4,9 +4,10 @@ torchrun starts N copies of `hsk train` and sets RANK, WORLD_SIZE and LOCAL_RANK
 rendezvous address) in each one's environment. `Ranks.from_env` reads them and joins the process
 group (nccl on CUDA, gloo on CPU); without them a run is the one process it always was.
 
-What each rank does (the rest of the trainer asks `run.ranks`): it streams its own shards of the
-store (StoreStream's rank/world_size, drop_last so every rank takes the same number of steps), with
-a local batch of global batch / N, through the student wrapped in DistributedDataParallel, whose
+What each rank does (the rest of the trainer asks `run.ranks`): it streams its slice of every global
+batch of the epoch's one order (StoreStream's rank/world_size; the order does not depend on N, so a
+checkpoint made under N ranks resumes under M), a local batch of global batch / N, reading only the
+shards that hold its slices, through the student wrapped in DistributedDataParallel, whose
 backward averages the gradients of the ranks, so one step is the step of one process on the whole
 global batch (the losses are means over examples). Only rank 0 evaluates, saves, logs, writes
 checkpoints and the summary; the others wait for it at a barrier. Every rank resumes from the same

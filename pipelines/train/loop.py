@@ -361,7 +361,8 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     ranks = run.ranks
     stream = StoreStream(run.source.store, batch_size=ranks.local_batch(run.batch_size), seed=opts.seed,
                          shuffle=True, buffer_shards=opts.buffer_shards, workers=opts.workers,
-                         rank=ranks.rank, world_size=ranks.world_size, drop_last=ranks.distributed,
+                         read_ahead=opts.read_ahead, rank=ranks.rank, world_size=ranks.world_size,
+                         drop_last=ranks.distributed,
                          names=stream_names(run.source, stage.reads, kept))
     total = math.ceil(stage.epochs * len(stream))
     if opts.max_steps is not None:

@@ -24,7 +24,7 @@ class TrainOptions:
     weight_decay: float = 0.01  # not on bias / LayerNorm
     max_grad_norm: float | None = 1.0  # BertAdam's default clipping in the reference code
     seed: int = 42
-    buffer_shards: int = 4  # shards mixed in the shuffle buffer (part of the data order)
+    buffer_shards: int = 4  # --shuffle-window: shards whose rows are shuffled together (part of the data order)
     max_steps: int | None = None  # cap on optimizer steps per stage
     eval_every: int | None = None  # steps (stages that keep the best); evaluation also runs at epoch ends
     eval_limit: int | None = None  # first N dev examples (quick runs)
@@ -38,6 +38,7 @@ class TrainOptions:
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads
+    read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
     checkpoint_every: int = field(default=500, metadata=_NO)
     eval_batch_size: int = field(default=64, metadata=_NO)
@@ -51,12 +52,14 @@ class TrainOptions:
         self.method_options = dict(self.method_options or {})
         at_least = {
             "batch_size": 1, "max_steps": 1, "eval_every": 1, "eval_limit": 1, "train_limit": 1,
-            "buffer_shards": 1, "workers": 0, "log_every": 1, "checkpoint_every": 1, "eval_batch_size": 1,
+            "buffer_shards": 1, "workers": 0, "read_ahead": 0, "log_every": 1, "checkpoint_every": 1,
+            "eval_batch_size": 1,
         }
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
-                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+                flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
+                raise ConfigError(f"--{flag} must be an integer >= {low}, got {value!r}")
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"

@@ -7,16 +7,20 @@
         for batch in stream:                    # dict of numpy arrays, one row per example
             t = decode_batch(batch, store.layers, store.hidden_size, "cuda")
 
-An epoch permutes the shard order (seeded by seed and epoch), deals the shards to ranks, and
-reads each rank's shards `buffer_shards` at a time into a buffer whose rows are shuffled and cut
-into batches; the rows left over (fewer than a batch) are carried into the next buffer, so every
-batch is full but the last and every example is visited exactly once per epoch. The whole plan
-(which rows form which batch) is computed from the store's layout before anything is read, so
-it does not depend on thread timing, and a resumed stream can skip shards without reading them.
+An epoch's order is global (`global_plan`): the shard order is permuted (seeded by seed and epoch),
+the shards are taken `buffer_shards` (the shuffle window, W) at a time, and each window's rows, with
+the rows the previous window left over (fewer than a batch), are permuted and cut into global
+batches, so every batch is full but the last and every example is visited exactly once per epoch.
+The plan is a pure function of the store's layout, seed, epoch, global batch and window: not of the
+number of ranks, nor of thread timing, nor of where the store lives. A data-parallel rank takes its
+slice of every global batch (`rank_slice`: the batch sorted by row id, cut in N equal parts) and reads
+only the shards that hold its slices, each at most once per epoch; rows carried into a later window
+stay in memory. A resumed stream skips shards without reading them.
 
 Background threads (not processes: zarr 3 runs its I/O on an event loop that does not survive a
 fork, and blosc/zstd/blake2 release the GIL) prefetch the next shards in that fixed order.
-Memory stays near `buffer_shards + workers` shards.
+Memory stays near `buffer_shards + read_ahead` shards (read_ahead defaults to `workers`; fewer on a rank
+of several: it reads only its shards).
 """
 
 from __future__ import annotations
@@ -107,13 +111,14 @@ def rank_slice(rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 class _Prefetcher:
-    """Reads shards in a fixed order on background threads, keeping at most `depth` reads ahead."""
+    """Reads shards in a fixed order on `workers` background threads, keeping `depth` reads ahead
+    (in flight or queued for a thread; default: one per thread)."""
 
-    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit):
+    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit, depth: int = 0):
         self._read = read
         self._todo = iter(shards)
         self._pending: deque[tuple[int, Future | None]] = deque()
-        self._depth = max(1, workers)
+        self._depth = max(1, depth or workers) if workers else 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hsk-stream") if workers else None
         self._stats = stats
         self._on_submit = on_submit
@@ -144,12 +149,13 @@ class _Prefetcher:
 
 
 class StoreStream:
-    """Shuffled, sharded, resumable batches of store rows for one training rank.
+    """Shuffled, resumable batches of store rows for one training rank.
 
-    Each rank of a torch DDP run builds its own stream with its rank and world size; they share
-    the epoch's shard permutation and take disjoint shards. Ranks can get different batch counts
-    when the shards do not divide evenly: with drop_last=True every rank is cut to the smallest
-    count (DDP steps stay in lockstep); otherwise use torch.distributed.algorithms.Join.
+    `batch_size` is this rank's batch; the global batch is batch_size * world_size. Each rank of a
+    torch DDP run builds its own stream with its rank and world size; they share the epoch's global
+    batches and take disjoint slices of each, so N ranks step through the batches of one process with
+    the global batch. Several ranks drop the epoch's last batch when it is partial (it would not split
+    into equal slices, and DDP's steps stay in lockstep), whatever drop_last says.
     One pass at a time: do not iterate the same stream from two loops at once.
     """
 
@@ -162,6 +168,7 @@ class StoreStream:
         shuffle: bool = True,
         buffer_shards: int = 4,
         workers: int = 2,
+        read_ahead: int = 0,
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
@@ -172,9 +179,9 @@ class StoreStream:
                 f"{store.url} is incomplete: finish its dump (rerun the same `hsk dump` command) "
                 "before training"
             )
-        if batch_size < 1 or buffer_shards < 1 or workers < 0:
-            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0; got {batch_size}, "
-                             f"{buffer_shards}, {workers}")
+        if batch_size < 1 or buffer_shards < 1 or workers < 0 or read_ahead < 0:
+            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0, read_ahead >= 0; got "
+                             f"{batch_size}, {buffer_shards}, {workers}, {read_ahead}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if world_size > store.n_shards:
@@ -188,6 +195,7 @@ class StoreStream:
         self.shuffle = shuffle
         self.buffer_shards = buffer_shards
         self.workers = workers
+        self.read_ahead = read_ahead  # shards read ahead (0: one per worker); hides object-store latency
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
@@ -250,14 +258,15 @@ class StoreStream:
         return {"epoch": self.epoch, "batches_done": self.batches_done, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue exactly where the saved stream stopped (same store, batch size, buffer and ranks)."""
+        """Continue exactly where the saved stream stopped (same store layout, global batch and window;
+        any number of ranks: the position counts global batches)."""
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         done = int(state["batches_done"])
         total = len(self)
         if not 0 <= done <= total:
             raise ValueError(f"state says {done} batches done, but epoch {self.epoch} has {total} on this "
-                             "rank: was it saved with another batch size, buffer or world size?")
+                             "rank: was it saved with another global batch size or shuffle window?")
         self.batches_done = done
 
     # --- reading ---------------------------------------------------------------------------------
@@ -319,7 +328,7 @@ class StoreStream:
             # a resumed pass reads only the shards holding rows still to come, skipped windows' not
             reads, when = self._schedule(todo, start)
             reader = _Prefetcher(self._read, [s for r in reads for s in r], self.workers, self.stats,
-                                 self._on_submit)
+                                 self._on_submit, self.read_ahead)
             try:
                 yield from self._run(todo, reads, when, start, total, reader)
             finally:

@@ -1,0 +1,112 @@
+"""Shuffle quality, memory and per-rank reads of the windowed global order, against a full permutation.
+
+    python benchmarks/shuffle_quality.py                  # 64 shards of 1024 rows, global batch 32
+
+The training order (pipelines/train/stream.py global_plan) permutes the shards, then the rows of
+each window of W shards. Computed from the plan alone (no store is read), on a store whose rows are
+sorted by label (the worst case: a dump of a label-sorted file; half label 0, then half label 1):
+  - label imbalance: mean over global batches of |fraction of label 1 in the batch - 0.5|; a full
+    random permutation gives about 0.07 at batch 32 (binomial), a sorted order 0.5;
+  - consecutive distance: median |original position of row i+1 - of row i| / n_rows over the epoch
+    (full permutation: about 0.29);
+  - memory: the window's shards, in rows and in bytes for a d 768 store at --config;
+  - reads: under N ranks, the fraction of the store's shards each rank reads per epoch (the
+    trade-off of the window: a rank's slices of a wide window's batches touch more shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hskstore.schema import array_specs
+from pipelines.train.stream import global_plan, rank_slice
+
+
+class Layout:
+    def __init__(self, n_rows: int, shard_rows: int):
+        self.n_rows, self.shard_rows = n_rows, shard_rows
+        self.n_shards = -(-n_rows // shard_rows)
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]:
+        return shard * self.shard_rows, min((shard + 1) * self.shard_rows, self.n_rows)
+
+
+def bytes_per_row(config: str) -> int:
+    from loader_overhead import store_meta  # benchmarks/ is on sys.path when run as a script
+
+    specs = array_specs(store_meta(1024, 1024, config))
+    return sum(int(np.prod(s.shape[1:])) * np.dtype(s.dtype).itemsize for s in specs if not s.name.endswith("/scores"))
+
+
+def quality(batches: list[np.ndarray], n_rows: int) -> dict:
+    label = lambda rows: rows >= n_rows // 2  # noqa: E731 - rows sorted by label
+    imbalance = float(np.mean([abs(label(b).mean() - 0.5) for b in batches if len(b)]))
+    seq = np.concatenate(batches)
+    distance = float(np.median(np.abs(np.diff(seq))) / n_rows)
+    return {"label_imbalance": round(imbalance, 4), "median_consecutive_distance": round(distance, 4)}
+
+
+def rank_reads(batches: list[np.ndarray], layout: Layout, world: int) -> float:
+    """Mean over ranks of the fraction of the store's shards a rank reads in the epoch."""
+    fractions = [len(np.unique(np.concatenate([rank_slice(b, r, world) for b in batches]) // layout.shard_rows))
+                 / layout.n_shards for r in range(world)]
+    return round(float(np.mean(fractions)), 3)
+
+
+def reference(n: int, batch_size: int, epochs: int) -> dict:
+    """The statistics of a full random permutation of the epoch's rows."""
+    full = []
+    for epoch in range(epochs):
+        perm = np.random.default_rng([0, epoch]).permutation(n)
+        full.append(quality([perm[i : i + batch_size] for i in range(0, n, batch_size)], n))
+    return {"window": "full permutation", **{k: round(float(np.mean([q[k] for q in full])), 4) for k in full[0]}}
+
+
+def window_row(layout: Layout, args, window: int, row_bytes: int) -> dict:
+    per_epoch, reads = [], {2: [], 4: []}
+    for epoch in range(args.epochs):
+        plan = global_plan(layout, args.batch_size, epoch, seed=0, window=window, drop_last=True)
+        batches = [g.pool_rows[slots] for g in plan for slots in g.batches]
+        per_epoch.append(quality(batches, layout.n_rows))
+        for world in reads:
+            reads[world].append(rank_reads(batches, layout, world))
+    return {
+        "window": window,
+        **{k: round(float(np.mean([q[k] for q in per_epoch])), 4) for k in per_epoch[0]},
+        "window_rows": window * args.shard_rows,
+        "window_mib": round(window * args.shard_rows * row_bytes / 2**20, 1),
+        **{f"shards_read_per_rank_{w}_ranks": round(float(np.mean(v)), 3) for w, v in reads.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", type=int, default=64)
+    ap.add_argument("--shard-rows", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=32, help="global batch")
+    ap.add_argument("--windows", default="1,4,16,64")
+    ap.add_argument("--config", default="3,8,0.2")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/shuffle_quality.json")
+    args = ap.parse_args()
+    layout = Layout(args.shards * args.shard_rows, args.shard_rows)
+    n = layout.n_rows
+    row_bytes = bytes_per_row(args.config)
+    rows = [reference(n, args.batch_size, args.epochs)]
+    rows += [window_row(layout, args, window, row_bytes) for window in (int(w) for w in args.windows.split(","))]
+    for r in rows:
+        print(json.dumps(r))
+    result = {"shards": args.shards, "shard_rows": args.shard_rows, "global_batch": args.batch_size,
+              "config": args.config, "bytes_per_row": row_bytes, "epochs": args.epochs, "rows": rows,
+              "load_average": os.getloadavg()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
