@@ -178,3 +178,18 @@ def s3(s3_server, monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     yield s3_server
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Some commands set torch's thread count for their process (a sweep's local runs, a dask worker's
+    dump); run in-process by a test, that would leak into the next test's dumps, whose stores record
+    the thread count (it changes float bits on CPU) and would then refuse a resume from a subprocess."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)

@@ -61,7 +61,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 def data_hashes(store: Path) -> dict[str, str]:
     """tree_hashes without the root zarr.json and the card (their creation time differs between dumps)."""
-    return {k: v for k, v in tree_hashes(store).items() if k not in ("zarr.json", "README.md")}
+    return {k: v for k, v in tree_hashes(store).items() if k not in ("zarr.json", "README.md", "croissant.json")}
 
 
 def one_error(capsys, code: int, *words: str) -> str:
@@ -131,7 +131,7 @@ def test_unmanifested_store_is_refused_until_upgraded(store, tmp_path, glue_dir,
     assert main(["upgrade", str(store)]) == 0
     said = capsys.readouterr().out
     assert "upgraded" in said and "covered by the manifest sha256:" in said and "hsk info" in said
-    assert data_hashes(store) == {k: v for k, v in before.items() if k not in ("zarr.json", "README.md")}
+    assert data_hashes(store) == {k: v for k, v in before.items() if k not in ("zarr.json", "README.md", "croissant.json")}
     meta = open_store(str(store)).meta
     assert meta["format_version"] == 2 and meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else 2)
     assert main(["verify", str(store)]) == 0
@@ -185,12 +185,12 @@ def test_unpack_overwrite_refuses_a_store_being_written(store, reference, tmp_pa
         before = tree_hashes(store)
         one_error(capsys, main(["unpack", "--overwrite", str(bundle), str(store)]), "is being written by pid")
         assert tree_hashes(store) == before
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.hsk.zip", "s.zarr"]  # no staged leftover
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.croissant.json", "s.hsk.zip", "s.zarr"]  # no staged leftover
     finally:
         holder.release()
     assert main(["unpack", "--overwrite", str(bundle), str(store)]) == 0  # no writer: replaced
     assert data_hashes(store) == data_hashes(reference)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.hsk.zip", "s.zarr"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.croissant.json", "s.hsk.zip", "s.zarr"]
 
 
 # 4 -------------------------------------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_bundle_with_a_bad_crc_is_one_line_and_unpacks_nothing(reference, tmp_pa
     one_error(capsys, main(["info", str(bundle)]), "Bad CRC-32", "damaged")
     one_error(capsys, main(["unpack", str(bundle), str(tmp_path / "u.zarr")]), "Bad CRC-32", "not unpacked")
     assert tree_hashes(tmp_path) == before and not (tmp_path / "u.zarr").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.hsk.zip"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.croissant.json", "s.hsk.zip"]
 
 
 def test_name_too_long_is_one_line(teacher, glue_dir, tmp_path, capsys, monkeypatch):

@@ -190,7 +190,7 @@ def dump_args(teacher_dir, glue_dir, out, *extra) -> list[str]:
 
 def chunk_bytes(url: Path) -> dict[str, bytes]:
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name not in ("zarr.json", "README.md") and "_progress" not in p.parts}
+            if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json") and "_progress" not in p.parts}
 
 
 @pytest.mark.parametrize("extra", [
