@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
-from pipelines.train.ptp import ptp_thresholds
+from pipelines.train.ptp import PTPThresholds, ptp_label_warning, ptp_thresholds
 
 PAIR_RULES = ("pkd-skip", "pkd-last")
+KD_HEADS = ("fresh", "kept")
 
 
 @dataclass
@@ -32,6 +36,7 @@ class PEAOptions:
     alpha: float = 0.5
     beta: float = 500.0  # 0: plain KD after PTP (no [CLS] store needed)
     pairs: str = "pkd-skip"  # which teacher layers the PKD term uses: pkd-skip | pkd-last
+    kd_head: str = "fresh"  # the KD stage's task head: fresh (the authors' code) | kept (the one from before PTP)
 
     def __post_init__(self) -> None:
         check_kd(self.epochs, self.lr, self.temperature, self.alpha)
@@ -41,6 +46,8 @@ class PEAOptions:
             raise MethodError(f"--beta must be >= 0, got {self.beta}")
         if self.pairs not in PAIR_RULES:
             raise MethodError(f"--set pairs= must be one of {', '.join(PAIR_RULES)}; got {self.pairs!r}")
+        if self.kd_head not in KD_HEADS:
+            raise MethodError(f"--set kd_head= must be one of {', '.join(KD_HEADS)}; got {self.kd_head!r}")
 
 
 def _check(options: PEAOptions, ctx: Context) -> str | None:
@@ -57,9 +64,21 @@ def _check(options: PEAOptions, ctx: Context) -> str | None:
     return None
 
 
+def _check_ptp_labels(th: PTPThresholds, ctx: Context) -> None:
+    """Warn (ctx.warnings) when the store's teacher gives degenerate PTP labels at these thresholds."""
+    if ctx.stored_targets is None:
+        return  # online: the teacher's logits are not known before training
+    logits, gold = ctx.stored_targets()
+    warning = ptp_label_warning(torch.as_tensor(np.asarray(logits)), torch.as_tensor(np.asarray(gold)), th)
+    if warning:
+        ctx.warnings.append(warning)
+
+
 def _build(options: PEAOptions, ctx: Context) -> list[Stage]:
     task = ctx.task
     th = ptp_thresholds(task.name, options.ptp_t1, options.ptp_t2)
+    if options.ptp_epochs > 0:
+        _check_ptp_labels(th, ctx)
     ptp = Stage(
         name="ptp",
         epochs=options.ptp_epochs,
@@ -70,12 +89,13 @@ def _build(options: PEAOptions, ctx: Context) -> list[Stage]:
         head="ptp4",
     )
     terms = prediction_terms(task, options.temperature, options.alpha)
+    fresh = options.kd_head == "fresh" and options.ptp_epochs > 0
     if options.beta == 0:
-        return [ptp, kd_stage(task, options.epochs, options.lr, terms)]
+        return [ptp, kd_stage(task, options.epochs, options.lr, terms, fresh_head=fresh)]
     terms += (Term("pkd", "pkd_cls", options.beta),)
     kd = kd_stage(task, options.epochs, options.lr, terms, outputs=("logits", "hidden_states"),
                   trains=("student", "projection"), pairs=options.pairs, pair_loss="pkd_cls",
-                  reads=("logits", "layers"))
+                  reads=("logits", "layers"), fresh_head=fresh)
     return [ptp, kd]
 
 
