@@ -70,14 +70,17 @@ def run_one(key: dict, teacher: str, stores: dict[str, Path], work: Path, args) 
     store = stores["cls" if method == "pea" else "logits"]
     out = work / f"{method}-{student}-s{seed}"
     command = train_command(student, method, seed, store, out, args)
-    load_before = os.getloadavg()
-    start = time.time()
-    sh(command)
+    load_before, start = os.getloadavg(), time.time()
+    finished = (out / "summary.json").exists()  # a run made before (e.g. by hand with the same flags): read back
+    if not finished:
+        sh(command)
     summary = json.loads((out / "summary.json").read_text())
     ptp = next((t for s in summary["plan"] for t in s["terms"] if t["loss"] == "ptp_ce"), None)
     return {**key, "teacher_path": teacher, "teacher_dev_accuracy": teacher_dev(teacher),
             "dev_accuracy": summary["score"], "best_step": summary["best_step"], "steps": summary["steps"],
-            "wall_s": round(time.time() - start, 1), "load_before": load_before, "load_after": os.getloadavg(),
+            "wall_s": None if finished else round(time.time() - start, 1),
+            "load_before": None if finished else load_before, "load_after": None if finished else os.getloadavg(),
+            "pea_options": summary["method_options"] if method == "pea" else None,
             "ptp_term": ptp, "command": " ".join(command)}
 
 
@@ -97,6 +100,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_missing(rows: list[dict], args, results: Path) -> None:
+    """Every (seed, teacher, arm) not in `rows` yet, in that order, each appended to --results when done."""
+    done = {(r["teacher"], r["student"], r["method"], r["seed"]) for r in rows}
+    arms = [tuple(a.split("@")[::-1]) for a in args.arms.split(",")]
+    todo = [(seed, name, teacher, student, method) for seed in map(int, args.seeds.split(","))
+            for name, teacher in dict(t.split("=", 1) for t in args.teacher).items()
+            for student, method in arms if (name, student, method, seed) not in done]
+    for seed, name, teacher, student, method in todo[:args.max_runs]:
+        work = Path(args.work) / name
+        stores = dump_stores(teacher, args, work)
+        key = {"teacher": name, "student": student, "method": method, "seed": seed}
+        rows.append(run_one(key, teacher, stores, work, args))
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps({"rows_trained_on": args.rows, "epochs": args.epochs, "lr": args.lr,
+                                       "runs": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher", action="append", required=True, help="NAME=PATH of a fine-tuned SST-2 teacher")
@@ -113,24 +133,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = Path(args.results)
     rows = json.loads(results.read_text())["runs"] if results.exists() else []
-    done = {(r["teacher"], r["student"], r["method"], r["seed"]) for r in rows}
-    arms = [tuple(a.split("@")[::-1]) for a in args.arms.split(",")]
-    teachers = dict(t.split("=", 1) for t in args.teacher)
-    new = 0
-    for seed in map(int, args.seeds.split(",")):
-        for name, teacher in teachers.items():
-            work = Path(args.work) / name
-            stores = None
-            for student, method in arms:
-                if (name, student, method, seed) in done or (args.max_runs is not None and new >= args.max_runs):
-                    continue
-                stores = stores or dump_stores(teacher, args, work)
-                key = {"teacher": name, "student": student, "method": method, "seed": seed}
-                rows.append(run_one(key, teacher, stores, work, args))
-                new += 1
-                results.parent.mkdir(parents=True, exist_ok=True)
-                results.write_text(json.dumps({"rows_trained_on": args.rows, "epochs": args.epochs, "lr": args.lr,
-                                               "runs": rows}, indent=1))
+    run_missing(rows, args, results)
     text = table(rows)
     results.with_suffix(".md").write_text(text)
     print(text)

@@ -280,3 +280,26 @@ def test_metrics_log_keeps_one_row_per_event(tmp_path):
     events = [(r["type"], r["stage"], r["step"]) for r in records(tmp_path)]
     assert events == [("train", "ptp", 3), ("stage_end", "ptp", 3), ("train", "kd", 4)]
     assert records(tmp_path)[-1]["loss"] == 0.4
+
+
+def test_hsk_train_pea_warns_when_the_ptp_labels_are_degenerate(stores, teacher_dir, glue_dir, tmp_path, capsys):
+    """The tiny confident teacher is sure of every row, right or wrong: at SST-2's (0.98, 0.8) no row is
+    right-confident nor wrong-unsure. The run says so before training, and records it in summary.json."""
+    import re
+
+    from pipelines.cli import main
+
+    def run(out: Path, *flags: str) -> str:
+        assert main(["train", "--method", "pea", "--store", stores["cls"], "--student", "sps1", "--student-base",
+                     str(teacher_dir), "--max-steps", "1", "--batch-size", "8", "--eval-limit", "8", "--data-dir",
+                     str(glue_dir), "--no-progress", "--out", str(out), *flags]) == 0
+        return capsys.readouterr().out
+
+    said = run(tmp_path / "authors")
+    line = next(x for x in said.splitlines() if x.startswith("WARNING: PTP labels of this store are degenerate"))
+    assert "0 right-confident" in line and "0 wrong-unsure" in line
+    summary = json.loads((tmp_path / "authors" / "summary.json").read_text())
+    assert any(w.startswith("PTP labels of this store are degenerate") for w in summary["warnings"])
+    t1, t2 = re.search(r"--ptp-t1 ([0-9.]+) --ptp-t2 ([0-9.]+)", line).groups()
+    # the suggested thresholds give labels of every class: no warning
+    assert "PTP labels" not in run(tmp_path / "split", "--ptp-t1", t1, "--ptp-t2", t2)

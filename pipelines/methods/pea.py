@@ -3,7 +3,7 @@
 Stage 'ptp': the student, with a fresh 4-way head ("ptp4"), learns to predict the PTP label of each
 example (pipelines.train.ptp: was the teacher right, was it confident; from the stored logits and
 gold labels, with the authors' per-task thresholds unless --ptp-t1/--ptp-t2 say otherwise).
-Stage 'kd': the task head comes back and the student is distilled with Patient KD's loss,
+Stage 'kd': a fresh task head (the authors' code; `kd_head=kept`: the pre-PTP one) and Patient KD's loss,
 (1 - a) CE(gold) + a T^2 KL + beta * PKD([CLS] of student layers 1..S-1 vs the teacher's I_pt);
 beta = 0 leaves plain KD, which any store serves. PeaBERT is this method on an SPS student
 (`--student sps<k>`, pipelines/train/sps.py); any other student works too.
@@ -26,7 +26,7 @@ KD_HEADS = ("fresh", "kept")
 
 @dataclass
 class PEAOptions:
-    ptp_epochs: float = 2.0  # the authors' PTP script stops after its second epoch
+    ptp_epochs: float = 2.0  # the authors run up to 4 and keep the lowest dev PTP loss; a store has no dev labels
     ptp_lr: float | None = None  # None: the task's (2e-5; MNLI 5e-5), linear decay to 0
     ptp_t1: float | None = None  # None: the authors' threshold for the task (pipelines.train.ptp)
     ptp_t2: float | None = None
