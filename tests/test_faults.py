@@ -28,6 +28,9 @@ from pipelines.cli import main
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 24
 
+DERIVED_FILES = ("zarr.json", "README.md", "croissant.json")  # metadata and what is rendered from it
+PACKED = ["s.croissant.json", "s.hsk.zip", "s.zarr"]  # a bundle, its Croissant sibling and the store
+
 
 def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, config: str = "2,4,0.25") -> list[str]:
     return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", config, "--data-dir", str(glue_dir),
@@ -61,7 +64,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 def data_hashes(store: Path) -> dict[str, str]:
     """tree_hashes without the root zarr.json and the card (their creation time differs between dumps)."""
-    return {k: v for k, v in tree_hashes(store).items() if k not in ("zarr.json", "README.md", "croissant.json")}
+    return {k: v for k, v in tree_hashes(store).items() if k not in DERIVED_FILES}
 
 
 def one_error(capsys, code: int, *words: str) -> str:
@@ -131,7 +134,7 @@ def test_unmanifested_store_is_refused_until_upgraded(store, tmp_path, glue_dir,
     assert main(["upgrade", str(store)]) == 0
     said = capsys.readouterr().out
     assert "upgraded" in said and "covered by the manifest sha256:" in said and "hsk info" in said
-    assert data_hashes(store) == {k: v for k, v in before.items() if k not in ("zarr.json", "README.md", "croissant.json")}
+    assert data_hashes(store) == {k: v for k, v in before.items() if k not in DERIVED_FILES}
     meta = open_store(str(store)).meta
     assert meta["format_version"] == 2 and meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else 2)
     assert main(["verify", str(store)]) == 0
@@ -185,12 +188,12 @@ def test_unpack_overwrite_refuses_a_store_being_written(store, reference, tmp_pa
         before = tree_hashes(store)
         one_error(capsys, main(["unpack", "--overwrite", str(bundle), str(store)]), "is being written by pid")
         assert tree_hashes(store) == before
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.croissant.json", "s.hsk.zip", "s.zarr"]  # no staged leftover
+        assert sorted(p.name for p in tmp_path.iterdir()) == PACKED  # no staged leftover
     finally:
         holder.release()
     assert main(["unpack", "--overwrite", str(bundle), str(store)]) == 0  # no writer: replaced
     assert data_hashes(store) == data_hashes(reference)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.croissant.json", "s.hsk.zip", "s.zarr"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == PACKED
 
 
 # 4 -------------------------------------------------------------------------------------------------------------

@@ -160,9 +160,14 @@ def test_pea_on_an_sps_student(stores, teacher_dir, glue_dir, tmp_path):
     assert "L1, L1'" in (tmp_path / "pea" / "best" / "README.md").read_text()
 
 
-def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stores, teacher_dir, glue_dir, tmp_path):
+@pytest.mark.parametrize(("stop", "checkpoint_every"), [(5, 1), (4, 100)])
+def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stop, checkpoint_every, stores, teacher_dir, glue_dir,
+                                                              tmp_path):
+    # (5, 1): the kd stage's second step, from its own checkpoint (the trained task head comes back);
+    # (4, 100): the kd stage's first step, from the checkpoint at the end of PTP: the fresh KD head is drawn
+    # again, and must be the very same head.
     kw = dict(method_options={"lr": 1e-3, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1, "beta": 0.0},
-              student_base=str(teacher_dir), data_dir=str(glue_dir), checkpoint_every=1, eval_limit=8)
+              student_base=str(teacher_dir), data_dir=str(glue_dir), checkpoint_every=checkpoint_every, eval_limit=8)
     train(options("pea", **kw), student="sps1", out_dir=str(tmp_path / "whole"), store=stores["att"],
           log=lambda *_: None)
 
@@ -170,7 +175,7 @@ def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stores, teacher_dir
         pass
 
     def interrupt(record):
-        if record["step"] == 5:  # the kd stage's second step: its checkpoint holds the task head again
+        if record["step"] == stop:
             raise Stop
 
     with pytest.raises(Stop):
@@ -181,6 +186,31 @@ def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stores, teacher_dir
     whole, cut = curve(tmp_path / "whole"), curve(tmp_path / "cut")
     assert [(s, k) for s, k, _ in cut] == [(s, k) for s, k, _ in whole]
     np.testing.assert_allclose([x for *_, x in cut], [x for *_, x in whole], rtol=1e-5)
+    # one row per event, as in the uninterrupted run: each stage ends once, each step is logged once
+    events = [(r["type"], r["stage"], r["step"]) for r in records(tmp_path / "cut")]
+    assert events == [(r["type"], r["stage"], r["step"]) for r in records(tmp_path / "whole")]
+    assert [e for e in events if e[0] == "stage_end"] == [("stage_end", "ptp", 3), ("stage_end", "kd", 6)]
+
+
+@pytest.mark.parametrize("kd_head", ["fresh", "kept"])
+def test_pea_kd_stage_head_after_ptp(kd_head, stores, teacher_dir, glue_dir, tmp_path):
+    """The KD stage starts from a freshly drawn task head (the authors' code), or with --set kd_head=kept
+    from the head the student had before PTP (for sps<k>, the teacher's classifier)."""
+    from transformers import AutoModelForSequenceClassification
+
+    # a KD learning rate of 1e-12 leaves the head where the stage started it (Adam steps ~ lr)
+    mo = {"lr": 1e-12, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1, "beta": 0.0, "kd_head": kd_head}
+    summary = train(options("pea", method_options=mo, student_base=str(teacher_dir), data_dir=str(glue_dir)),
+                    student="sps1", out_dir=str(tmp_path / kd_head), store=stores["cls"], log=lambda *_: None)
+    assert [s["fresh_head"] for s in summary["plan"]] == [False, kd_head == "fresh"]
+    head = AutoModelForSequenceClassification.from_pretrained(tmp_path / kd_head / "best").classifier
+    teacher_head = AutoModelForSequenceClassification.from_pretrained(teacher_dir).classifier
+    if kd_head == "kept":
+        torch.testing.assert_close(head.weight, teacher_head.weight)
+        torch.testing.assert_close(head.bias, teacher_head.bias)
+    else:  # BERT's initialisation, std initializer_range (0.02), zero bias; nothing of the teacher's head
+        assert float(head.bias.detach().abs().max()) < 1e-6 and 0.01 < float(head.weight.detach().std()) < 0.03
+        assert float(teacher_head.bias.detach().abs().max()) > 0.5
 
 
 @pytest.mark.parametrize("method", ["tinybert-att", "pea"])
@@ -226,3 +256,50 @@ def test_tinybert_att_needs_the_teachers_head_count_or_mean(stores, teacher_dir,
     assert summary["method_options"]["heads"] == "mean"
     att = [r["terms"]["att"] for r in records(tmp_path / "b") if r["type"] == "train" and r["stage"] == "hsk"]
     assert len(att) == 1 and att[0] > 0
+
+
+def test_metrics_log_keeps_one_row_per_event(tmp_path):
+    from pipelines.core.run_state import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path, None)
+    ptp_last = {"type": "train", "stage": "ptp", "step": 3, "loss": 1.0}
+    ptp_end = {"type": "stage_end", "stage": "ptp", "step": 3, "final_loss": 1.0}
+    for record in (ptp_last, ptp_end, ptp_last, ptp_end, {"type": "train", "stage": "kd", "step": 4, "loss": 0.5}):
+        log.write(record)
+    events = [(r["type"], r["stage"], r["step"]) for r in records(tmp_path)]
+    assert events == [("train", "ptp", 3), ("stage_end", "ptp", 3), ("train", "kd", 4)]
+    # A file that already repeats the PTP stage's end (written by an older hsk): a resume at the end of PTP
+    # keeps one copy of each row up to its step and drops the rest; a row met again is not written again.
+    lines = [json.dumps(r) for r in (ptp_last, ptp_end, ptp_last, ptp_end, {"type": "train", "stage": "kd",
+                                                                            "step": 4})]
+    path.write_text("".join(f"{line}\n" for line in lines))
+    log = MetricsLog(path, 3)
+    log.write(ptp_end)
+    log.write({"type": "train", "stage": "kd", "step": 4, "loss": 0.4})
+    events = [(r["type"], r["stage"], r["step"]) for r in records(tmp_path)]
+    assert events == [("train", "ptp", 3), ("stage_end", "ptp", 3), ("train", "kd", 4)]
+    assert records(tmp_path)[-1]["loss"] == 0.4
+
+
+def test_hsk_train_pea_warns_when_the_ptp_labels_are_degenerate(stores, teacher_dir, glue_dir, tmp_path, capsys):
+    """The tiny confident teacher is sure of every row, right or wrong: at SST-2's (0.98, 0.8) no row is
+    right-confident nor wrong-unsure. The run says so before training, and records it in summary.json."""
+    import re
+
+    from pipelines.cli import main
+
+    def run(out: Path, *flags: str) -> str:
+        assert main(["train", "--method", "pea", "--store", stores["cls"], "--student", "sps1", "--student-base",
+                     str(teacher_dir), "--max-steps", "1", "--batch-size", "8", "--eval-limit", "8", "--data-dir",
+                     str(glue_dir), "--no-progress", "--out", str(out), *flags]) == 0
+        return capsys.readouterr().out
+
+    said = run(tmp_path / "authors")
+    line = next(x for x in said.splitlines() if x.startswith("WARNING: PTP labels of this store are degenerate"))
+    assert "0 right-confident" in line and "0 wrong-unsure" in line
+    summary = json.loads((tmp_path / "authors" / "summary.json").read_text())
+    assert any(w.startswith("PTP labels of this store are degenerate") for w in summary["warnings"])
+    t1, t2 = re.search(r"--ptp-t1 ([0-9.]+) --ptp-t2 ([0-9.]+)", line).groups()
+    # the suggested thresholds give labels of every class: no warning
+    assert "PTP labels" not in run(tmp_path / "split", "--ptp-t1", t1, "--ptp-t2", t2)

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from hskstore.config import ConfigError
-from pipelines.train.ptp import IGNORE, PTPThresholds, ptp_label_counts, ptp_labels, ptp_thresholds
+from pipelines.train.ptp import (
+    IGNORE,
+    PTPThresholds,
+    ptp_label_counts,
+    ptp_label_warning,
+    ptp_labels,
+    ptp_thresholds,
+)
 
 
 def test_four_classes_by_hand():
@@ -54,3 +61,40 @@ def test_authors_thresholds_and_overrides():
         ptp_thresholds("stsb", t1=0.5, t2=0.5)
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
         ptp_thresholds("rte", t2=1.5)
+
+
+def _logits_with_confidence(conf: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """Two-class logits whose softmax gives `conf` to class `predicted`."""
+    margin = torch.log(conf / (1 - conf))
+    return torch.stack([torch.where(predicted == 0, margin, 0.0), torch.where(predicted == 1, margin, 0.0)], -1)
+
+
+def test_a_weak_teacher_gives_degenerate_labels_and_the_warning_says_which_thresholds_split_them():
+    # A weak teacher: confidences 0.55..0.78 (never above SST-2's t1 0.98 nor t2 0.8), 80 right, 20 wrong.
+    conf = torch.linspace(0.55, 0.78, 100)
+    gold = torch.randint(0, 2, (100,), generator=torch.Generator().manual_seed(0))
+    wrong = torch.arange(100) % 5 == 0
+    logits = _logits_with_confidence(conf, torch.where(wrong, 1 - gold, gold))
+    th = ptp_thresholds("sst2")
+    counts = ptp_label_counts(ptp_labels(logits, gold, th))
+    assert counts["right-confident"] == 0 and counts["wrong-confident"] == 0  # two of four classes empty
+    warning = ptp_label_warning(logits, gold, th)
+    assert warning is not None and "right-confident" in warning and "empty" in warning
+    t1 = float(conf[~wrong].median())
+    t2 = float(conf[wrong].median())
+    assert f"--ptp-t1 {t1:.3f} --ptp-t2 {t2:.3f}" in warning
+    # The suggested thresholds split each half of the rows: every class is used, none dominates.
+    split = ptp_label_counts(ptp_labels(logits, gold, PTPThresholds(t1, t2, "test")))
+    assert min(split[c] for c in ("right-confident", "right-unsure", "wrong-confident", "wrong-unsure")) >= 9
+    assert ptp_label_warning(logits, gold, PTPThresholds(t1, t2, "test")) is None
+
+
+def test_no_warning_for_a_teacher_whose_labels_use_every_class():
+    logits = torch.tensor([[0.0, math.log(99.0)], [0.0, 0.5], [math.log(99.0), 0.0], [0.5, 0.0]] * 3)
+    gold = torch.tensor([1, 1, 1, 1] * 3)  # right-confident, right-unsure, wrong-confident, wrong-unsure
+    assert ptp_label_warning(logits, gold, ptp_thresholds("sst2")) is None
+    # one class over 80% of the labelled rows is degenerate too, even with no class empty
+    many = torch.cat([logits, logits[:1].repeat(60, 1)]), torch.cat([gold, gold[:1].repeat(60)])
+    assert "right-confident" in ptp_label_warning(*many, ptp_thresholds("sst2"))
+    # rows without gold say nothing about the teacher: no labels, no warning
+    assert ptp_label_warning(logits, torch.full_like(gold, -1), ptp_thresholds("sst2")) is None

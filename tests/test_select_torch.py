@@ -188,9 +188,12 @@ def dump_args(teacher_dir, glue_dir, out, *extra) -> list[str]:
             "--out", str(out), *extra]
 
 
+METADATA_FILES = ("zarr.json", "README.md", "croissant.json")  # metadata and what is rendered from it
+
+
 def chunk_bytes(url: Path) -> dict[str, bytes]:
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json") and "_progress" not in p.parts}
+            if p.is_file() and p.name not in METADATA_FILES and "_progress" not in p.parts}
 
 
 @pytest.mark.parametrize("extra", [

@@ -83,20 +83,36 @@ def json_default(obj: Any) -> Any:
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON record per log or eval step; a resume drops records past its checkpoint."""
+    """metrics.jsonl: one JSON record per log or eval step; a resume drops records past its checkpoint.
+
+    A record is written once: a second record with the same (type, stage, step) as one already in the
+    file (a stage's end met again by a resume, a re-entered stage) is left out, so every row of the file
+    stands for one event.
+    """
 
     def __init__(self, path: Path, keep_until_step: int | None):
         self.path = path
+        self._seen: set[tuple] = set()
         if keep_until_step is None:
             path.write_text("")
         elif path.exists():
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= keep_until_step
-            ]
+            kept = []
+            for line in path.read_text().splitlines():
+                record = json.loads(line) if line.strip() else None
+                if record is None or record.get("step", 0) > keep_until_step or _key(record) in self._seen:
+                    continue
+                self._seen.add(_key(record))
+                kept.append(line)
             path.write_text("".join(f"{line}\n" for line in kept))
 
     def write(self, record: dict) -> None:
+        key = _key(record)
+        if key in self._seen:
+            return
+        self._seen.add(key)
         with self.path.open("a") as f:
             f.write(json.dumps(record, default=json_default) + "\n")
+
+
+def _key(record: dict) -> tuple:
+    return record.get("type"), record.get("stage"), record.get("step")

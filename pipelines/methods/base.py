@@ -60,6 +60,7 @@ class Stage:
     reads: tuple[str, ...] = ()  # store arrays besides the inputs and labels: "logits", "layers", ...
     outputs: tuple[str, ...] = ("logits",)  # what the student's forward must return
     head: str = "task"  # the classification head this stage trains: task | ptp4 | mlm (pipelines.train.heads)
+    fresh_head: bool = False  # start from a newly initialised head instead of the one kept aside
     trains: tuple[str, ...] = ("student",)  # "student", and "projection" (the shared W: d_S -> d_T)
     select_best: bool = False  # evaluate on dev (epoch ends, --eval-every) and keep the best checkpoint
     pairs: str | None = None  # layer pairing rule of pipelines.train.pairs ("store", "pkd-skip", "pkd-last")
@@ -93,6 +94,8 @@ class Context:
     warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
     student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
     student_layers: int | None = None  # its depth (effective layers of an SPS student), when known
+    # offline runs: () -> (teacher logits [N, C], gold labels [N]) of every stored row, read when called
+    stored_targets: Callable[[], tuple[Any, Any]] | None = None
 
 
 @dataclass(frozen=True)

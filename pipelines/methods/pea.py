@@ -3,7 +3,7 @@
 Stage 'ptp': the student, with a fresh 4-way head ("ptp4"), learns to predict the PTP label of each
 example (pipelines.train.ptp: was the teacher right, was it confident; from the stored logits and
 gold labels, with the authors' per-task thresholds unless --ptp-t1/--ptp-t2 say otherwise).
-Stage 'kd': the task head comes back and the student is distilled with Patient KD's loss,
+Stage 'kd': a fresh task head (the authors' code; `kd_head=kept`: the pre-PTP one) and Patient KD's loss,
 (1 - a) CE(gold) + a T^2 KL + beta * PKD([CLS] of student layers 1..S-1 vs the teacher's I_pt);
 beta = 0 leaves plain KD, which any store serves. PeaBERT is this method on an SPS student
 (`--student sps<k>`, pipelines/train/sps.py); any other student works too.
@@ -14,17 +14,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
 from pipelines.train.pairs import pkd_dump_advice
-from pipelines.train.ptp import ptp_thresholds
+from pipelines.train.ptp import PTPThresholds, ptp_label_warning, ptp_thresholds
 
 PAIR_RULES = ("pkd-skip", "pkd-last")
+KD_HEADS = ("fresh", "kept")
 
 
 @dataclass
 class PEAOptions:
-    ptp_epochs: float = 2.0  # the authors' PTP script stops after its second epoch
+    ptp_epochs: float = 2.0  # the authors run up to 4 and keep the lowest dev PTP loss; a store has no dev labels
     ptp_lr: float | None = None  # None: the task's (2e-5; MNLI 5e-5), linear decay to 0
     ptp_t1: float | None = None  # None: the authors' threshold for the task (pipelines.train.ptp)
     ptp_t2: float | None = None
@@ -34,6 +38,7 @@ class PEAOptions:
     alpha: float = 0.5
     beta: float = 500.0  # 0: plain KD after PTP (no [CLS] store needed)
     pairs: str = "pkd-skip"  # which teacher layers the PKD term uses: pkd-skip | pkd-last
+    kd_head: str = "fresh"  # the KD stage's task head: fresh (the authors' code) | kept (the one from before PTP)
 
     def __post_init__(self) -> None:
         check_kd(self.epochs, self.lr, self.temperature, self.alpha)
@@ -43,6 +48,8 @@ class PEAOptions:
             raise MethodError(f"--beta must be >= 0, got {self.beta}")
         if self.pairs not in PAIR_RULES:
             raise MethodError(f"--set pairs= must be one of {', '.join(PAIR_RULES)}; got {self.pairs!r}")
+        if self.kd_head not in KD_HEADS:
+            raise MethodError(f"--set kd_head= must be one of {', '.join(KD_HEADS)}; got {self.kd_head!r}")
 
 
 def _check(options: PEAOptions, ctx: Context) -> str | None:
@@ -64,9 +71,21 @@ def _check(options: PEAOptions, ctx: Context) -> str | None:
     return None
 
 
+def _check_ptp_labels(th: PTPThresholds, ctx: Context) -> None:
+    """Warn (ctx.warnings) when the store's teacher gives degenerate PTP labels at these thresholds."""
+    if ctx.stored_targets is None:
+        return  # online: the teacher's logits are not known before training
+    logits, gold = ctx.stored_targets()
+    warning = ptp_label_warning(torch.as_tensor(np.asarray(logits)), torch.as_tensor(np.asarray(gold)), th)
+    if warning:
+        ctx.warnings.append(warning)
+
+
 def _build(options: PEAOptions, ctx: Context) -> list[Stage]:
     task = ctx.task
     th = ptp_thresholds(task.name, options.ptp_t1, options.ptp_t2)
+    if options.ptp_epochs > 0:
+        _check_ptp_labels(th, ctx)
     ptp = Stage(
         name="ptp",
         epochs=options.ptp_epochs,
@@ -77,12 +96,13 @@ def _build(options: PEAOptions, ctx: Context) -> list[Stage]:
         head="ptp4",
     )
     terms = prediction_terms(task, options.temperature, options.alpha)
+    fresh = options.kd_head == "fresh" and options.ptp_epochs > 0
     if options.beta == 0:
-        return [ptp, kd_stage(task, options.epochs, options.lr, terms)]
+        return [ptp, kd_stage(task, options.epochs, options.lr, terms, fresh_head=fresh)]
     terms += (Term("pkd", "pkd_cls", options.beta),)
     kd = kd_stage(task, options.epochs, options.lr, terms, outputs=("logits", "hidden_states"),
                   trains=("student", "projection"), pairs=options.pairs, pair_loss="pkd_cls",
-                  reads=("logits", "layers"))
+                  reads=("logits", "layers"), fresh_head=fresh)
     return [ptp, kd]
 
 

@@ -76,12 +76,25 @@ class _Notes:
         self.items.append(msg)
 
 
+def _stored_targets(source: Source) -> Callable[[], tuple[Any, Any]] | None:
+    """The store's logits and gold labels, read only when a method asks (PEA-KD checks its PTP labels)."""
+    if source.mode != "offline" or source.task.is_regression:
+        return None
+
+    def read() -> tuple[Any, Any]:
+        data = source.store.read(slice(None), ["logits", "label"])
+        return data["logits"], data["label"]
+
+    return read
+
+
 def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) -> tuple[Any, Any, list[Stage]]:
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
     ctx = Context(source.task, source.selection, source.meta, student=student,
-                  student_layers=_depth(student, options.student_weights))
+                  student_layers=_depth(student, options.student_weights),
+                  stored_targets=_stored_targets(source))
     stages = method.stages(method_options, ctx)
     for msg in ctx.warnings:
         notes(msg)

@@ -2,11 +2,14 @@
 
 "task" is the student's own classifier (num_labels of the task). Other heads (e.g. PEA-KD's 4-way
 "ptp4") are fresh Linear layers on the same pooled features, kept aside while not in use, so a later
-stage gets the task head back untouched. A checkpoint records every head and which one is on.
+stage gets the task head back untouched, unless it asks for a fresh one (`Stage.fresh_head`: PEA-KD's
+KD stage, whose pooled features the PTP stage has retrained). New heads get BERT's initialisation
+(normal, std `initializer_range`, zero bias). A checkpoint records every head and which one is on.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from hskstore.config import ConfigError
@@ -40,10 +43,28 @@ class Heads:
         self.aside[self.current] = head
         new = self.aside.pop(name, None)
         if new is None:
-            new = nn.Linear(head.in_features, HEAD_SIZES[name]).to(head.weight.device)
+            new = self._new_linear(head, HEAD_SIZES[name])
         self.model.classifier = new
         self.model.num_labels = new.out_features
         self.current = name
+
+    def _new_linear(self, like: nn.Linear, out_features: int, seed: int | None = None) -> nn.Linear:
+        """A head on `like`'s features, initialised as BERT's (and as the PEA-KD authors' classifiers); with a
+        seed, drawn from its own generator and leaving the global RNG (dropout's) untouched."""
+        std = float(getattr(getattr(self.model, "config", None), "initializer_range", 0.02))
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            new = nn.Linear(like.in_features, out_features)
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        with torch.no_grad():
+            new.weight.copy_(torch.randn(new.weight.shape, generator=generator) * std)
+            new.bias.zero_()
+        return new.to(like.weight.device)
+
+    def reset(self, seed: int) -> None:
+        """Replace the current head by a fresh one of the same size (a pure function of `seed`: a resumed run
+        draws the very same head)."""
+        head = self._classifier()
+        self.model.classifier = self._new_linear(head, head.out_features, seed)
 
     def state_dict(self) -> dict:
         return {"current": self.current, "aside": {k: m.state_dict() for k, m in self.aside.items()}}

@@ -357,6 +357,8 @@ class _StageRun:
 def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     stage, pairs, opts = run.stages[index], run.pairs[index], run.options
     run.student.heads.use(stage.head)
+    if stage.fresh_head and run.position.stage_step == 0:  # not when resuming mid-stage: the head is trained
+        run.student.heads.reset(seed=opts.seed + index)
     kept = sorted({p.kept for p in pairs})
     ranks = run.ranks
     stream = StoreStream(run.source.store, batch_size=ranks.local_batch(run.batch_size), seed=opts.seed,

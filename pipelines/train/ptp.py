@@ -93,6 +93,40 @@ def ptp_label_counts(labels: torch.Tensor) -> dict[str, int]:
     return counts
 
 
+DOMINANT = 0.8  # one PTP class holding more of the labelled rows than this says little about any example
+
+
+def ptp_label_warning(teacher_logits: torch.Tensor, gold: torch.Tensor, thresholds: PTPThresholds) -> str | None:
+    """A warning when the PTP labels of these rows are degenerate, with thresholds that would split them; else None.
+
+    The authors' thresholds fit confident BERT-base teachers. A weaker teacher is rarely sure above t1
+    or t2: then a class is empty or one class holds nearly every row, and PTP reduces to predicting a
+    near-constant label. The suggested thresholds are the median confidence of the rows the teacher
+    got right (t1) and wrong (t2): each of its halves splits in two.
+    """
+    labels = ptp_labels(teacher_logits, gold, thresholds)
+    counts = ptp_label_counts(labels)
+    labelled = sum(counts[name] for name in PTP_CLASSES)
+    if labelled == 0:
+        return None
+    empty = [name for name in PTP_CLASSES if counts[name] == 0]
+    top = max(PTP_CLASSES, key=lambda name: counts[name])
+    if not empty and counts[top] <= DOMINANT * labelled:
+        return None
+    conf, predicted = F.softmax(teacher_logits.float(), dim=-1).max(dim=-1)
+    has_gold = gold >= 0
+    right = (predicted == gold.long()) & has_gold
+    wrong = (predicted != gold.long()) & has_gold
+    t1 = float(conf[right].median()) if right.any() else thresholds.t1
+    t2 = float(conf[wrong].median()) if wrong.any() else thresholds.t2
+    shown = ", ".join(f"{counts[name]} {name}" for name in PTP_CLASSES)
+    what = f"{', '.join(empty)} empty" if empty else f"{counts[top] / labelled:.0%} {top}"
+    return (f"PTP labels of this store are degenerate ({shown}; {what}) at t1 {thresholds.t1:g}, t2 "
+            f"{thresholds.t2:g}, the authors' values for a confident BERT-base teacher: PTP then teaches a "
+            f"near-constant label and can leave the student worse off for KD (docs/methods/pea.md). "
+            f"Thresholds at this teacher's median confidences split them: --ptp-t1 {t1:.3f} --ptp-t2 {t2:.3f}")
+
+
 @loss_term("ptp_ce")
 def term_ptp_ce(x: TermInputs, t1: float, t2: float) -> torch.Tensor:
     """Cross-entropy of the student's 4-way (ptp4) head to the PTP labels of the batch's stored logits."""
