@@ -148,10 +148,12 @@ def dump_stores(work: Path) -> list[str]:
 
 
 def pin(url: str) -> None:
-    """Replace run-dependent metadata by fixed values; recompute identity, manifest and card as the writer does."""
+    """Replace run-dependent metadata by fixed values; recompute identity, manifest, card and croissant.json
+    as the writer does (croissant.json names the root zarr.json by its sha256, so it follows the pinning)."""
     import zarr
 
     from hskstore.card import write_card
+    from hskstore.croissant import write_croissant
     from hskstore.manifest import MANIFEST_KEY, compute_manifest, list_arrays
     from hskstore.schema import META_KEY, array_specs
     from hskstore.writer import identity
@@ -169,6 +171,7 @@ def pin(url: str) -> None:
     meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
     group.attrs[META_KEY] = meta
     write_card(group, meta, [spec.name for spec in array_specs(meta)], url)
+    write_croissant(group, meta, [spec.name for spec in array_specs(meta)], url)
 
 
 def _numbers(array: np.ndarray) -> list:
