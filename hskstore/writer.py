@@ -38,7 +38,7 @@ import zarr
 
 from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, stored_bytes, write_card
-from .croissant import write_croissant
+from .croissant import CROISSANT_NAME, read_croissant, write_croissant
 from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease
@@ -328,11 +328,17 @@ class StoreWriter:
         return bool(self.meta.get("complete"))
 
     def repair_card(self, log=None) -> None:
-        """Write the card of a complete store that lacks it (a writer killed between its metadata and its card)."""
+        """Write what is rendered from the metadata of a complete store that lacks it (a writer killed between
+        its metadata and its card or croissant.json)."""
+        names = [spec.name for spec in self.specs]
         if read_card(self.group) is None:
-            write_card(self.group, self.meta, [spec.name for spec in self.specs], self.url)
+            write_card(self.group, self.meta, names, self.url)
             if log is not None:
                 log(f"restored the card {CARD_NAME} of {self.url} (derived from its metadata)")
+        if read_croissant(self.group) is None:
+            write_croissant(self.group, self.meta, names, self.url)
+            if log is not None:
+                log(f"restored {CROISSANT_NAME} of {self.url} (derived from its metadata)")
 
     @property
     def n_shards(self) -> int:

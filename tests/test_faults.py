@@ -334,14 +334,15 @@ def test_resume_refuses_what_changes_the_bytes(reference, teacher, glue_dir, tmp
 
 
 def test_rerun_of_a_complete_store_restores_its_card(store, teacher, glue_dir, capsys):
-    card = (store / "README.md").read_bytes()
-    (store / "README.md").unlink()  # a kill after the metadata, before the card
+    rendered = {name: (store / name).read_bytes() for name in ("README.md", "croissant.json")}
+    for name in rendered:
+        (store / name).unlink()  # a kill after the metadata, before the card and croissant.json
     data = tree_hashes(store)
     assert main(dump_args(teacher, glue_dir, store)) == 0
     said = capsys.readouterr().out
-    assert "already complete" in said and "restored the card README.md" in said
-    assert (store / "README.md").read_bytes() == card
-    assert {k: v for k, v in tree_hashes(store).items() if k != "README.md"} == data
+    assert "already complete" in said and "restored the card README.md" in said and "restored croissant.json" in said
+    assert {name: (store / name).read_bytes() for name in rendered} == rendered
+    assert {k: v for k, v in tree_hashes(store).items() if k not in rendered} == data
 
 
 # 9 -------------------------------------------------------------------------------------------------------------
