@@ -183,13 +183,22 @@ def s3(s3_server, monkeypatch):
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Some commands set torch's thread count for their process (a sweep's local runs, a dask worker's
-    dump); run in-process by a test, that would leak into the next test's dumps, whose stores record
-    the thread count (it changes float bits on CPU) and would then refuse a resume from a subprocess."""
+    dump), and dask sets OMP_NUM_THREADS and friends in the environment of the process that starts a
+    cluster; run in-process by a test, either would leak into the next test's dumps, whose stores record
+    the thread count (it changes float bits on CPU) and then refuse a resume from a subprocess."""
+    import os
     import sys
 
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    env = {name: os.environ.get(name) for name in names}
     torch = sys.modules.get("torch")
     before = torch.get_num_threads() if torch is not None else None
     yield
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     torch = sys.modules.get("torch")
     if torch is not None and before is not None and torch.get_num_threads() != before:
         torch.set_num_threads(before)
