@@ -76,6 +76,7 @@ def timed_train(options: TrainOptions, out: Path, cpu: list[float] | None = None
         if cpu is not None:
             cpu.append(time.process_time())
 
+    shutil.rmtree(out, ignore_errors=True)  # each round is a new run (a finished run is kept unless replaced)
     summary = train(options, out_dir=str(out), on_step=on_step, log=lambda *_: None, **kw)
     return stamps, summary
 
