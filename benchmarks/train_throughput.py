@@ -165,6 +165,7 @@ def main() -> None:
     ap.add_argument("--task", default="qnli")
     ap.add_argument("--split", default="dev", help="rows to train on (shared/ has QNLI dev only)")
     ap.add_argument("--config", default="1,9,0.1")
+    ap.add_argument("--values", default="float16", help="the store's value codec: float16, int8, int4, mxfp4")
     ap.add_argument("--student", default="tinybert4")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per mode, over all rounds")
     ap.add_argument("--rounds", type=int, default=4, help="modes alternate round by round, so noise hits all")
@@ -188,6 +189,7 @@ def main() -> None:
         teacher = make_teacher(task.num_labels, work / "teacher")
         dump_options = DumpOptions(
             config=HSKConfig.parse(args.config),
+            value_dtype=args.values,
             max_length=args.max_length,
             batch_size=args.batch_size,
             shard_rows=4 * args.batch_size,
