@@ -309,6 +309,24 @@ def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> N
                       "replace it (once the new run is complete), or choose another --out")
 
 
+def _open_source(options: TrainOptions, store: str | None, teacher: str | None, task: str | None,
+                 config: str | None, data_dir: str | None, log: Callable[[str], Any]) -> Source:
+    """The store to train from (checked against --expect-store), or the live teacher (online)."""
+    if store is None:
+        return open_online(teacher, task, config, options, data_dir, log)
+    source = open_offline(store, task)
+    check_expected_store(source, options.expect_store)
+    return source
+
+
+def _restore(run: Run, state: dict, checkpoints: Checkpoints, log: Callable[[str], Any]) -> None:
+    run.restore(state)
+    position = run.position
+    name = run.stages[min(position.stage_index, len(run.stages) - 1)].name
+    log(f"resuming from {checkpoints.path}: stage {name}, step {position.stage_step} of the stage "
+        f"(global step {position.global_step})")
+
+
 def _train(
     options: TrainOptions,
     ranks: Ranks,
@@ -338,11 +356,7 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
-    if store is not None:
-        source = open_offline(store, task)
-        check_expected_store(source, options.expect_store)
-    else:
-        source = open_online(teacher, task, config, options, data_dir, log)
+    source = _open_source(options, store, teacher, task, config, data_dir, log)
     _check_run(student, options, source)
     method, method_options, stages = _plan(options, source, notes, student)
     dev = find_dev(source.task, source.meta, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
@@ -382,11 +396,7 @@ def _train(
         log=log, on_step=on_step, student_inputs=student_inputs, ranks=ranks,
     )
     if state is not None:
-        run.restore(state)
-        position = run.position
-        name = stages[min(position.stage_index, len(stages) - 1)].name
-        log(f"resuming from {checkpoints.path}: stage {name}, step {position.stage_step} of the stage "
-            f"(global step {position.global_step})")
+        _restore(run, state, checkpoints, log)
     try:
         run_stages(run, state)
     finally:
