@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from hskstore.config import ConfigError
-from pipelines.train.ptp import (
+from pipelines.methods.ptp import (
     IGNORE,
     PTPThresholds,
     ptp_label_counts,
     ptp_label_warning,
-    ptp_labels,
     ptp_thresholds,
 )
+from pipelines.train.ptp import ptp_labels
 
 
 def test_four_classes_by_hand():

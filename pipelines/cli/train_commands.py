@@ -56,11 +56,6 @@ Examples:
 """
 
 
-# flag -> method option; given flags only (None = not given), so each method keeps its own defaults.
-METHOD_FLAGS = ("stages", "epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred", "temperature", "alpha", "hsk_loss",
-                "epochs", "lr", "beta", "lam")
-
-
 def method_options(values: dict, sets: list[str] | None) -> dict:
     """The method options given on the command line: typed flags and --set NAME=VALUE."""
     chosen = {k: v for k, v in values.items() if v is not None}

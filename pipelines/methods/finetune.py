@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
+from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 
 @dataclass

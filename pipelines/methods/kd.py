@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipelines.core.tasks import Task
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
+from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 
 def prediction_terms(task: Task, temperature: float, alpha: float | None) -> tuple[Term, ...]:

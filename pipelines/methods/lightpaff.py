@@ -10,17 +10,17 @@ Both stages minimise (1 - l) MLE(gold) + l KL(teacher || student) (the paper's e
   alone on rows without one (label -1: unlabeled rows the teacher labelled softly). The paper picks
   l per task on dev and does not publish it; we default to 0.5, the middle, and no temperature (T = 1),
   as its equation 5 has none.
+
+Its pieces: the loss terms `lightpaff_ft`, `mlm_mle` and `mlm_topk_kl` (with `lightpaff_rows` and
+`topk_kl`) in pipelines/train/losses.py; the pre-training run in pipelines/train/lightpaff_pretrain.py;
+the masked-LM store it reads, written by `hsk dump --objective mlm` (pipelines/dump/mlm.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
-from pipelines.train.losses import TermInputs, loss_term, topk_kl
+from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 PAPER = ("Song, Sun, Tan, Qin, Lu, Liu, Liu, 'LightPAFF: A Two-Stage Distillation Framework for Pre-training "
          "and Fine-tuning' (2020)")
@@ -33,40 +33,6 @@ def _check_lambda(lam: float, epochs: float, lr: float | None) -> None:
         raise MethodError(f"--epochs must be >= 0, got {epochs}")
     if lr is not None and lr <= 0:
         raise MethodError(f"--lr must be > 0, got {lr}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Loss terms
-
-
-def lightpaff_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                   lam: float) -> torch.Tensor:
-    """Mean over rows of (1 - l) CE(gold) + l KL(teacher || student) where gold exists, KL alone where not."""
-    log_q = F.log_softmax(student_logits.float(), dim=-1)
-    log_p = F.log_softmax(teacher_logits.float(), dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-    labels = labels.long()
-    has_label = labels >= 0
-    ce = -log_q.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
-    per_row = torch.where(has_label, (1.0 - lam) * ce + lam * kl, kl)
-    return per_row.mean()
-
-
-@loss_term("lightpaff_ft")
-def term_lightpaff_ft(x: TermInputs, lam: float = 0.5) -> torch.Tensor:
-    return lightpaff_rows(x.outputs.logits, x.batch["logits"], x.batch["labels"], lam)
-
-
-@loss_term("mlm_mle")
-def term_mlm_mle(x: TermInputs) -> torch.Tensor:
-    """Cross-entropy of the original token at every masked position (outputs.logits: [N masked, V])."""
-    return F.cross_entropy(x.outputs.logits.float(), x.batch["mlm_labels"].long())
-
-
-@loss_term("mlm_topk_kl")
-def term_mlm_topk_kl(x: TermInputs) -> torch.Tensor:
-    """KL(teacher || student) over the stored top-k ids plus the tail bucket, mean over masked positions."""
-    return topk_kl(x.outputs.logits.float(), x.batch["topk_ids"], x.batch["topk_logits"], x.batch["lse"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.kd import prediction_terms
+from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 STAGE_NAMES = ("hsk", "pred")
 HSK_LOSSES = {"mse": "hsk_mse", "masked-mse": "hsk_masked_mse", "pkd": "pkd_cls"}

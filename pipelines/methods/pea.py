@@ -1,12 +1,17 @@
 """`pea`: PEA-KD (Cho et al.): PTP pre-training on a 4-way head, then Patient KD; docs/methods/pea.md.
 
 Stage 'ptp': the student, with a fresh 4-way head ("ptp4"), learns to predict the PTP label of each
-example (pipelines.train.ptp: was the teacher right, was it confident; from the stored logits and
+example (pipelines/methods/ptp.py: was the teacher right, was it confident; from the stored logits and
 gold labels, with the authors' per-task thresholds unless --ptp-t1/--ptp-t2 say otherwise).
 Stage 'kd': a fresh task head (the authors' code; `kd_head=kept`: the pre-PTP one) and Patient KD's loss,
 (1 - a) CE(gold) + a T^2 KL + beta * PKD([CLS] of student layers 1..S-1 vs the teacher's I_pt);
 beta = 0 leaves plain KD, which any store serves. PeaBERT is this method on an SPS student
 (`--student sps<k>`, pipelines/train/sps.py); any other student works too.
+
+Its pieces: the PTP thresholds, label rule and warning (torch-free) in pipelines/methods/ptp.py; the
+`ptp4` head in pipelines/train/heads.py; the loss terms `ptp_ce` and `pkd_cls` in
+pipelines/train/losses.py, `ptp_ce` labelling each batch with pipelines/train/ptp.py; the I_pt layer
+pairs in pipelines/train/pairs.py (from `pkd_teacher_layers` of pipelines/methods/pkd.py).
 """
 
 from __future__ import annotations
@@ -14,15 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
-from pipelines.train.pairs import pkd_dump_advice
-from pipelines.train.ptp import PTPThresholds, ptp_label_warning, ptp_thresholds
+from pipelines.methods.pkd import PKD_RULES, pkd_dump_advice
+from pipelines.methods.ptp import PTPThresholds, ptp_label_warning, ptp_thresholds
+from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
-PAIR_RULES = ("pkd-skip", "pkd-last")
 KD_HEADS = ("fresh", "kept")
 
 
@@ -30,7 +31,7 @@ KD_HEADS = ("fresh", "kept")
 class PEAOptions:
     ptp_epochs: float = 2.0  # the authors run up to 4 and keep the lowest dev PTP loss; a store has no dev labels
     ptp_lr: float | None = None  # None: the task's (2e-5; MNLI 5e-5), linear decay to 0
-    ptp_t1: float | None = None  # None: the authors' threshold for the task (pipelines.train.ptp)
+    ptp_t1: float | None = None  # None: the authors' threshold for the task (pipelines/methods/ptp.py)
     ptp_t2: float | None = None
     epochs: float = 4.0  # the KD stage: Patient KD's settings
     lr: float | None = None
@@ -46,8 +47,8 @@ class PEAOptions:
             raise MethodError(f"--ptp-epochs must be >= 0 and --ptp-lr > 0 (got {self.ptp_epochs}, {self.ptp_lr})")
         if self.beta < 0:
             raise MethodError(f"--beta must be >= 0, got {self.beta}")
-        if self.pairs not in PAIR_RULES:
-            raise MethodError(f"--set pairs= must be one of {', '.join(PAIR_RULES)}; got {self.pairs!r}")
+        if self.pairs not in PKD_RULES:
+            raise MethodError(f"--set pairs= must be one of {', '.join(PKD_RULES)}; got {self.pairs!r}")
         if self.kd_head not in KD_HEADS:
             raise MethodError(f"--set kd_head= must be one of {', '.join(KD_HEADS)}; got {self.kd_head!r}")
 
@@ -76,7 +77,7 @@ def _check_ptp_labels(th: PTPThresholds, ctx: Context) -> None:
     if ctx.stored_targets is None:
         return  # online: the teacher's logits are not known before training
     logits, gold = ctx.stored_targets()
-    warning = ptp_label_warning(torch.as_tensor(np.asarray(logits)), torch.as_tensor(np.asarray(gold)), th)
+    warning = ptp_label_warning(logits, gold, th)
     if warning:
         ctx.warnings.append(warning)
 

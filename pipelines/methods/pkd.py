@@ -5,15 +5,53 @@ the L2-normalised [CLS] vectors of student layers 1..S-1 and of the teacher's la
 over all elements (hence the large beta). I_pt comes from pipelines.train.pairs: Skip takes every
 (L/S)-th teacher layer, Last the S-1 layers just below the top. The store must hold the [CLS]
 vectors of those layers (`hsk dump --tokens cls --layers ...`).
+
+Its pieces: I_pt (`pkd_teacher_layers`) and the dump advice are here, torch-free; the layer pairs
+they give in pipelines/train/pairs.py (rules "pkd-skip", "pkd-last"); the loss term `pkd_cls` in
+pipelines/train/losses.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.methods.base import Context, Method, MethodError, Term, register
+from hskstore.config import ConfigError
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
-from pipelines.train.pairs import pkd_dump_advice
+from pipelines.registry import Context, Method, MethodError, Term, register
+
+PKD_RULES = ("pkd-skip", "pkd-last")  # the layer pairing rules (pipelines.registry.PAIR_RULES) of Patient KD
+
+
+def pkd_teacher_layers(rule: str, n_teacher: int, n_student: int) -> list[int]:
+    """Patient KD's I_pt for student layers 1..S-1, for any depths L >= S >= 2.
+
+    Skip: every (L/S)-th layer, floor(k * L / S) for k = 1..S-1 (12->6: 2,4,6,8,10; 12->3: 4,8;
+    6->3: 2,4; 6->2: 3). Last: the S-1 layers just below the top, L-S+1..L-1 (12->6: 7..11;
+    12->3: 10,11; 6->3: 4,5; 6->2: 5). The top layer L itself is learnt through the logits.
+    """
+    if n_student < 2 or n_student > n_teacher:
+        raise ConfigError(
+            f"Patient KD pairs student layers 1..S-1 with teacher layers: it needs 2 <= S <= L "
+            f"(student {n_student} layers, teacher {n_teacher})"
+        )
+    if rule == "pkd-skip":
+        return [k * n_teacher // n_student for k in range(1, n_student)]
+    if rule == "pkd-last":
+        return list(range(n_teacher - n_student + 1, n_teacher))
+    raise ConfigError(f"unknown Patient KD rule {rule!r}")
+
+
+def pkd_dump_advice(rule: str, n_teacher: int, n_student: int | None) -> str:
+    """The `hsk dump` that makes a [CLS] store for Patient KD's I_pt, computed for this teacher and
+    student (for an example student of half the teacher's depth when the student is not known)."""
+    depth = n_student if n_student is not None else max(2, n_teacher // 2)
+    try:
+        layers = ",".join(map(str, pkd_teacher_layers(rule, n_teacher, depth)))
+    except ConfigError as exc:
+        return str(exc)
+    which = f"a {depth}-layer student" if n_student is not None else f"e.g. a {depth}-layer student"
+    return (f"`hsk dump --tokens cls --layers {layers} --config {len(layers.split(','))},1,1` ({rule}'s teacher "
+            f"layers for this {n_teacher}-layer teacher and {which})")
 
 
 @dataclass

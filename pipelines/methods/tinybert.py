@@ -5,15 +5,18 @@ teacher vectors) plus TinyBERT's attention loss (MSE of the student's pre-softma
 to the stored teacher rows of the same query tokens, pipelines.train.attention); constant LR, the
 student and the projection train. Stage 'pred': the logits fit the teacher's, as in `mud`.
 The store must keep attention rows (`hsk dump --attention-rows`).
+
+Its pieces: the loss term `attention_mse` in pipelines/train/losses.py, its maths (the recorder of
+the student's pre-softmax scores, the head maps) in pipelines/train/attention.py; `hsk_mse` and the
+"store" layer pairs as mud's (pipelines/train/pairs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.methods.mud import pred_stage
-from pipelines.train.attention import HEAD_MAPS
+from pipelines.registry import HEAD_MAPS, Context, Method, MethodError, Stage, Term, register
 
 
 @dataclass

@@ -10,6 +10,9 @@ The student's scores come from `ScoreRecorder`: a forward hook on each self-atte
 recomputes the query and key projections of the call's input (so the fused attention kernel stays
 in use, and an SPS student's swapped Q/K pass is recorded as it runs), one entry per call: entry
 s - 1 is student layer s.
+
+The method is pipelines/methods/tinybert.py (`tinybert-att`); its loss term `attention_mse`, in
+pipelines/train/losses.py, sums `attention_mse` below over the stage's layer pairs.
 """
 
 from __future__ import annotations
@@ -20,9 +23,6 @@ import torch
 from torch import nn
 
 from hskstore.config import ConfigError
-from pipelines.train.losses import TermInputs, loss_term
-
-HEAD_MAPS = ("same", "mean")  # same: head h <- teacher head h (equal counts); mean: head-averaged rows
 
 
 def _is_self_attention(module: nn.Module) -> bool:
@@ -72,6 +72,23 @@ def score_rows(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, num_he
     )
 
 
+def _same_heads(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if student.shape[1] != teacher.shape[1]:
+        raise ConfigError(
+            f"the student has {student.shape[1]} attention heads and the teacher {teacher.shape[1]}: TinyBERT pairs "
+            "head h with head h; use a student with the teacher's head count, or --set heads=mean"
+        )
+    return student, teacher
+
+
+def _mean_heads(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return student.mean(1, keepdim=True), teacher.mean(1, keepdim=True)
+
+
+# pipelines.registry.HEAD_MAPS -> (student rows, teacher rows) -> the rows the MSE compares
+HEAD_MAPS = {"same": _same_heads, "mean": _mean_heads}
+
+
 def attention_mse(
     student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, key_mask: torch.Tensor, heads: str = "same"
 ) -> torch.Tensor:
@@ -84,36 +101,10 @@ def attention_mse(
     heads: "same" pairs head h with teacher head h; "mean" compares the head-averaged rows.
     """
     teacher = teacher[..., : student.shape[-1]].to(student.dtype)
-    if heads == "mean":
-        student, teacher = student.mean(1, keepdim=True), teacher.mean(1, keepdim=True)
-    elif student.shape[1] != teacher.shape[1]:
-        raise ConfigError(
-            f"the student has {student.shape[1]} attention heads and the teacher {teacher.shape[1]}: TinyBERT pairs "
-            "head h with head h; use a student with the teacher's head count, or --set heads=mean"
-        )
+    student, teacher = HEAD_MAPS[heads](student, teacher)
     weight = (valid[:, None, :, None] & key_mask.bool()[:, None, None, :]).to(student.dtype)
     weight = weight.expand_as(student)
     denom = weight.sum()
     if denom == 0:
         return student.sum() * 0.0
     return ((student - teacher) ** 2 * weight).sum() / denom
-
-
-@loss_term("attention_mse")
-def term_attention_mse(x: TermInputs, heads: str = "same") -> torch.Tensor:
-    """Sum over the layer pairs above the embeddings of attention_mse(student rows, stored teacher rows)."""
-    calls = getattr(x.outputs, "attention_qk", None)
-    if calls is None:
-        raise ValueError("attention_mse needs the stage to ask for the student's 'attention_scores' output")
-    loss = None
-    for pair in x.pairs:
-        if pair.student_layer < 1 or f"attention_{pair.kept}" not in x.batch:
-            continue  # the embedding output has no attention
-        q, k, n_heads = calls[pair.student_layer - 1]
-        positions, valid = x.batch[f"positions_{pair.kept}"], x.batch[f"valid_{pair.kept}"]
-        rows = score_rows(q.float(), k.float(), positions, n_heads)
-        part = attention_mse(rows, x.batch[f"attention_{pair.kept}"], valid, x.batch["attention_mask"], heads)
-        loss = part if loss is None else loss + part
-    if loss is None:
-        raise ValueError("attention_mse: no layer pair has stored attention rows")
-    return loss

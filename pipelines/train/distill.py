@@ -37,7 +37,7 @@ from hskstore.outputs import OutputError, claim_output, mark_output, staged_repl
 from pipelines.core.models import ModelLoadError
 from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
-from pipelines.methods.base import MethodError, Stage
+from pipelines.registry import MethodError, Stage
 from pipelines.train.ddp import Ranks, SilentLog
 from pipelines.train.dev import DevData, find_dev
 from pipelines.train.heads import Heads

@@ -32,7 +32,7 @@ from hskstore.config import ConfigError
 from hskstore.outputs import claim_output, mark_output
 from pipelines.core.run_state import MetricsLog, atomic_save, rng_state, set_rng_state, write_json
 from pipelines.methods import Context, get_method
-from pipelines.methods.base import Stage
+from pipelines.registry import Stage
 from pipelines.train.loop import CHECKPOINT_VERSION, Checkpoints, param_groups, schedule_factor
 from pipelines.train.losses import TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions

@@ -35,7 +35,7 @@ from pipelines.core.run_state import (
     set_rng_state,
 )
 from pipelines.core.tasks import Task
-from pipelines.methods.base import Stage
+from pipelines.registry import Stage
 from pipelines.train.ddp import Ranks
 from pipelines.train.heads import Heads
 from pipelines.train.losses import TermInputs, weighted_sum

@@ -1,7 +1,12 @@
-"""Distillation losses as pure torch functions, and the registry of named loss terms (docs/methods/).
+"""Distillation losses as pure torch functions, and LOSS_TERMS: the implementation of every loss term name.
 
 Every function takes plain tensors and returns a scalar tensor (or labels), so offline training
 (targets from a store) and online training (targets from a live teacher) share them exactly.
+
+The names are declared, torch-free, in pipelines.registry.LOSS_TERMS (a Term naming an undeclared
+one is refused when it is built); `LOSS_TERMS` here maps each of them to its function. The terms of
+one method sit together below, under a heading naming the method's module; method-specific maths
+lives in a train module of its own (TinyBERT: attention.py; PEA-KD: ptp.py).
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipelines import registry
+from pipelines.methods.ptp import IGNORE, NUM_PTP_CLASSES, PTPThresholds
+from pipelines.train.attention import attention_mse, score_rows
+from pipelines.train.ptp import ptp_labels
 
 
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -110,6 +120,20 @@ def pkd_loss(student_cls_list: list[torch.Tensor], teacher_cls_list: list[torch.
     return F.mse_loss(s, t)
 
 
+def lightpaff_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                   lam: float) -> torch.Tensor:
+    """LightPAFF fine-tuning: mean over rows of (1 - l) CE(gold) + l KL(teacher || student) where gold exists,
+    KL alone where not (pipelines/methods/lightpaff.py)."""
+    log_q = F.log_softmax(student_logits.float(), dim=-1)
+    log_p = F.log_softmax(teacher_logits.float(), dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    labels = labels.long()
+    has_label = labels >= 0
+    ce = -log_q.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+    per_row = torch.where(has_label, (1.0 - lam) * ce + lam * kl, kl)
+    return per_row.mean()
+
+
 def topk_probs(topk_logits: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher probabilities of the stored top-k ids [..., k] and the mass outside them [...] (MLM store)."""
     p = torch.exp(topk_logits.double() - lse.double()[..., None])
@@ -136,7 +160,7 @@ def topk_kl(
 
 
 # --------------------------------------------------------------------------------------------------
-# Loss terms: the named parts a method's stages sum (pipelines.methods.base.Term.loss names one).
+# Loss terms: the named parts a method's stages sum (pipelines.registry.Term.loss names one).
 
 
 @dataclass
@@ -153,9 +177,12 @@ LOSS_TERMS: dict[str, Callable[..., torch.Tensor]] = {}
 
 
 def loss_term(name: str) -> Callable:
-    """Register a loss term under `name` (TextBrewer-style: methods refer to losses by name)."""
+    """Implement the loss term `name`, declared in pipelines.registry.LOSS_TERMS (TextBrewer-style: methods
+    refer to losses by name)."""
 
     def add(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        if name not in registry.LOSS_TERMS:
+            raise ValueError(f"loss term {name!r} is not declared: call pipelines.registry.declare_loss_term first")
         if name in LOSS_TERMS:
             raise ValueError(f"loss term {name!r} is already registered")
         LOSS_TERMS[name] = fn
@@ -179,6 +206,9 @@ def _hsk_sum(x: TermInputs, masked_only: bool) -> torch.Tensor:
     return loss
 
 
+# mud (pipelines/methods/mud.py) and tinybert-att's HSK part
+
+
 @loss_term("hsk_mse")
 def term_hsk_mse(x: TermInputs) -> torch.Tensor:
     """Sum over the pairs of MSE(W h_s, zero-filled teacher vector) at the stored token positions."""
@@ -191,6 +221,9 @@ def term_hsk_masked_mse(x: TermInputs) -> torch.Tensor:
     return _hsk_sum(x, masked_only=True)
 
 
+# Patient KD (pipelines/methods/pkd.py; pea's KD stage)
+
+
 @loss_term("pkd_cls")
 def term_pkd_cls(x: TermInputs) -> torch.Tensor:
     """Patient KD over the pairs: normalised [CLS] (stored position 0) of each student layer vs teacher layer."""
@@ -200,6 +233,9 @@ def term_pkd_cls(x: TermInputs) -> torch.Tensor:
         student_cls.append(x.projection(h) if pair.projection and x.projection is not None else h)
         teacher_cls.append(x.batch[f"dense_{pair.kept}"][:, 0])
     return pkd_loss(student_cls, teacher_cls)
+
+
+# The logits: kd, finetune, mud's and tinybert-att's prediction stage (pipelines/methods/kd.py, finetune.py)
 
 
 @loss_term("soft_ce")
@@ -233,6 +269,64 @@ def term_gold_mse(x: TermInputs) -> torch.Tensor:
 def term_teacher_mse(x: TermInputs) -> torch.Tensor:
     """Regression KD: MSE between the student's and the teacher's scores."""
     return F.mse_loss(x.outputs.logits.float().reshape(-1), x.batch["logits"].float().reshape(-1))
+
+
+# TinyBERT (pipelines/methods/tinybert.py): the maths in pipelines/train/attention.py
+
+
+@loss_term("attention_mse")
+def term_attention_mse(x: TermInputs, heads: str = "same") -> torch.Tensor:
+    """Sum over the layer pairs above the embeddings of attention_mse(student rows, stored teacher rows)."""
+    calls = getattr(x.outputs, "attention_qk", None)
+    if calls is None:
+        raise ValueError("attention_mse needs the stage to ask for the student's 'attention_scores' output")
+    loss = None
+    for pair in x.pairs:
+        if pair.student_layer < 1 or f"attention_{pair.kept}" not in x.batch:
+            continue  # the embedding output has no attention
+        q, k, n_heads = calls[pair.student_layer - 1]
+        positions, valid = x.batch[f"positions_{pair.kept}"], x.batch[f"valid_{pair.kept}"]
+        rows = score_rows(q.float(), k.float(), positions, n_heads)
+        part = attention_mse(rows, x.batch[f"attention_{pair.kept}"], valid, x.batch["attention_mask"], heads)
+        loss = part if loss is None else loss + part
+    if loss is None:
+        raise ValueError("attention_mse: no layer pair has stored attention rows")
+    return loss
+
+
+# PEA-KD (pipelines/methods/pea.py): the PTP labels in pipelines/methods/ptp.py and pipelines/train/ptp.py
+
+
+@loss_term("ptp_ce")
+def term_ptp_ce(x: TermInputs, t1: float, t2: float) -> torch.Tensor:
+    """Cross-entropy of the student's 4-way (ptp4) head to the PTP labels of the batch's stored logits."""
+    labels = ptp_labels(x.batch["logits"], x.batch["labels"], PTPThresholds(t1, t2, "stage"))
+    logits = x.outputs.logits.float()
+    if logits.shape[-1] != NUM_PTP_CLASSES:
+        raise ValueError(f"ptp_ce needs the 4-way ptp4 head on the student, got {logits.shape[-1]} outputs")
+    if not (labels != IGNORE).any():
+        return logits.sum() * 0.0  # no gold label in this batch: nothing to learn, the graph is kept
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE)
+
+
+# LightPAFF (pipelines/methods/lightpaff.py): fine-tuning on a task store, pre-training on a masked-LM store
+
+
+@loss_term("lightpaff_ft")
+def term_lightpaff_ft(x: TermInputs, lam: float = 0.5) -> torch.Tensor:
+    return lightpaff_rows(x.outputs.logits, x.batch["logits"], x.batch["labels"], lam)
+
+
+@loss_term("mlm_mle")
+def term_mlm_mle(x: TermInputs) -> torch.Tensor:
+    """Cross-entropy of the original token at every masked position (outputs.logits: [N masked, V])."""
+    return F.cross_entropy(x.outputs.logits.float(), x.batch["mlm_labels"].long())
+
+
+@loss_term("mlm_topk_kl")
+def term_mlm_topk_kl(x: TermInputs) -> torch.Tensor:
+    """KL(teacher || student) over the stored top-k ids plus the tail bucket, mean over masked positions."""
+    return topk_kl(x.outputs.logits.float(), x.batch["topk_ids"], x.batch["topk_logits"], x.batch["lse"])
 
 
 def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, float]]:

@@ -9,8 +9,10 @@ Rules:
 - "store" (mud): the store's reference student entries, as they are when the student has the
   reference depth, else the student's top layers meet the stored ones (hskstore.layermap); a store
   written from an explicit layer list maps teacher layer j to round(j * S / L).
-- "pkd-skip", "pkd-last" (Patient KD): student layers 1..S-1 against the teacher's I_pt
-  (`pkd_teacher_layers`); the store must hold the [CLS] vectors of those layers.
+- "pkd-skip", "pkd-last" (Patient KD, pipelines/methods/pkd.py): student layers 1..S-1 against the
+  teacher's I_pt (`pkd_teacher_layers`); the store must hold the [CLS] vectors of those layers.
+
+The rule names are declared in pipelines.registry.PAIR_RULES; `RULES` implements each of them.
 """
 
 from __future__ import annotations
@@ -20,9 +22,7 @@ from dataclasses import asdict, dataclass
 
 from hskstore.config import ConfigError, Selection
 from hskstore.layermap import student_to_store_layers
-
-RULES = ("store", "pkd-skip", "pkd-last")
-PKD_RULES = ("pkd-skip", "pkd-last")
+from pipelines.methods.pkd import PKD_RULES, pkd_teacher_layers
 
 
 @dataclass(frozen=True)
@@ -37,38 +37,6 @@ class LayerPair:
 
     def describe(self) -> dict:
         return asdict(self)
-
-
-def pkd_teacher_layers(rule: str, n_teacher: int, n_student: int) -> list[int]:
-    """Patient KD's I_pt for student layers 1..S-1, for any depths L >= S >= 2.
-
-    Skip: every (L/S)-th layer, floor(k * L / S) for k = 1..S-1 (12->6: 2,4,6,8,10; 12->3: 4,8;
-    6->3: 2,4; 6->2: 3). Last: the S-1 layers just below the top, L-S+1..L-1 (12->6: 7..11;
-    12->3: 10,11; 6->3: 4,5; 6->2: 5). The top layer L itself is learnt through the logits.
-    """
-    if n_student < 2 or n_student > n_teacher:
-        raise ConfigError(
-            f"Patient KD pairs student layers 1..S-1 with teacher layers: it needs 2 <= S <= L "
-            f"(student {n_student} layers, teacher {n_teacher})"
-        )
-    if rule == "pkd-skip":
-        return [k * n_teacher // n_student for k in range(1, n_student)]
-    if rule == "pkd-last":
-        return list(range(n_teacher - n_student + 1, n_teacher))
-    raise ConfigError(f"unknown Patient KD rule {rule!r}")
-
-
-def pkd_dump_advice(rule: str, n_teacher: int, n_student: int | None) -> str:
-    """The `hsk dump` that makes a [CLS] store for Patient KD's I_pt, computed for this teacher and
-    student (for an example student of half the teacher's depth when the student is not known)."""
-    depth = n_student if n_student is not None else max(2, n_teacher // 2)
-    try:
-        layers = ",".join(map(str, pkd_teacher_layers(rule, n_teacher, depth)))
-    except ConfigError as exc:
-        return str(exc)
-    which = f"a {depth}-layer student" if n_student is not None else f"e.g. a {depth}-layer student"
-    return (f"`hsk dump --tokens cls --layers {layers} --config {len(layers.split(','))},1,1` ({rule}'s teacher "
-            f"layers for this {n_teacher}-layer teacher and {which})")
 
 
 def _store_entries(sel: Selection, n_student: int) -> tuple[list[int], str]:
@@ -91,7 +59,8 @@ def _store_entries(sel: Selection, n_student: int) -> tuple[list[int], str]:
     return entries, f"explicit teacher layers mapped by round(j * {n_student} / {sel.teacher_num_layers})"
 
 
-def _store_pairs(sel: Selection, n_student: int, loss: str, projection: str | None) -> tuple[list[LayerPair], str]:
+def _store_pairs(rule: str, sel: Selection, n_student: int, loss: str,
+                 projection: str | None) -> tuple[list[LayerPair], str]:
     entries, how = _store_entries(sel, n_student)
     feature = "cls" if loss == "pkd_cls" else "tokens"
     pairs = []
@@ -102,7 +71,8 @@ def _store_pairs(sel: Selection, n_student: int, loss: str, projection: str | No
     return pairs, how
 
 
-def _pkd_pairs(rule: str, sel: Selection, n_student: int, loss: str, projection: str | None):
+def _pkd_pairs(rule: str, sel: Selection, n_student: int, loss: str,
+               projection: str | None) -> tuple[list[LayerPair], str]:
     wanted = pkd_teacher_layers(rule, sel.teacher_num_layers, n_student)
     stored = list(sel.teacher_layers)
     missing = [j for j in wanted if j not in stored]
@@ -118,6 +88,14 @@ def _pkd_pairs(rule: str, sel: Selection, n_student: int, loss: str, projection:
     return pairs, f"Patient KD {rule.split('-')[1]}: student layers 1..{n_student - 1} <- teacher I_pt"
 
 
+# pipelines.registry.PAIR_RULES -> fn(rule, selection, student depth, loss, projection) -> (pairs, how)
+RULES: dict[str, Callable[[str, Selection, int, str, str | None], tuple[list[LayerPair], str]]] = {
+    "store": _store_pairs,
+    "pkd-skip": _pkd_pairs,
+    "pkd-last": _pkd_pairs,
+}
+
+
 def layer_pairs(
     rule: str | None,
     sel: Selection,
@@ -129,16 +107,12 @@ def layer_pairs(
 ) -> list[LayerPair]:
     """The stage's layer pairs (empty for rule None or a logits-only store), each logged."""
     if rule is None or sel.config.logits_only:
-        if rule in ("pkd-skip", "pkd-last"):
+        if rule in PKD_RULES:
             _pkd_pairs(rule, sel, n_student, loss, None)  # raises with the dump to make
         return []
-    proj = "W" if projection else None
-    if rule == "store":
-        pairs, how = _store_pairs(sel, n_student, loss, proj)
-    elif rule in ("pkd-skip", "pkd-last"):
-        pairs, how = _pkd_pairs(rule, sel, n_student, loss, proj)
-    else:
+    if rule not in RULES:
         raise ConfigError(f"unknown layer pairing rule {rule!r}; known: {', '.join(RULES)}")
+    pairs, how = RULES[rule](rule, sel, n_student, loss, "W" if projection else None)
     log(f"layer pairs ({how}):")
     for p in pairs:
         log(

@@ -40,7 +40,7 @@ from pipelines.core.models import (
 )
 from pipelines.core.run_state import MetricsLog
 from pipelines.core.tasks import Task, get_task
-from pipelines.methods.base import Context
+from pipelines.registry import Context
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, run_stages
 from pipelines.train.options import TrainOptions

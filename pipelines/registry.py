@@ -1,0 +1,268 @@
+"""What a distillation method is, as data, and every name a method may use: torch-free, below methods and train.
+
+A `Method` names typed options and builds a list of `Stage`s. A Stage says everything the one
+training loop (pipelines.train.loop) needs to run it: how long and at what learning rate, what it
+reads from the store, what the student must output, which head it trains and what else trains,
+whether it keeps the best dev checkpoint, and its loss as a weighted sum of named `Term`s, each
+logged on its own in metrics.jsonl. Layer pairs are not written by hand: a Stage names a pairing
+rule, which pipelines.train.pairs computes from the store's layer map and the student's depth.
+
+Every name a Stage or Term holds is one of the vocabularies declared here, and is checked when the
+Stage or Term is built (a misspelt loss term is a one-line MethodError listing the known ones, before
+any model is loaded), as torchdistill looks its names up when it builds a run and TextBrewer's
+IntermediateMatch asserts them in its constructor. This module declares the names; pipelines.train
+implements them, keyed by the same names (tests/test_registry.py checks the two sets agree):
+
+    LOSS_TERMS  -> pipelines.train.losses.LOSS_TERMS     HEADS      -> pipelines.train.heads
+    STORE_READS -> pipelines.train.sources.STORE_READS   PAIR_RULES -> pipelines.train.pairs.RULES
+    HEAD_MAPS   -> pipelines.train.attention.HEAD_MAPS   SCHEDULES  -> pipelines.train.loop.schedule_factor
+
+Methods (pipelines.methods, one module each) import this module and never pipelines.train, so
+`import pipelines.methods` loads no torch. A method that needs a new loss term declares its name
+with `declare_loss_term` and implements it with pipelines.train.losses.loss_term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hskstore.config import ConfigError, Selection
+from pipelines.core.tasks import Task
+
+# --------------------------------------------------------------------------------------------------
+# The vocabularies: name -> one line on what it is (and, for method-specific names, whose it is)
+
+LOSS_TERMS: dict[str, str] = {
+    "ce": "cross-entropy to the gold label; rows without one are left out",
+    "kl": "T^2 KL(softmax(teacher/T) || softmax(student/T)), batch mean",
+    "soft_ce": "soft cross-entropy to softmax(teacher/T) (mud's prediction stage)",
+    "gold_mse": "MSE to the gold score (regression tasks)",
+    "teacher_mse": "MSE to the teacher's score (regression KD)",
+    "hsk_mse": "HSK loss: MSE(W h_student, zero-filled stored teacher vector), summed over layer pairs (mud)",
+    "hsk_masked_mse": "as hsk_mse, averaged over the kept teacher elements only (mud --hsk-loss masked-mse)",
+    "pkd_cls": "Patient KD: MSE of L2-normalised [CLS] vectors over the layer pairs (pkd-skip, pkd-last, pea)",
+    "attention_mse": "TinyBERT: MSE of pre-softmax attention rows over the layer pairs (tinybert-att)",
+    "ptp_ce": "PEA-KD: cross-entropy of the 4-way ptp4 head to the PTP labels (pea)",
+    "lightpaff_ft": "LightPAFF: (1 - lam) CE(gold) + lam KL(teacher) on labelled rows, KL alone on others",
+    "mlm_mle": "LightPAFF pre-training: cross-entropy of the original token at every masked position",
+    "mlm_topk_kl": "LightPAFF pre-training: KL over the stored top-k ids plus a tail bucket",
+}
+HEADS: dict[str, str] = {
+    "task": "the student's own classifier (the task's labels)",
+    "ptp4": "PEA-KD's 4-way PTP head on the pooled features (pea)",
+    "mlm": "a masked-LM student's MLM head (lightpaff-pretrain)",
+}
+STORE_READS: dict[str, str] = {
+    "logits": "the teacher's logits",
+    "labels": "the gold labels (always read)",
+    "layers": "the stored hidden-state vectors of the stage's layer pairs",
+    "attention": "the stored attention rows of the stage's layer pairs (`hsk dump --attention-rows`)",
+    "mlm": "a masked-LM store's masked positions, original tokens and teacher top-k (`hsk dump --objective mlm`)",
+}
+PAIR_RULES: dict[str, str] = {
+    "store": "the store's layer map, fitted to the student's depth (mud, tinybert-att)",
+    "pkd-skip": "Patient KD Skip: student layers 1..S-1 <- every (L/S)-th teacher layer",
+    "pkd-last": "Patient KD Last: student layers 1..S-1 <- the S-1 teacher layers below the top",
+}
+OUTPUTS: dict[str, str] = {
+    "logits": "the head's outputs",
+    "hidden_states": "every layer's hidden states (0 = embeddings)",
+    "attentions": "every layer's attention probabilities",
+    "attention_scores": "pre-softmax (q, k) of every self-attention call (pipelines.train.attention.ScoreRecorder)",
+}
+TRAINS: dict[str, str] = {
+    "student": "the student model",
+    "projection": "the shared Linear W: d_S -> d_T",
+}
+SCHEDULES: dict[str, str] = {
+    "constant": "the stage's LR throughout",
+    "linear": "linear decay to 0",
+    "warmup-linear": "linear warmup over warmup_ratio of the steps, then linear decay",
+}
+HEAD_MAPS: dict[str, str] = {
+    "same": "student head h <- teacher head h (equal head counts)",
+    "mean": "head-averaged rows on both sides",
+}
+
+
+class MethodError(ConfigError):
+    """A method cannot run on this store / student, or got a bad option (one line, says what to do)."""
+
+
+def check_names(where: str, what: str, names: Iterable[str], vocabulary: Mapping[str, str]) -> None:
+    """MethodError (one line, listing the known names) when a name is not in the vocabulary."""
+    bad = [n for n in names if n not in vocabulary]
+    if bad:
+        raise MethodError(f"{where}: unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(vocabulary)}")
+
+
+def declare_loss_term(name: str, description: str) -> str:
+    """Declare a new loss term name (then implement it with pipelines.train.losses.loss_term)."""
+    if LOSS_TERMS.get(name, description) != description:
+        raise ValueError(f"loss term {name!r} is already declared as: {LOSS_TERMS[name]}")
+    LOSS_TERMS[name] = description
+    return name
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage, Term, Context, Method
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named part of a stage's loss: weight * pipelines.train.losses.LOSS_TERMS[loss](inputs, **params)."""
+
+    name: str  # as logged in metrics.jsonl ("ce", "kl", "hsk", "pkd", ...)
+    loss: str  # a name of LOSS_TERMS
+    weight: float = 1.0
+    params: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the loss, e.g. (("T", 10.0),)
+
+    def __post_init__(self) -> None:
+        check_names(f"term {self.name}", "loss term", [self.loss], LOSS_TERMS)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a method (see the module docstring); every name is checked against its vocabulary."""
+
+    name: str
+    epochs: float
+    lr: float
+    terms: tuple[Term, ...]
+    schedule: str = "linear"  # SCHEDULES
+    warmup_ratio: float = 0.0
+    reads: tuple[str, ...] = ()  # STORE_READS besides the inputs: "logits", "layers", ...
+    outputs: tuple[str, ...] = ("logits",)  # OUTPUTS: what the student's forward must return
+    head: str = "task"  # HEADS: the head this stage trains (pipelines.train.heads)
+    fresh_head: bool = False  # start from a newly initialised head instead of the one kept aside
+    trains: tuple[str, ...] = ("student",)  # TRAINS
+    select_best: bool = False  # evaluate on dev (epoch ends, --eval-every) and keep the best checkpoint
+    pairs: str | None = None  # PAIR_RULES: the layer pairing rule (pipelines.train.pairs)
+    pair_loss: str | None = None  # the loss term(s) the pairs feed, "+"-joined (recorded with each pair)
+
+    def __post_init__(self) -> None:
+        where = f"stage {self.name}"
+        if self.epochs < 0 or self.lr <= 0:
+            raise MethodError(f"{where}: epochs must be >= 0 and lr > 0 (got {self.epochs}, {self.lr})")
+        if not self.terms:
+            raise MethodError(f"{where} has no loss terms")
+        check_names(where, "schedule", [self.schedule], SCHEDULES)
+        check_names(where, "store read", self.reads, STORE_READS)
+        check_names(where, "output", self.outputs, OUTPUTS)
+        check_names(where, "head", [self.head], HEADS)
+        check_names(where, "trains", self.trains, TRAINS)
+        check_names(where, "pairing rule", [self.pairs] if self.pairs else [], PAIR_RULES)
+        check_names(where, "pair loss term", self.pair_loss.split("+") if self.pair_loss else [], LOSS_TERMS)
+
+    def describe(self) -> dict:
+        """JSON-able (summary.json, metrics.jsonl)."""
+        out = dataclasses.asdict(self)
+        out["terms"] = [{"name": t.name, "loss": t.loss, "weight": t.weight, **t.kwargs} for t in self.terms]
+        return out
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a method may look at when it builds its stages: the task and the store's selection."""
+
+    task: Task
+    selection: Selection
+    meta: Mapping[str, Any]
+    warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
+    student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
+    student_layers: int | None = None  # its depth (effective layers of an SPS student), when known
+    # offline runs: () -> (teacher logits [N, C], gold labels [N]) of every stored row, read when called
+    stored_targets: Callable[[], tuple[Any, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A distillation method: typed options and the stages they give."""
+
+    name: str
+    summary: str  # one line for `hsk methods`
+    store_needs: str  # what a store must hold to serve it, in words (`hsk methods`)
+    paper: str  # where it comes from
+    options: type  # a dataclass; every field has a default, __post_init__ validates
+    build: Callable[[Any, Context], list[Stage]]
+    check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
+
+    def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
+        """The options dataclass from `values` (strings are converted to the field's type)."""
+        values = dict(values or {})
+        hints = typing.get_type_hints(self.options)
+        known = {f.name for f in dataclasses.fields(self.options)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise MethodError(
+                f"method {self.name} has no option {', '.join(unknown)}; its options: {', '.join(sorted(known))}"
+            )
+        return self.options(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
+
+    def stages(self, options: Any, ctx: Context) -> list[Stage]:
+        """Check the store against the method, then build its stages."""
+        problem = self.check(options, ctx)
+        if problem:
+            raise MethodError(f"method {self.name}: {problem}")
+        stages = self.build(options, ctx)
+        if not stages:
+            raise MethodError(f"method {self.name}: nothing to train with these options")
+        return stages
+
+    def option_dict(self, options: Any) -> dict[str, Any]:
+        return dataclasses.asdict(options)
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """A CLI string (or a number) as the option field's declared type."""
+    if not isinstance(value, str):
+        return tuple(value) if isinstance(value, list) else value
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    kind = args[0]
+    origin = typing.get_origin(kind) or kind
+    try:
+        if value.lower() == "none" and type(None) in typing.get_args(hint):
+            return None
+        if origin is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if origin is tuple:
+            return tuple(s.strip() for s in value.split(",") if s.strip())
+        return origin(value)
+    except (TypeError, ValueError):
+        raise MethodError(f"option {name}: cannot read {value!r} as {getattr(origin, '__name__', origin)}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The method registry (pipelines.methods registers the built-in methods when imported)
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add a method to the registry (its name is what `hsk train --method` takes)."""
+    if method.name in _REGISTRY and _REGISTRY[method.name] is not method:
+        raise ValueError(f"a method named {method.name!r} is already registered")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    """The registered method called `name` (what `hsk train --method` takes)."""
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(_REGISTRY))} (see `hsk methods`)")
+    return _REGISTRY[key]
+
+
+def all_methods() -> list[Method]:
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
