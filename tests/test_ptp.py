@@ -11,6 +11,7 @@ from hskstore.config import ConfigError
 from pipelines.methods.ptp import (
     IGNORE,
     PTPThresholds,
+    ptp_label_array,
     ptp_label_counts,
     ptp_label_warning,
     ptp_thresholds,
@@ -98,3 +99,15 @@ def test_no_warning_for_a_teacher_whose_labels_use_every_class():
     assert "right-confident" in ptp_label_warning(*many, ptp_thresholds("sst2"))
     # rows without gold say nothing about the teacher: no labels, no warning
     assert ptp_label_warning(logits, torch.full_like(gold, -1), ptp_thresholds("sst2")) is None
+
+
+def test_the_torch_free_labels_of_the_warning_are_the_training_labels():
+    """pipelines/methods/ptp.py (numpy, for the warning before training) and pipelines/train/ptp.py (torch, per
+    batch) apply one rule: on random logits, ties and rows without gold they give the same labels."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.cat([torch.randn(500, 3, generator=g) * 3, torch.zeros(4, 3)])
+    gold = torch.cat([torch.randint(-1, 3, (500,), generator=g), torch.tensor([0, 1, 2, -1])])
+    for th in (PTPThresholds(0.8, 0.6, "test"), PTPThresholds(0.5, 0.9, "test"), ptp_thresholds("sst2")):
+        torch_labels = ptp_labels(logits, gold, th)
+        assert ptp_label_array(logits.numpy(), gold.numpy(), th).tolist() == torch_labels.tolist()
+        assert len(set(torch_labels.tolist())) == 5  # every class and IGNORE occur: the comparison covers them

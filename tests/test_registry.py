@@ -3,6 +3,7 @@ is declared there, checked when the Stage or Term is built, and implemented by p
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,6 +34,48 @@ def test_registry_and_methods_import_without_torch():
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.strip().split(",")) >= {"mud", "kd", "pkd-skip", "pkd-last", "finetune", "pea",
                                                   "lightpaff", "lightpaff-pretrain", "tinybert-att"}
+
+
+def _imported(path: Path) -> set[str]:
+    """Every absolute module name a file imports, at module level or inside functions."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def _package(module: str) -> str:
+    """pipelines.<sub> for pipelines' modules (pipelines.registry is a package of its own), else the top name."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "pipelines" and len(parts) > 1 else parts[0]
+
+
+def test_methods_see_only_the_registry_and_no_package_imports_one_that_imports_it_back():
+    torch_free = [ROOT / "pipelines" / "registry.py", *(ROOT / "pipelines" / "methods").glob("*.py")]
+    allowed = ("pipelines.registry", "pipelines.methods", "pipelines.core.tasks", "hskstore")
+    for path in torch_free:
+        ours = {m for m in _imported(path) if m.split(".")[0] in ("pipelines", "hskstore", "torch", "transformers")}
+        assert all(m.startswith(allowed) for m in ours), (path.name, sorted(ours))
+    graph: dict[str, set[str]] = {}
+    for path in [*(ROOT / "pipelines").rglob("*.py"), *(ROOT / "hskstore").rglob("*.py")]:
+        here = _package(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        graph.setdefault(here, set()).update(
+            _package(m) for m in _imported(path) if m.split(".")[0] in ("pipelines", "hskstore"))
+    for package, targets in graph.items():
+        for target in targets - {package}:
+            assert package not in _reachable(graph, target), f"package cycle: {package} -> {target} -> ... -> {package}"
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), set()) - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
 
 
 def test_every_declared_name_is_implemented_by_train_and_nothing_else_is():
