@@ -5,6 +5,10 @@ token positions, constant LR, the student and the projection W train. Stage 'pre
 logits fit the stored teacher logits (soft cross-entropy at T, or with `alpha` the KD mixture
 (1 - a) CE(gold) + a T^2 KL; MSE to the gold score on regression tasks), linear decay, best dev
 checkpoint kept.
+
+Its pieces: the loss terms `hsk_mse`, `hsk_masked_mse` (and `pkd_cls` for --hsk-loss pkd) and the
+logit terms in pipelines/train/losses.py; the "store" layer pairs in pipelines/train/pairs.py; the
+pinned loss curve in tests/test_pinned_curves.py.
 """
 
 from __future__ import annotations
