@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .errors import UserError
+
 TOKEN_STRATEGIES = ("att-nosep", "att", "left", "cls")
 WIDTH_STRATEGIES = ("mag", "uniform", "rand")
 ATTENTION_SCORES = ("pre-softmax", "post-softmax")
@@ -21,7 +23,7 @@ DEVIATIONS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config string or selection choice that cannot be used."""
 
 

@@ -132,3 +132,40 @@ def test_dump_without_teacher_points_to_hsk_teacher(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert "runs/teacher-qnli" in err and "hsk teacher --task qnli" in err
     assert not (tmp_path / "qnli.zarr").exists()
+
+
+def test_user_mistake_is_one_line_but_a_bug_keeps_its_traceback(capsys, monkeypatch):
+    # A user mistake: one line, exit 2 (no torch is needed to refuse it).
+    assert main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hsk: error: unknown --tokens 'nope'") and len(err.splitlines()) == 1
+    # A ValueError from hsk's own code is a bug, not a user mistake: it reaches the caller, traceback and all.
+    from pipelines.cli import store_commands
+
+    def broken(text):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(store_commands, "_int_list", broken)
+    with pytest.raises(ValueError, match="an internal invariant broke"):
+        main(["dump", "--task", "sst2", "--config", "3,8,0.2"])
+    assert "hsk: error" not in capsys.readouterr().err
+
+
+def test_a_bug_exits_1_with_a_traceback_from_the_real_command(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pipelines.cli import run, store_commands\n"
+        "def broken(text):\n"
+        "    raise ValueError('an internal invariant broke')\n"
+        "store_commands._int_list = broken\n"
+        "sys.argv = ['hsk', 'dump', '--task', 'sst2', '--config', '3,8,0.2', '--out', sys.argv[1]]\n"
+        "run()\n"
+    )
+    out = tmp_path / "s.zarr"
+    done = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "an internal invariant broke" in done.stderr
+    assert "hsk: error" not in done.stderr and not out.exists()

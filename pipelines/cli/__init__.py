@@ -13,6 +13,8 @@ import sys
 
 import typer
 
+from hskstore.errors import UserError, printable
+
 from .quiet import quiet_libraries
 
 app = typer.Typer(
@@ -58,23 +60,6 @@ from . import (  # noqa: E402,F401
     train_commands,
 )
 
-# Error types the user can act on, by module: an error can only be raised once its module is imported,
-# so looking them up in sys.modules keeps a refused argument from importing torch (seconds to a minute).
-_USER_ERRORS = (
-    ("hskstore.config", "ConfigError"),
-    ("hskstore.errors", "StoreError"),
-    ("pipelines.core.data", "DataError"),
-    ("pipelines.core.models", "ModelLoadError"),
-    ("pipelines.core.tasks", "TaskError"),
-    ("pipelines.dump.probe", "UnsupportedTeacherError"),
-    ("pipelines.dump.distributed", "DistributedDumpError"),
-)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    found = [getattr(sys.modules[m], name) for m, name in _USER_ERRORS if m in sys.modules]
-    return (*found, ValueError)
-
 
 def _command(argv: list[str] | None) -> str | None:
     args = sys.argv[1:] if argv is None else argv
@@ -97,8 +82,6 @@ def _interrupted(argv: list[str] | None) -> int:
 
 
 def _error(message: object) -> None:
-    from hskstore.errors import printable
-
     # Names from stores, files and checkpoints can hold control characters: never let them reach the terminal.
     print(f"hsk: error: {printable(message, keep_newlines=True)}", file=sys.stderr)
 
@@ -159,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(message)
         return 2
-    except _user_errors() as exc:
+    except UserError as exc:  # anything else is a bug: its traceback is shown
         if os.environ.get("HSK_DEBUG"):
             raise
         _error(exc)

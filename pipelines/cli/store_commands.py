@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from hskstore.config import HSKConfig
+from hskstore.config import ConfigError, HSKConfig
 
 from . import app
 
@@ -147,9 +147,9 @@ def dump(
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
     if objective != "task":
-        raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
     if not task or not config:
-        raise ValueError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
+        raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.tasks import get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
@@ -182,7 +182,7 @@ def dump(
     if teacher is None:
         teacher = default_teacher_dir(task)
         if not Path(teacher).is_dir():
-            raise ValueError(
+            raise ConfigError(
                 f"no --teacher given and no teacher at {teacher}: fine-tune one with `hsk teacher --task {task}` "
                 "(it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
             )
@@ -202,7 +202,7 @@ def dump(
 def _sharing(license: str | None, creator: str | None) -> dict:
     """What `--license`/`--creator` put in the metadata (key `sharing`); nothing when neither is given."""
     if license is not None and not license.strip():
-        raise ValueError("--license needs a value (e.g. cc-by-4.0, or leave it out: the store then says unknown)")
+        raise ConfigError("--license needs a value (e.g. cc-by-4.0, or leave it out: the store then says unknown)")
     creators = [name.strip() for name in (creator or "").split(";") if name.strip()]
     if not license and not creators:
         return {}
@@ -214,8 +214,8 @@ def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, ma
     from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 
     if not teacher or not out:
-        raise ValueError("an MLM dump needs --teacher (a BertForMaskedLM, e.g. from `hsk teacher --objective mlm`) "
-                         "and --out")
+        raise ConfigError("an MLM dump needs --teacher (a BertForMaskedLM, e.g. from `hsk teacher --objective mlm`) "
+                          "and --out")
     corpus = load_corpus(text_file, data_file, text_columns, limit)
     dump_mlm(teacher, out, corpus, top_k=top_k, masking=Masking(mask_seed=mask_seed), max_length=max_length or 128,
              batch_size=batch_size, shard_rows=shard_rows, device=device, overwrite=overwrite, progress=progress,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from hskstore.config import ConfigError
+
 from . import app
 
 student_app = typer.Typer(
@@ -57,7 +59,7 @@ def build(
     from pipelines.train.rosita import RositaShape, build_rosita, describe_counts
 
     if kind.strip().lower() not in KINDS:
-        raise ValueError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
+        raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
     summary = build_rosita(
         teacher,
         task,

@@ -18,6 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hskstore.errors import UserError
+
 KINDS = ("hsk", "pred_only", "full", "no_kd", "method")
 
 RESULTS_SCHEMA = pa.schema(
@@ -48,7 +50,7 @@ RESULTS_SCHEMA = pa.schema(
 )
 
 
-class ResultsError(ValueError):
+class ResultsError(UserError, ValueError):
     """A results row or file that does not fit RESULTS_SCHEMA."""
 
 
