@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
+from hskstore.errors import UserError
 from hskstore.writer import StoreWriter
 from pipelines.cli import main
 
@@ -139,6 +140,10 @@ def test_user_mistake_is_one_line_but_a_bug_keeps_its_traceback(capsys, monkeypa
     assert main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hsk: error: unknown --tokens 'nope'") and len(err.splitlines()) == 1
+    monkeypatch.setenv("HSK_DEBUG", "1")  # HSK_DEBUG=1 shows the traceback of a user mistake too
+    with pytest.raises(UserError, match="unknown --tokens 'nope'"):
+        main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"])
+    monkeypatch.delenv("HSK_DEBUG")
     # A ValueError from hsk's own code is a bug, not a user mistake: it reaches the caller, traceback and all.
     from pipelines.cli import store_commands
 
