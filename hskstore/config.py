@@ -42,9 +42,9 @@ TOKENS = Choice("--tokens", "token_strategy", "token strategy", "Token strategy"
     ("left", "the first NL tokens"), ("cls", "position 0 only, NL=1")))
 WIDTH = Choice("--width", "width_strategy", "width strategy", "Width strategy", (
     ("mag", "per-vector magnitude"), ("uniform", "evenly spaced activations"),
-    ("rand", "a seeded random mask, --width-seed")))
+    ("rand", "seeded by --width-seed, nested across widths")))
 SCORES = Choice("--scores", "attention_scores", "attention scores", "Ranking scores", (
-    ("pre-softmax", "reference code"), ("post-softmax", "")))
+    ("pre-softmax", "reference code"), ("post-softmax", "paper text")))
 RANKING = Choice("--ranking", "ranking_map", "ranking map", "Attention ranking the tokens", (
     ("ltop12", "L_top=L map"), ("own", "each kept layer's own attention")))
 VALUES = Choice("--values", "value_dtype", "value dtype", "Value encoding", (  # int4 and mxfp4: format 2

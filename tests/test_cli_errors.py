@@ -174,3 +174,21 @@ def test_a_bug_exits_1_with_a_traceback_from_the_real_command(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "Traceback" in done.stderr and "an internal invariant broke" in done.stderr
     assert "hsk: error" not in done.stderr and not out.exists()
+
+
+def test_student_build_refuses_a_bad_batch_size_in_one_line(tmp_path, capsys):
+    out = tmp_path / "student"
+    args = ["student", "build", "rosita", "--teacher", str(tmp_path / "no-teacher"), "--task", "sst2", "--layers", "1",
+            "--heads", "1", "--ffn", "8", "--emb-rank", "0", "--out", str(out), "--batch-size", "0"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == "hsk: error: --batch-size must be an integer >= 1, got 0"
+    assert not out.exists()
+
+
+def test_a_damaged_results_table_is_one_line(tmp_path, capsys):
+    damaged = tmp_path / "results.parquet"
+    damaged.write_bytes(b"not parquet")
+    assert main(["report", str(damaged), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hsk: error: {damaged} is not a readable results table") and len(err.splitlines()) == 1
+    assert damaged.read_bytes() == b"not parquet"

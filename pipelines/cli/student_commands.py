@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hskstore.config import ConfigError
+from hskstore.config import ConfigError, check_at_least
 
 from . import app
 
@@ -60,6 +60,9 @@ def build(
 
     if kind.strip().lower() not in KINDS:
         raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--train-limit", train_limit, 1),
+                             ("--max-length", max_length, 2)):
+        check_at_least(flag, value, low)
     summary = build_rosita(
         teacher,
         task,

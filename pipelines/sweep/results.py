@@ -95,7 +95,11 @@ def read_results(path: str | os.PathLike) -> pa.Table:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no results table at {path}: run a sweep first (it writes results.parquet)")
-    return conform(pq.read_table(path))
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowInvalid as exc:  # a damaged or foreign file: the user can act on it
+        raise ResultsError(f"{path} is not a readable results table: {exc}") from None
+    return conform(table)
 
 
 @contextlib.contextmanager
