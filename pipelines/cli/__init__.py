@@ -1,7 +1,8 @@
 """The `hsk` command line: one Typer app, one module per stage.
 
-Errors the user can act on (bad config, missing data, damaged store, full disk...) print one
-line saying what to do and exit with status 2, never a traceback (set HSK_DEBUG=1 to see one).
+Errors the user can act on (hskstore.errors.UserError: bad config, missing data, damaged store; and a
+full disk...) print one line saying what to do and exit with status 2, never a traceback (set HSK_DEBUG=1
+to see one). Any other exception is a bug in hsk: it keeps its traceback (exit status 1).
 """
 
 from __future__ import annotations
