@@ -7,11 +7,62 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-TOKEN_STRATEGIES = ("att-nosep", "att", "left", "cls")
-WIDTH_STRATEGIES = ("mag", "uniform", "rand")
-ATTENTION_SCORES = ("pre-softmax", "post-softmax")
-RANKING_MAPS = ("ltop12", "own")
-VALUE_DTYPES = ("float16", "int8", "int4", "mxfp4")  # int4 and mxfp4: format 2
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One named choice of `hsk dump`, declared once: Selection, DumpOptions and the CLI read its values,
+    default and help from here."""
+
+    flag: str  # the CLI's option
+    field: str  # the DumpOptions (and, for a store's choices, Selection) field
+    label: str  # its name in a store's selection: what an error about a store's metadata says
+    what: str  # the first words of its help
+    meanings: tuple[tuple[str, str], ...]  # (value, what it does, "" when the name says it); the default first
+    note: str = ""  # said after the values in the help
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return tuple(value for value, _ in self.meanings)
+
+    @property
+    def default(self) -> str:
+        return self.meanings[0][0]
+
+    @property
+    def help(self) -> str:
+        parts = [f"{value} ({meaning})" if meaning else value for value, meaning in self.meanings]
+        joined = ("; " if any("," in meaning for _, meaning in self.meanings) else ", ").join(parts)
+        return f"{self.what}: {joined}." + (f" {self.note}" if self.note else "")
+
+
+TOKENS = Choice("--tokens", "token_strategy", "token strategy", "Token strategy", (
+    ("att-nosep", "the NL tokens [CLS] attends to most, [SEP] excluded"), ("att", "the same, [SEP] included"),
+    ("left", "the first NL tokens"), ("cls", "position 0 only, NL=1")))
+WIDTH = Choice("--width", "width_strategy", "width strategy", "Width strategy", (
+    ("mag", "per-vector magnitude"), ("uniform", "evenly spaced activations"),
+    ("rand", "seeded by --width-seed, nested across widths")))
+SCORES = Choice("--scores", "attention_scores", "attention scores", "Ranking scores", (
+    ("pre-softmax", "reference code"), ("post-softmax", "paper text")))
+RANKING = Choice("--ranking", "ranking_map", "ranking map", "Attention ranking the tokens", (
+    ("ltop12", "L_top=L map"), ("own", "each kept layer's own attention")))
+VALUES = Choice("--values", "value_dtype", "value dtype", "Value encoding", (  # int4 and mxfp4: format 2
+    ("float16", ""), ("int8", "an fp16 scale per vector"),
+    ("int4", "4-bit codes, an fp16 scale per group of 32 kept values"),
+    ("mxfp4", "OCP MXFP4: e2m1 codes, a power-of-two scale per 32")))
+ENGINE = Choice("--selection-engine", "selection_engine", "selection engine",
+                "Where tokens are ranked, masked and encoded", (
+                    ("torch", "on the teacher's device; only the selected bytes leave it"),
+                    ("numpy", "the reference, on the host")), note="Both write the same bytes.")
+STORE_CHOICES = (TOKENS, WIDTH, SCORES, RANKING, VALUES)  # what a store's selection records
+DUMP_CHOICES = (*STORE_CHOICES, ENGINE)
+
+TOKEN_STRATEGIES = TOKENS.values
+WIDTH_STRATEGIES = WIDTH.values
+ATTENTION_SCORES = SCORES.values
+RANKING_MAPS = RANKING.values
+VALUE_DTYPES = VALUES.values
 
 # Where hsk knowingly differs from the authors' code (docs/METHOD.md); written into every store.
 DEVIATIONS = {
@@ -21,7 +72,7 @@ DEVIATIONS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config string or selection choice that cannot be used."""
 
 
@@ -30,6 +81,53 @@ def check_choices(choices: list[tuple[str, str, tuple[str, ...]]]) -> None:
     for label, value, allowed in choices:
         if value not in allowed:
             raise ConfigError(f"unknown {label} {value!r}; choose one of {', '.join(allowed)}")
+
+
+def check_at_least(flag: str, value: int | None, low: int, *, error: type[UserError] = ConfigError) -> None:
+    """Refuse a whole number below `low`, in one line; None passes (the default applies)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+        raise error(f"{flag} must be an integer >= {low}, got {value!r}")
+
+
+def check_between(label: str, value: float | None, low: float, high: float, *, ends: str = "[]",
+                  error: type[UserError] = ConfigError) -> None:
+    """Refuse a number outside low..high, in one line; `ends` says which ends are allowed ("[)": not `high`).
+    None passes (the default applies)."""
+    if value is None:
+        return
+    above = value >= low if ends[0] == "[" else value > low
+    below = value <= high if ends[1] == "]" else value < high
+    if not (above and below):
+        raise error(f"{label} must be in {ends[0]}{low:g}, {high:g}{ends[1]}, got {value}")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A whole-number option of `hsk dump`, declared once: its flag, field, default, least value and help."""
+
+    flag: str
+    field: str
+    default: int | None
+    low: int
+    help: str
+
+    def check(self, value: int | None) -> None:
+        check_at_least(self.flag, value, self.low)
+
+
+STUDENT_LAYERS = Bound("--student-layers", "ref_student_layers", 4, 1,
+                       "Depth S of the reference student whose layer map picks layers.")
+L_TOP = Bound("--l-top", "l_top", None, 1, "Top teacher layer of the layer map [default: round(10/12 * L)].")
+WIDTH_SEED = Bound("--width-seed", "width_seed", 0, 0, "Seed of the rand width mask.")
+MAX_LENGTH = Bound("--max-length", "max_length", None, 2,  # [CLS] and [SEP] at least
+                   "Max tokens per example [default: 64 for CoLA/SST-2, else 128].")
+BATCH_SIZE = Bound("--batch-size", "batch_size", 64, 1, "Teacher batch size.")
+SHARD_ROWS = Bound("--shard-rows", "shard_rows", 1024, 1,
+                   "Examples per shard (the unit of writing, resuming, streaming).")
+TOP_K = Bound("--top-k", "top_k", 64, 1, "--objective mlm: teacher vocabulary ids kept per masked position.")
+MASK_SEED = Bound("--mask-seed", "mask_seed", 0, 0, "--objective mlm: seed of BERT's masking (15%; 80/10/10).")
+DUMP_BOUNDS = (BATCH_SIZE, SHARD_ROWS, MAX_LENGTH, WIDTH_SEED, L_TOP)  # checked in this order
+MLM_BOUNDS = (BATCH_SIZE, SHARD_ROWS, MAX_LENGTH, TOP_K, MASK_SEED)
 
 
 @dataclass(frozen=True)
@@ -92,14 +190,14 @@ class Selection:
     teacher_layers: tuple[int, ...]  # kept teacher hidden states (0 = embedding output), one per entry
     student_entries: tuple[int, ...] | None  # reference student entries they serve (None: explicit list)
     ranking_layers: tuple[int, ...]  # teacher attention layer (1..L) that ranks the tokens of each entry
-    ref_student_layers: int | None = 4
+    ref_student_layers: int | None = STUDENT_LAYERS.default
     l_top: int | None = None
-    token_strategy: str = "att-nosep"
-    ranking_map: str = "ltop12"
-    attention_scores: str = "pre-softmax"
-    width_strategy: str = "mag"
-    width_seed: int = 0
-    value_dtype: str = "float16"
+    token_strategy: str = TOKENS.default
+    ranking_map: str = RANKING.default
+    attention_scores: str = SCORES.default
+    width_strategy: str = WIDTH.default
+    width_seed: int = WIDTH_SEED.default
+    value_dtype: str = VALUES.default
     deviations: dict = field(default_factory=lambda: dict(DEVIATIONS))
     # TinyBERT attention rows (`hsk dump --attention-rows`): the teacher's head count when the store
     # keeps the pre-softmax scores of the kept tokens' query rows; 0 = not kept (the key is then left
@@ -107,13 +205,7 @@ class Selection:
     attention_heads: int = 0
 
     def __post_init__(self) -> None:
-        check_choices([
-            ("token strategy", self.token_strategy, TOKEN_STRATEGIES),
-            ("width strategy", self.width_strategy, WIDTH_STRATEGIES),
-            ("attention scores", self.attention_scores, ATTENTION_SCORES),
-            ("ranking map", self.ranking_map, RANKING_MAPS),
-            ("value dtype", self.value_dtype, VALUE_DTYPES),
-        ])
+        check_choices([(c.label, getattr(self, c.field), c.values) for c in STORE_CHOICES])
         if (
             len(self.teacher_layers) != self.config.n_layers
             or len(self.ranking_layers) != self.config.n_layers

@@ -1,7 +1,12 @@
-"""Errors a store user can act on; every message says what to do next."""
+"""Errors a user can act on; every message says what to do next."""
 
 
-class StoreError(RuntimeError):
+class UserError(Exception):
+    """Something the user can fix (a flag, a file, a store, the data): `hsk` prints its message as one line
+    and exits with status 2. Every other exception is a bug and keeps its traceback."""
+
+
+class StoreError(UserError, RuntimeError):
     """Base class for store problems."""
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
+from hskstore.errors import UserError
 from hskstore.writer import StoreWriter
 from pipelines.cli import main
 
@@ -132,3 +133,62 @@ def test_dump_without_teacher_points_to_hsk_teacher(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert "runs/teacher-qnli" in err and "hsk teacher --task qnli" in err
     assert not (tmp_path / "qnli.zarr").exists()
+
+
+def test_user_mistake_is_one_line_but_a_bug_keeps_its_traceback(capsys, monkeypatch):
+    # A user mistake: one line, exit 2 (no torch is needed to refuse it).
+    assert main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hsk: error: unknown --tokens 'nope'") and len(err.splitlines()) == 1
+    monkeypatch.setenv("HSK_DEBUG", "1")  # HSK_DEBUG=1 shows the traceback of a user mistake too
+    with pytest.raises(UserError, match="unknown --tokens 'nope'"):
+        main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"])
+    monkeypatch.delenv("HSK_DEBUG")
+    # A ValueError from hsk's own code is a bug, not a user mistake: it reaches the caller, traceback and all.
+    from pipelines.cli import store_commands
+
+    def broken(text):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(store_commands, "_int_list", broken)
+    with pytest.raises(ValueError, match="an internal invariant broke"):
+        main(["dump", "--task", "sst2", "--config", "3,8,0.2"])
+    assert "hsk: error" not in capsys.readouterr().err
+
+
+def test_a_bug_exits_1_with_a_traceback_from_the_real_command(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pipelines.cli import run, store_commands\n"
+        "def broken(text):\n"
+        "    raise ValueError('an internal invariant broke')\n"
+        "store_commands._int_list = broken\n"
+        "sys.argv = ['hsk', 'dump', '--task', 'sst2', '--config', '3,8,0.2', '--out', sys.argv[1]]\n"
+        "run()\n"
+    )
+    out = tmp_path / "s.zarr"
+    done = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "an internal invariant broke" in done.stderr
+    assert "hsk: error" not in done.stderr and not out.exists()
+
+
+def test_student_build_refuses_a_bad_batch_size_in_one_line(tmp_path, capsys):
+    out = tmp_path / "student"
+    args = ["student", "build", "rosita", "--teacher", str(tmp_path / "no-teacher"), "--task", "sst2", "--layers", "1",
+            "--heads", "1", "--ffn", "8", "--emb-rank", "0", "--out", str(out), "--batch-size", "0"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == "hsk: error: --batch-size must be an integer >= 1, got 0"
+    assert not out.exists()
+
+
+def test_a_damaged_results_table_is_one_line(tmp_path, capsys):
+    damaged = tmp_path / "results.parquet"
+    damaged.write_bytes(b"not parquet")
+    assert main(["report", str(damaged), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hsk: error: {damaged} is not a readable results table") and len(err.splitlines()) == 1
+    assert damaged.read_bytes() == b"not parquet"

@@ -1,7 +1,8 @@
 """The `hsk` command line: one Typer app, one module per stage.
 
-Errors the user can act on (bad config, missing data, damaged store, full disk...) print one
-line saying what to do and exit with status 2, never a traceback (set HSK_DEBUG=1 to see one).
+Errors the user can act on (hskstore.errors.UserError: bad config, missing data, damaged store; and a
+full disk...) print one line saying what to do and exit with status 2, never a traceback (set HSK_DEBUG=1
+to see one). Any other exception is a bug in hsk: it keeps its traceback (exit status 1).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import sys
 
 import typer
+
+from hskstore.errors import UserError, printable
 
 from .quiet import quiet_libraries
 
@@ -58,23 +61,6 @@ from . import (  # noqa: E402,F401
     train_commands,
 )
 
-# Error types the user can act on, by module: an error can only be raised once its module is imported,
-# so looking them up in sys.modules keeps a refused argument from importing torch (seconds to a minute).
-_USER_ERRORS = (
-    ("hskstore.config", "ConfigError"),
-    ("hskstore.errors", "StoreError"),
-    ("pipelines.core.data", "DataError"),
-    ("pipelines.core.models", "ModelLoadError"),
-    ("pipelines.core.tasks", "TaskError"),
-    ("pipelines.dump.probe", "UnsupportedTeacherError"),
-    ("pipelines.dump.distributed", "DistributedDumpError"),
-)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    found = [getattr(sys.modules[m], name) for m, name in _USER_ERRORS if m in sys.modules]
-    return (*found, ValueError)
-
 
 def _command(argv: list[str] | None) -> str | None:
     args = sys.argv[1:] if argv is None else argv
@@ -97,8 +83,6 @@ def _interrupted(argv: list[str] | None) -> int:
 
 
 def _error(message: object) -> None:
-    from hskstore.errors import printable
-
     # Names from stores, files and checkpoints can hold control characters: never let them reach the terminal.
     print(f"hsk: error: {printable(message, keep_newlines=True)}", file=sys.stderr)
 
@@ -159,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(message)
         return 2
-    except _user_errors() as exc:
+    except UserError as exc:  # anything else is a bug: its traceback is shown
         if os.environ.get("HSK_DEBUG"):
             raise
         _error(exc)

@@ -6,6 +6,8 @@ import os
 
 import typer
 
+from hskstore.config import ConfigError
+
 from . import app
 
 _LOCATIONS = typer.Argument(..., help="Local folders, s3:// (or other fsspec) prefixes, stores, bundles.")
@@ -42,7 +44,7 @@ def catalog(
     try:
         entries = list_stores(locations, Filters(task, teacher, config, values, derived_from), cards=page is not None)
     except FileNotFoundError as exc:
-        raise ValueError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
+        raise ConfigError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
     typer.echo(to_json(entries) if as_json else format_table(entries))
     if page is not None:
         tmp = page.with_name(f".{page.name}.{os.getpid()}.tmp")
@@ -73,7 +75,7 @@ def export(
     from hskstore.export import export_parquet
 
     if fmt != "parquet":
-        raise ValueError(f"unknown --format {fmt!r}: hsk exports parquet")
+        raise ConfigError(f"unknown --format {fmt!r}: hsk exports parquet")
     result = export_parquet(store, out, overwrite=overwrite,
                             progress=lambda it: tqdm(it, desc="export", unit="shard", disable=not progress))
     typer.echo(f"exported {store} -> {result.path}: {result.rows} rows, {result.columns} columns, "

@@ -8,7 +8,25 @@ from pathlib import Path
 
 import typer
 
-from hskstore.config import HSKConfig
+from hskstore.config import (
+    BATCH_SIZE,
+    ENGINE,
+    L_TOP,
+    MASK_SEED,
+    MAX_LENGTH,
+    MLM_BOUNDS,
+    RANKING,
+    SCORES,
+    SHARD_ROWS,
+    STUDENT_LAYERS,
+    TOKENS,
+    TOP_K,
+    VALUES,
+    WIDTH,
+    WIDTH_SEED,
+    ConfigError,
+    HSKConfig,
+)
 
 from . import app
 
@@ -84,30 +102,26 @@ def dump(
     text_columns: str = typer.Option(None, help="Text columns of --data-file, e.g. 'question,sentence'."),
     label_column: str = typer.Option(None, help="Gold label column of --data-file (optional)."),
     limit: int = typer.Option(None, help="Dump only the first N examples."),
-    student_layers: int = typer.Option(4, help="Depth S of the reference student whose layer map picks layers."),
-    l_top: int = typer.Option(None, help="Top teacher layer of the layer map [default: round(10/12 * L)]."),
+    student_layers: int = typer.Option(STUDENT_LAYERS.default, STUDENT_LAYERS.flag, help=STUDENT_LAYERS.help),
+    l_top: int = typer.Option(L_TOP.default, L_TOP.flag, help=L_TOP.help),
     layers: str = typer.Option(None, help="Explicit teacher layers instead of a layer map, e.g. '2,4,6'."),
-    tokens: str = typer.Option("att-nosep", help="Token strategy: att-nosep, att, left, cls."),
-    ranking: str = typer.Option("ltop12", help="Attention ranking the tokens: ltop12 (L_top=L map) or own layer."),
-    scores: str = typer.Option("pre-softmax", help="Ranking scores: pre-softmax (reference code) or post-softmax."),
-    width: str = typer.Option("mag", help="Width strategy: mag (per-vector magnitude), uniform, rand."),
-    width_seed: int = typer.Option(0, help="Seed of the rand width mask."),
-    values: str = typer.Option(
-        "float16", help="Value encoding: float16; int8 (an fp16 scale per vector); int4 (4-bit codes, an fp16 "
-        "scale per group of 32 kept values); mxfp4 (OCP MXFP4: e2m1 codes, a power-of-two scale per 32)."),
+    tokens: str = typer.Option(TOKENS.default, TOKENS.flag, help=TOKENS.help),
+    ranking: str = typer.Option(RANKING.default, RANKING.flag, help=RANKING.help),
+    scores: str = typer.Option(SCORES.default, SCORES.flag, help=SCORES.help),
+    width: str = typer.Option(WIDTH.default, WIDTH.flag, help=WIDTH.help),
+    width_seed: int = typer.Option(WIDTH_SEED.default, WIDTH_SEED.flag, help=WIDTH_SEED.help),
+    values: str = typer.Option(VALUES.default, VALUES.flag, help=VALUES.help),
     attention_rows: bool = typer.Option(
         False,
         "--attention-rows",
         help="Also keep, per kept layer above the embeddings, the pre-softmax attention scores of the kept "
         "tokens' query rows [heads, NL, T] (fp16): what `hsk train --method tinybert-att` reads.",
     ),
-    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
-    batch_size: int = typer.Option(64, help="Teacher batch size."),
-    shard_rows: int = typer.Option(1024, help="Examples per shard (the unit of writing, resuming, streaming)."),
+    max_length: int = typer.Option(MAX_LENGTH.default, MAX_LENGTH.flag, help=MAX_LENGTH.help),
+    batch_size: int = typer.Option(BATCH_SIZE.default, BATCH_SIZE.flag, help=BATCH_SIZE.help),
+    shard_rows: int = typer.Option(SHARD_ROWS.default, SHARD_ROWS.flag, help=SHARD_ROWS.help),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
-    selection_engine: str = typer.Option(
-        "torch", help="Where tokens are ranked, masked and encoded: torch (on the teacher's device; only the "
-        "selected bytes leave it) or numpy (the reference, on the host). Both write the same bytes."),
+    selection_engine: str = typer.Option(ENGINE.default, ENGINE.flag, help=ENGINE.help),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an hsk store at --out (swapped in once the new one is complete)."
     ),
@@ -119,8 +133,8 @@ def dump(
     progress: bool = typer.Option(True, help="Show a progress bar."),
     objective: str = typer.Option("task", help="task (a fine-tuned classifier's store) or mlm (masked-LM top-k)."),
     text_file: str = typer.Option(None, help="--objective mlm: raw text, one example per line."),
-    top_k: int = typer.Option(64, help="--objective mlm: teacher vocabulary ids kept per masked position."),
-    mask_seed: int = typer.Option(0, help="--objective mlm: seed of BERT's masking (15%; 80/10/10)."),
+    top_k: int = typer.Option(TOP_K.default, TOP_K.flag, help=TOP_K.help),
+    mask_seed: int = typer.Option(MASK_SEED.default, MASK_SEED.flag, help=MASK_SEED.help),
     workers: int = typer.Option(
         None, help="Dump on a local dask cluster of N processes, each computing and writing whole shards "
         "(one GPU per worker with --device cuda)."),
@@ -147,9 +161,9 @@ def dump(
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
     if objective != "task":
-        raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
     if not task or not config:
-        raise ValueError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
+        raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.tasks import get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
@@ -182,7 +196,7 @@ def dump(
     if teacher is None:
         teacher = default_teacher_dir(task)
         if not Path(teacher).is_dir():
-            raise ValueError(
+            raise ConfigError(
                 f"no --teacher given and no teacher at {teacher}: fine-tune one with `hsk teacher --task {task}` "
                 "(it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
             )
@@ -202,7 +216,7 @@ def dump(
 def _sharing(license: str | None, creator: str | None) -> dict:
     """What `--license`/`--creator` put in the metadata (key `sharing`); nothing when neither is given."""
     if license is not None and not license.strip():
-        raise ValueError("--license needs a value (e.g. cc-by-4.0, or leave it out: the store then says unknown)")
+        raise ConfigError("--license needs a value (e.g. cc-by-4.0, or leave it out: the store then says unknown)")
     creators = [name.strip() for name in (creator or "").split(";") if name.strip()]
     if not license and not creators:
         return {}
@@ -213,9 +227,13 @@ def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, ma
               shard_rows, device, overwrite, progress, sharing) -> None:
     from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 
+    numbers = {"batch_size": batch_size, "shard_rows": shard_rows, "max_length": max_length, "top_k": top_k,
+               "mask_seed": mask_seed}
+    for bound in MLM_BOUNDS:  # before the teacher loads, as for a task dump
+        bound.check(numbers[bound.field])
     if not teacher or not out:
-        raise ValueError("an MLM dump needs --teacher (a BertForMaskedLM, e.g. from `hsk teacher --objective mlm`) "
-                         "and --out")
+        raise ConfigError("an MLM dump needs --teacher (a BertForMaskedLM, e.g. from `hsk teacher --objective mlm`) "
+                          "and --out")
     corpus = load_corpus(text_file, data_file, text_columns, limit)
     dump_mlm(teacher, out, corpus, top_k=top_k, masking=Masking(mask_seed=mask_seed), max_length=max_length or 128,
              batch_size=batch_size, shard_rows=shard_rows, device=device, overwrite=overwrite, progress=progress,

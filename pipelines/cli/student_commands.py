@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from hskstore.config import ConfigError, check_at_least
+
 from . import app
 
 student_app = typer.Typer(
@@ -57,7 +59,10 @@ def build(
     from pipelines.train.rosita import RositaShape, build_rosita, describe_counts
 
     if kind.strip().lower() not in KINDS:
-        raise ValueError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
+        raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--train-limit", train_limit, 1),
+                             ("--max-length", max_length, 2)):
+        check_at_least(flag, value, low)
     summary = build_rosita(
         teacher,
         task,

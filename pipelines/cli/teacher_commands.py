@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from hskstore.config import ConfigError
+
 from . import app
 
 TEACHER_HELP = """Fine-tune a base encoder on a task and save a normal Hugging Face checkpoint.
@@ -64,9 +66,9 @@ def teacher(
                      seed, pick_device(device), progress, overwrite)
         return
     if objective != "task":
-        raise ValueError(f"unknown --objective {objective!r}: pass task or mlm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
     if not task:
-        raise ValueError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
+        raise ConfigError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
     out = out or default_teacher_dir(task)
     fine_tune_teacher(  # it says "teacher saved to OUT (best epoch N: dev ...)"
         get_task(task),
@@ -94,7 +96,7 @@ def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, l
     from pipelines.train.mlm_teacher import train_mlm_teacher
 
     if not out:
-        raise ValueError("an MLM teacher needs --out (the folder for its BertForMaskedLM checkpoint)")
+        raise ConfigError("an MLM teacher needs --out (the folder for its BertForMaskedLM checkpoint)")
     corpus = load_corpus(text_file, data_file, None, limit)
     summary = train_mlm_teacher(base, corpus, out, train_layers=train_layers, epochs=epochs, lr=lr,
                                 batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,

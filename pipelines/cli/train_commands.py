@@ -6,6 +6,8 @@ import json
 
 import typer
 
+from hskstore.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
+
 from . import app
 
 TRAIN_HELP = """Distill a student from an HSK store, without the teacher, with any method (`hsk methods`).
@@ -123,11 +125,14 @@ def train(
     task: str = typer.Option(None, help="Online mode: the GLUE task to train on."),
     config: str = typer.Option(None, help="Online mode: ND,NL,W of the targets, e.g. 1,9,0.1."),
     train_limit: int = typer.Option(None, help="Online mode: first N training examples."),
-    shard_rows: int = typer.Option(1024, help="Online mode: rows per shard (match the dump for the same order)."),
-    student_layers: int = typer.Option(4, help="Online mode: reference student depth of the layer map (as dump)."),
+    shard_rows: int = typer.Option(
+        SHARD_ROWS.default, help="Online mode: rows per shard (match the dump for the same order)."),
+    student_layers: int = typer.Option(
+        STUDENT_LAYERS.default, help="Online mode: reference student depth of the layer map (as dump)."),
     l_top: int = typer.Option(None, help="Online mode: L_top of the layer map [default: round(10/12 * L)]."),
     layers: str = typer.Option(None, help="Online mode: explicit teacher layers, e.g. 2,4 (as dump --layers)."),
-    tokens: str = typer.Option("att-nosep", help="Online mode: token strategy (as dump --tokens)."),
+    tokens: str = typer.Option(
+        TOKENS.default, help=f"Online mode: token strategy (as dump --tokens: {', '.join(TOKENS.values)})."),
     attention_rows: bool = typer.Option(
         False, "--attention-rows", help="Online mode: also compute the teacher attention rows (tinybert-att)."
     ),

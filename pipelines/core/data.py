@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from hskstore.errors import UserError
 from pipelines.core.tasks import Task, get_task
 
 DATA_DIR_ENV = "HSK_DATA_DIR"
@@ -42,7 +43,7 @@ _HUB_SPLITS = {
 _SPLIT_ALIASES = {v: k for k, v in _HUB_SPLITS.items()}
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """The requested examples cannot be loaded; the message says what was tried and what to pass."""
 
 

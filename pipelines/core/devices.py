@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from hskstore.config import ConfigError
+
 
 def check_device(requested: str | None) -> None:
     """Refuse, in one line, a device torch does not know or cannot use here (None = the default)."""
@@ -12,15 +14,15 @@ def check_device(requested: str | None) -> None:
     try:
         device = torch.device(requested)
     except (RuntimeError, ValueError):
-        raise ValueError(
+        raise ConfigError(
             f"--device {requested!r} is not a torch device: use cpu, cuda, cuda:N or mps"
         ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {requested} asked for, but torch sees no CUDA GPU: use --device cpu")
+        raise ConfigError(f"--device {requested} asked for, but torch sees no CUDA GPU: use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {requested}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+        raise ConfigError(f"--device {requested}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {requested} asked for, but MPS is not available here: use --device cpu")
+        raise ConfigError(f"--device {requested} asked for, but MPS is not available here: use --device cpu")
 
 
 def pick_device(requested: str | None = None) -> str:

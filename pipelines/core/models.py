@@ -35,7 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from hskstore.errors import printable
+from hskstore.errors import UserError, printable
 from pipelines.core import pruned_bert  # noqa: F401  registers hsk's pruned BERT (ROSITA students) with the Auto classes
 from pipelines.core.data import hub_unavailable_reason
 
@@ -51,7 +51,7 @@ _WHAT_TO_PASS = (
 )
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """A model or tokenizer that cannot be loaded; the message says what to pass instead."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hskstore.errors import UserError
+
 # Primary metric first: it is the one model selection uses.
 TASK_METRICS = {
     "matthews": ("matthews",),
@@ -18,7 +20,7 @@ TASK_METRICS = {
 }
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """An unknown task name."""
 
 

@@ -36,8 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from hskstore import __version__
-from hskstore.config import Selection
-from hskstore.errors import ProvenanceError
+from hskstore.config import ConfigError, Selection
+from hskstore.errors import ProvenanceError, UserError
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.models import load_classifier, load_tokenizer, weights_hash
 from pipelines.core.tokenize import encode
@@ -54,7 +54,7 @@ from pipelines.dump.stage import (
 )
 
 
-class DistributedDumpError(RuntimeError):
+class DistributedDumpError(UserError, RuntimeError):
     """The cluster could not finish the dump (a worker kept dying, or none could be reached)."""
 
 
@@ -236,9 +236,9 @@ def dump_distributed(
     when both use the same number of threads (the selected values, fp16, almost always anyway).
     """
     if (workers is None) == (scheduler is None):
-        raise ValueError("give either --workers N (a local cluster) or --scheduler ADDRESS, not both")
+        raise ConfigError("give either --workers N (a local cluster) or --scheduler ADDRESS, not both")
     if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     plan = plan_dump(task_name, options, teacher=teacher, out=out, device="cpu", **data)  # driver: no GPU
     plan.model = None  # the workers load their own
     local = "://" not in teacher and os.path.isdir(teacher)  # workers may run in another folder

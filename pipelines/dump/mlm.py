@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hskstore import __version__
+from hskstore.config import ConfigError
 from hskstore.schema import MLM, make_layout
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
@@ -141,7 +142,7 @@ def load_corpus(
 ) -> Examples:
     """Raw text, one example per non-empty line of `text_file`, or the `text_column` of a table file."""
     if bool(text_file) == bool(data_file):
-        raise ValueError("an MLM dump reads raw text: pass --text-file (one text per line) or --data-file")
+        raise ConfigError("an MLM dump reads raw text: pass --text-file (one text per line) or --data-file")
     path = Path(text_file or data_file)
     if not path.is_file():
         raise DataError(f"no such file: {path}")
@@ -235,10 +236,10 @@ def dump_mlm(
     masking.check()
     tokenizer = load_tokenizer(teacher)
     if tokenizer.mask_token_id is None:
-        raise ValueError(f"the tokenizer of {teacher} has no [MASK] token: pass a masked-LM teacher")
+        raise ModelLoadError(f"the tokenizer of {teacher} has no [MASK] token: pass a masked-LM teacher")
     model = load_mlm_teacher(teacher, device)
     if not 1 <= top_k <= model.config.vocab_size:
-        raise ValueError(f"--top-k {top_k} must be in 1..{model.config.vocab_size} (the teacher's vocabulary)")
+        raise ConfigError(f"--top-k {top_k} must be in 1..{model.config.vocab_size} (the teacher's vocabulary)")
     meta = mlm_metadata(corpus, teacher, model, tokenizer, masking, max_length, top_k, shard_rows)
     meta.update(extra_meta or {})
     # The same output rule, writer lease and staged --overwrite as every store (hskstore/writer.py).

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hskstore.errors import UserError
+
 # (query, key) projection names of the self-attention blocks hsk knows how to read.
 _QK_NAMES = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
 
 
-class UnsupportedTeacherError(RuntimeError):
+class UnsupportedTeacherError(UserError, RuntimeError):
     pass
 
 

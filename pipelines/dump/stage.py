@@ -17,11 +17,18 @@ from tqdm.auto import tqdm
 
 from hskstore import __version__
 from hskstore.config import (
-    ATTENTION_SCORES,
-    RANKING_MAPS,
-    TOKEN_STRATEGIES,
-    VALUE_DTYPES,
-    WIDTH_STRATEGIES,
+    BATCH_SIZE,
+    DUMP_BOUNDS,
+    DUMP_CHOICES,
+    ENGINE,
+    RANKING,
+    SCORES,
+    SHARD_ROWS,
+    STUDENT_LAYERS,
+    TOKENS,
+    VALUES,
+    WIDTH,
+    WIDTH_SEED,
     ConfigError,
     HSKConfig,
     Selection,
@@ -53,8 +60,6 @@ from pipelines.dump.probe import ProbeOutput, TeacherProbe
 from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
 from pipelines.dump.targets import encode_batch
 
-SELECTION_ENGINES = ("torch", "numpy")
-
 
 @dataclass
 class DumpResult:
@@ -69,24 +74,24 @@ class DumpResult:
 
 @dataclass
 class DumpOptions:
-    """Every choice of `hsk dump`, with the product's defaults."""
+    """Every choice of `hsk dump`, with the product's defaults (declared in hskstore.config)."""
 
     config: HSKConfig
-    ref_student_layers: int | None = 4
+    ref_student_layers: int | None = STUDENT_LAYERS.default
     l_top: int | None = None
     layers: list[int] | None = None  # explicit teacher layers instead of a reference student map
-    token_strategy: str = "att-nosep"
-    ranking_map: str = "ltop12"
-    attention_scores: str = "pre-softmax"
-    width_strategy: str = "mag"
-    width_seed: int = 0
-    value_dtype: str = "float16"
+    token_strategy: str = TOKENS.default
+    ranking_map: str = RANKING.default
+    attention_scores: str = SCORES.default
+    width_strategy: str = WIDTH.default
+    width_seed: int = WIDTH_SEED.default
+    value_dtype: str = VALUES.default
     attention_rows: bool = False  # TinyBERT: keep the kept tokens' pre-softmax attention rows
     max_length: int | None = None  # task default
-    batch_size: int = 64
-    shard_rows: int = 1024
+    batch_size: int = BATCH_SIZE.default
+    shard_rows: int = SHARD_ROWS.default
     device: str = "cpu"
-    selection_engine: str = "torch"  # torch: on the teacher's device; numpy: the hskstore reference (same bytes)
+    selection_engine: str = ENGINE.default  # torch: on the teacher's device; numpy: the hskstore reference
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -97,27 +102,13 @@ class DumpOptions:
 
         Numbers are refused, never replaced by others: a store must be what the command asked for.
         """
-        def at_least(name: str, value: int | None, low: int) -> None:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-
-        at_least("--batch-size", self.batch_size, 1)
-        at_least("--shard-rows", self.shard_rows, 1)
-        at_least("--max-length", self.max_length, 2)  # [CLS] and [SEP] at least
-        at_least("--width-seed", self.width_seed, 0)
-        at_least("--l-top", self.l_top, 1)
+        for bound in DUMP_BOUNDS:
+            bound.check(getattr(self, bound.field))
         if self.layers is None:
-            at_least("--student-layers", self.ref_student_layers, 1)
+            STUDENT_LAYERS.check(self.ref_student_layers)
         elif not self.layers or any(not isinstance(j, int) or j < 0 for j in self.layers):
             raise ConfigError(f"--layers takes teacher layer numbers >= 0 (0 = embeddings), got {self.layers}")
-        check_choices([
-            ("--tokens", self.token_strategy, TOKEN_STRATEGIES),
-            ("--width", self.width_strategy, WIDTH_STRATEGIES),
-            ("--scores", self.attention_scores, ATTENTION_SCORES),
-            ("--ranking", self.ranking_map, RANKING_MAPS),
-            ("--values", self.value_dtype, VALUE_DTYPES),
-            ("--selection-engine", self.selection_engine, SELECTION_ENGINES),
-        ])
+        check_choices([(c.flag, getattr(self, c.field), c.values) for c in DUMP_CHOICES])
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
         check_device(self.device)

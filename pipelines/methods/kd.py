@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hskstore.config import check_between
 from pipelines.core.tasks import Task
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
@@ -28,8 +29,7 @@ def prediction_terms(task: Task, temperature: float, alpha: float | None) -> tup
 
 
 def check_kd(epochs: float, lr: float | None, temperature: float, alpha: float) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise MethodError(f"--alpha must be in [0, 1], got {alpha}")
+    check_between("--alpha", alpha, 0.0, 1.0, error=MethodError)
     if temperature <= 0:
         raise MethodError(f"--temperature must be > 0, got {temperature}")
     if epochs < 0:

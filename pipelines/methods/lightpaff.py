@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hskstore.config import check_between
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 PAPER = ("Song, Sun, Tan, Qin, Lu, Liu, Liu, 'LightPAFF: A Two-Stage Distillation Framework for Pre-training "
@@ -27,8 +28,7 @@ PAPER = ("Song, Sun, Tan, Qin, Lu, Liu, Liu, 'LightPAFF: A Two-Stage Distillatio
 
 
 def _check_lambda(lam: float, epochs: float, lr: float | None) -> None:
-    if not 0.0 <= lam <= 1.0:
-        raise MethodError(f"--set lam must be in [0, 1], got {lam}")
+    check_between("--set lam", lam, 0.0, 1.0, error=MethodError)
     if epochs < 0:
         raise MethodError(f"--epochs must be >= 0, got {epochs}")
     if lr is not None and lr <= 0:
@@ -48,8 +48,7 @@ class PretrainOptions:
 
     def __post_init__(self) -> None:
         _check_lambda(self.lam, self.epochs, self.lr)
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise MethodError(f"--set warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        check_between("--set warmup_ratio", self.warmup_ratio, 0.0, 1.0, ends="[)", error=MethodError)
 
 
 def _pretrain_terms(lam: float) -> tuple[Term, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hskstore.config import check_between
 from pipelines.methods.kd import prediction_terms
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
@@ -44,8 +45,7 @@ class MudOptions:
             raise MethodError("stage 'hsk' comes before stage 'pred' (docs/methods/mud.md)")
         if self.hsk_loss not in HSK_LOSSES:
             raise MethodError(f"--hsk-loss must be one of {', '.join(HSK_LOSSES)}; got {self.hsk_loss!r}")
-        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
-            raise MethodError(f"--alpha must be in [0, 1], got {self.alpha}")
+        check_between("--alpha", self.alpha, 0.0, 1.0, error=MethodError)
         if self.temperature <= 0:
             raise MethodError(f"--temperature must be > 0, got {self.temperature}")
         for name in ("epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hskstore.config import check_between
 from pipelines.methods.mud import pred_stage
 from pipelines.registry import HEAD_MAPS, Context, Method, MethodError, Stage, Term, register
 
@@ -34,8 +35,7 @@ class TinyBERTAttOptions:
     def __post_init__(self) -> None:
         if self.heads not in HEAD_MAPS:
             raise MethodError(f"--set heads= must be one of {', '.join(HEAD_MAPS)}; got {self.heads!r}")
-        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
-            raise MethodError(f"--alpha must be in [0, 1], got {self.alpha}")
+        check_between("--alpha", self.alpha, 0.0, 1.0, error=MethodError)
         if self.temperature <= 0:
             raise MethodError(f"--temperature must be > 0, got {self.temperature}")
         for name in ("epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred", "att_weight", "hsk_weight"):

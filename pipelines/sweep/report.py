@@ -18,7 +18,7 @@ import pyarrow as pa
 from matplotlib.figure import Figure
 
 from hskstore.outputs import claim_whole_output, mark_output, staged_replace
-from pipelines.sweep.results import conform, read_results
+from pipelines.sweep.results import ResultsError, conform, read_results
 
 REFERENCE_KINDS = ("pred_only", "full", "no_kd")
 KIND_ORDER = {"no_kd": 0, "pred_only": 1, "hsk": 2, "full": 3}
@@ -49,11 +49,11 @@ def _stats(values: list[float]) -> dict:
 def _pick_metric(rows: list[dict], metric: str | None) -> str:
     names = Counter(r["metric_name"] for r in rows if r["metric_name"] and _finite(r["metric"]))
     if not names:
-        raise ValueError("the results table has no run with a metric yet")
+        raise ResultsError("the results table has no run with a metric yet")
     if metric is None:  # the metric most runs report (ties: alphabetical, so the choice is stable)
         return sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
     if metric not in names:
-        raise ValueError(f"no run reports metric {metric!r}; the table has {sorted(names)}")
+        raise ResultsError(f"no run reports metric {metric!r}; the table has {sorted(names)}")
     return metric
 
 

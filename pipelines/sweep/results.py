@@ -18,6 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hskstore.errors import UserError
+
 KINDS = ("hsk", "pred_only", "full", "no_kd", "method")
 
 RESULTS_SCHEMA = pa.schema(
@@ -48,7 +50,7 @@ RESULTS_SCHEMA = pa.schema(
 )
 
 
-class ResultsError(ValueError):
+class ResultsError(UserError, ValueError):
     """A results row or file that does not fit RESULTS_SCHEMA."""
 
 
@@ -93,7 +95,11 @@ def read_results(path: str | os.PathLike) -> pa.Table:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no results table at {path}: run a sweep first (it writes results.parquet)")
-    return conform(pq.read_table(path))
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowInvalid as exc:  # a damaged or foreign file: the user can act on it
+        raise ResultsError(f"{path} is not a readable results table: {exc}") from None
+    return conform(table)
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from hskstore.config import ConfigError
 from hskstore.outputs import claim_whole_output
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
@@ -113,7 +114,7 @@ def _load_model(base: str, train_layers: int, device: str) -> Any:
         reason = str(exc).splitlines()[0][:200]
         raise ModelLoadError(f"cannot put an MLM head on {base} ({reason}): pass a BERT encoder") from None
     if not 0 <= train_layers <= model.config.num_hidden_layers:
-        raise ValueError(f"--train-layers {train_layers} must be in 0..{model.config.num_hidden_layers}")
+        raise ConfigError(f"--train-layers {train_layers} must be in 0..{model.config.num_hidden_layers}")
     return model
 
 

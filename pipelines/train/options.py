@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from hskstore.config import ConfigError
+from hskstore.config import ConfigError, check_at_least
 
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
@@ -56,10 +56,8 @@ class TrainOptions:
             "eval_batch_size": 1,
         }
         for name, low in at_least.items():
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < low):
-                flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
-                raise ConfigError(f"--{flag} must be an integer >= {low}, got {value!r}")
+            flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
+            check_at_least(f"--{flag}", getattr(self, name), low)
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"

@@ -38,10 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
+from hskstore.config import ConfigError
 from hskstore.outputs import claim_whole_output, mark_output, staged_replace
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, load_examples
 from pipelines.core.models import (
+    ModelLoadError,
     is_classifier,
     load_classifier,
     load_config,
@@ -70,7 +72,7 @@ class RositaShape:
     emb_rank: int  # 0 keeps the full embedding table
 
     def check(self, config: Any) -> None:
-        """ValueError (one line, says what to pass) unless the teacher can be cut to this shape."""
+        """ConfigError (one line, says what to pass) unless the teacher can be cut to this shape."""
         limits = {
             "--layers": (self.layers, 1, config.num_hidden_layers),
             "--heads": (self.heads, 1, config.num_attention_heads),
@@ -79,7 +81,7 @@ class RositaShape:
         }
         for flag, (value, low, high) in limits.items():
             if not low <= value <= high:
-                raise ValueError(f"{flag} {value} is out of range for this teacher: pass {low}..{high}")
+                raise ConfigError(f"{flag} {value} is out of range for this teacher: pass {low}..{high}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,7 +330,7 @@ def _check_teacher(teacher: str, shape: RositaShape) -> None:
     """Refuse, before any weights load, a teacher that is not a fine-tuned BERT or too small for `shape`."""
     config = load_config(teacher)
     if config.model_type != "bert" or not is_classifier(config):
-        raise ValueError(
+        raise ModelLoadError(
             f"ROSITA prunes a fine-tuned BERT classifier; {teacher} is a {config.model_type} "
             f"{'/'.join(config.architectures or ['model'])}: pass a fine-tuned BERT checkpoint (e.g. of hsk teacher)"
         )
@@ -453,7 +455,7 @@ def load_rosita(path: str | Path) -> HskBertForSequenceClassification:
     """A built (or distilled) ROSITA student, in eval mode."""
     model = load_classifier(str(path))
     if not isinstance(model, HskBertForSequenceClassification):
-        raise ValueError(f"{path} holds a {type(model).__name__}, not a ROSITA student (model type hsk_bert)")
+        raise ModelLoadError(f"{path} holds a {type(model).__name__}, not a ROSITA student (model type hsk_bert)")
     return model
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from hskstore import CorruptStoreError, HSKStore, IncompleteStoreError, codec
+from hskstore.config import ConfigError
 
 TRIMMED = ("input_ids", "token_type_ids")  # cut to the batch's longest text
 
@@ -185,7 +186,7 @@ class StoreStream:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if world_size > store.n_shards:
-            raise ValueError(
+            raise ConfigError(
                 f"{store.url} has {store.n_shards} shards, fewer than the {world_size} ranks that would "
                 "share them: every rank needs at least one (write the store with smaller shards)"
             )
@@ -213,7 +214,7 @@ class StoreStream:
             return known
         unknown = [n for n in names if n not in self.store.specs]
         if unknown:
-            raise ValueError(f"{self.store.url} has no arrays {unknown}; it has {known}")
+            raise ConfigError(f"{self.store.url} has no arrays {unknown}; it has {known}")
         wanted = set(names) | {"row"}  # row identifies every example (logging, checks)
         if wanted & set(TRIMMED):
             wanted.add("length")  # trimming needs the lengths
@@ -265,8 +266,8 @@ class StoreStream:
         done = int(state["batches_done"])
         total = len(self)
         if not 0 <= done <= total:
-            raise ValueError(f"state says {done} batches done, but epoch {self.epoch} has {total} on this "
-                             "rank: was it saved with another global batch size or shuffle window?")
+            raise ConfigError(f"state says {done} batches done, but epoch {self.epoch} has {total} on this "
+                              "rank: was it saved with another global batch size or shuffle window?")
         self.batches_done = done
 
     # --- reading ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hskstore.config import ConfigError
 from hskstore.outputs import claim_whole_output, mark_output, staged_replace
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.models import (
@@ -90,14 +91,14 @@ def work_dir(out: Path) -> Path:
 def check_numbers(*, epochs: float, lr: float, batch_size: int, **optional: int | None) -> None:
     """Refuse out-of-range values at once, before data or models are loaded (never replace them)."""
     if not epochs > 0:
-        raise ValueError(f"--epochs must be > 0, got {epochs}")
+        raise ConfigError(f"--epochs must be > 0, got {epochs}")
     if not lr > 0:
-        raise ValueError(f"--lr must be > 0, got {lr}")
+        raise ConfigError(f"--lr must be > 0, got {lr}")
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     for name, value in optional.items():
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def _labelled_train(task: Task, data_dir, data_file, text_columns, label_column, limit, log) -> Examples:
