@@ -7,8 +7,10 @@ from pathlib import Path
 
 import typer
 
-from . import app
 from .train_commands import method_options
+
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 DERIVE_HELP = """Write the store of a smaller config from a larger store, without the teacher.
 

@@ -6,7 +6,8 @@ import json
 
 import typer
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 TRAIN_HELP = """Distill a student from an HSK store, without the teacher, with any method (`hsk methods`).
 
