@@ -57,56 +57,76 @@ def _pick_metric(rows: list[dict], metric: str | None) -> str:
     return metric
 
 
+def _name(r: dict, key: str, missing: str = "?") -> str:
+    return r[key] or missing
+
+
 def marginal_utility_data(results: pa.Table | str | os.PathLike, *, metric: str | None = None) -> dict:
     """The numbers the plot draws: per (value dtype, student) line, per reference kind, store bytes."""
     rows = _rows(results)
     metric = _pick_metric(rows, metric)
     used = [r for r in rows if r["metric_name"] == metric and _finite(r["metric"])]
     hsk = [r for r in used if r["kind"] == "hsk" and _finite(r["amount_hsk"]) and r["amount_hsk"] > 0]
-    students = sorted({r["student"] or "?" for r in used})
+    several = len({_name(r, "student") for r in used}) > 1
+    references = _references(used, several)
+    return {"metric": metric, "lines": _hsk_lines(hsk, several), "references": references,
+            "bytes": _bytes_lines(hsk), "n_runs": len(used),
+            "skipped": len(rows) - len(hsk) - sum(r["n"] for r in references)}
 
+
+def _hsk_lines(hsk: list[dict], several_students: bool) -> list[dict]:
+    """One line per (value dtype, student): the metric over seeds at each amount of HSK."""
     groups: dict[tuple[str, str], dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in hsk:
-        groups[(r["value_dtype"] or "?", r["student"] or "?")][r["amount_hsk"]].append(r)
-    lines = []
-    for (dtype, student), by_amount in sorted(groups.items()):
-        label = f"{student}, HSK from a {dtype} store" if len(students) > 1 else f"HSK ({dtype} store)"
-        line = {"value_dtype": dtype, "student": student, "label": label,
-                "amount": [], "mean": [], "std": [], "min": [], "max": [], "n": [], "configs": []}
-        for amount in sorted(by_amount):
-            runs = by_amount[amount]
-            s = _stats([r["metric"] for r in runs])
-            line["amount"].append(amount)
-            for key in ("mean", "std", "min", "max", "n"):
-                line[key].append(s[key])
-            # Configs of equal A (e.g. 1,9,0.1 and 3,3,0.1) share a point: the mean over all their runs.
-            line["configs"].append(sorted({r["config"] or "?" for r in runs}))
-        lines.append(line)
+        groups[(_name(r, "value_dtype"), _name(r, "student"))][r["amount_hsk"]].append(r)
+    return [_hsk_line(dtype, student, by_amount, several_students)
+            for (dtype, student), by_amount in sorted(groups.items())]
 
+
+def _hsk_line(dtype: str, student: str, by_amount: dict[float, list[dict]], several_students: bool) -> dict:
+    label = f"{student}, HSK from a {dtype} store" if several_students else f"HSK ({dtype} store)"
+    line = {"value_dtype": dtype, "student": student, "label": label,
+            "amount": [], "mean": [], "std": [], "min": [], "max": [], "n": [], "configs": []}
+    for amount in sorted(by_amount):
+        runs = by_amount[amount]
+        s = _stats([r["metric"] for r in runs])
+        line["amount"].append(amount)
+        for key in ("mean", "std", "min", "max", "n"):
+            line[key].append(s[key])
+        # Configs of equal A (e.g. 1,9,0.1 and 3,3,0.1) share a point: the mean over all their runs.
+        line["configs"].append(sorted({_name(r, "config") for r in runs}))
+    return line
+
+
+def _references(used: list[dict], several_students: bool) -> list[dict]:
+    """One horizontal reference per (kind, student): pred-only, full, no-kd."""
     refs = defaultdict(list)
     for r in used:
         if r["kind"] in REFERENCE_KINDS:
-            refs[(r["kind"], r["student"] or "?")].append(r)
-    references = []
-    for (kind, student), runs in sorted(refs.items(), key=lambda kv: (KIND_ORDER[kv[0][0]], kv[0][1])):
-        label = KIND_LABELS[kind] + (f", {student}" if len(students) > 1 else "")
-        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
-        references.append({"kind": kind, "student": student, "label": label,
-                           "bytes_per_example": statistics.fmean(bpe) if bpe else None,
-                           **_stats([r["metric"] for r in runs])})
+            refs[(r["kind"], _name(r, "student"))].append(r)
+    ordered = sorted(refs.items(), key=lambda kv: (KIND_ORDER[kv[0][0]], kv[0][1]))
+    return [_reference(kind, student, runs, several_students) for (kind, student), runs in ordered]
 
-    # Store size does not depend on the student or seed: one curve per value dtype.
+
+def _reference(kind: str, student: str, runs: list[dict], several_students: bool) -> dict:
+    label = KIND_LABELS[kind] + (f", {student}" if several_students else "")
+    bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
+    return {"kind": kind, "student": student, "label": label,
+            "bytes_per_example": statistics.fmean(bpe) if bpe else None,
+            **_stats([r["metric"] for r in runs])}
+
+
+def _bytes_lines(hsk: list[dict]) -> list[dict]:
+    """Store bytes per example against amount: one curve per value dtype (size depends on neither student nor seed)."""
     sizes: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in hsk:
         if _finite(r["bytes_per_example"]):
-            sizes[r["value_dtype"] or "?"][r["amount_hsk"]].append(r["bytes_per_example"])
-    bytes_lines = [
+            sizes[_name(r, "value_dtype")][r["amount_hsk"]].append(r["bytes_per_example"])
+    return [
         {"value_dtype": dtype, "amount": sorted(by_amount),
          "bytes_per_example": [statistics.fmean(by_amount[a]) for a in sorted(by_amount)]}
         for dtype, by_amount in sorted(sizes.items())
     ]
-    return {"metric": metric, "lines": lines, "references": references, "bytes": bytes_lines,
-            "n_runs": len(used), "skipped": len(rows) - len(hsk) - sum(r["n"] for r in references)}
 
 
 def plot_marginal_utility(results: pa.Table | str | os.PathLike, out_png: str | os.PathLike, *,
@@ -215,6 +235,12 @@ def _fmt(x: float | None) -> str:
     return f"{x:.4f}" if abs(x) < 10 else f"{x:.2f}"
 
 
+_TABLE_HEAD = [
+    "| kind | config | A (units) | values | student | metric | mean ± std | n (seeds) | bytes/example |",
+    "|---|---|---:|---|---|---|---:|---:|---:|",
+]
+
+
 def results_markdown(results: pa.Table | str | os.PathLike) -> str:
     """A markdown table of the runs grouped by config: mean +- std over seeds, n, bytes per example."""
     rows = [r for r in _rows(results) if _finite(r["metric"])]
@@ -222,33 +248,35 @@ def results_markdown(results: pa.Table | str | os.PathLike) -> str:
         return "_No finished runs in the results table yet._"
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["kind"] or "?", r["config"] or "-", r["value_dtype"] or "-", r["student"] or "-",
-                r["metric_name"] or "-")].append(r)
-
-    def order(item):
-        (kind, config, dtype, student, metric), runs = item
-        amount = runs[0]["amount_hsk"] if _finite(runs[0]["amount_hsk"]) else math.inf
-        return (metric, student, KIND_ORDER.get(kind, 9), amount, config, dtype)
-
-    lines = [
-        "| kind | config | A (units) | values | student | metric | mean ± std | n (seeds) | bytes/example |",
-        "|---|---|---:|---|---|---|---:|---:|---:|",
-    ]
-    for (kind, config, dtype, student, metric), runs in sorted(groups.items(), key=order):
-        s = _stats([r["metric"] for r in runs])
-        value = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["n"] > 1 else "")
-        amounts = [r["amount_hsk"] for r in runs if _finite(r["amount_hsk"])]
-        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
-        seeds = sorted({r["seed"] for r in runs if r["seed"] is not None})
-        amount = f"{statistics.fmean(amounts):g}" if amounts else "-"
-        size = f"{statistics.fmean(bpe):,.0f}" if bpe else "-"
-        lines.append(
-            f"| {kind} | {config} | {amount} | {dtype} | {student} | {metric} | {value} "
-            f"| {s['n']} ({', '.join(map(str, seeds)) or '-'}) | {size} |"
-        )
+        key = (_name(r, "kind"), _name(r, "config", "-"), _name(r, "value_dtype", "-"), _name(r, "student", "-"),
+               _name(r, "metric_name", "-"))
+        groups[key].append(r)
+    lines = [*_TABLE_HEAD, *(_table_row(key, runs) for key, runs in sorted(groups.items(), key=_table_order))]
     lines.append("")
     lines.append("std: sample standard deviation over runs (seeds); A = N^D x N^L x N^W / d_T.")
     return "\n".join(lines)
+
+
+def _table_order(item: tuple[tuple, list[dict]]) -> tuple:
+    (kind, config, dtype, student, metric), runs = item
+    amount = runs[0]["amount_hsk"] if _finite(runs[0]["amount_hsk"]) else math.inf
+    return (metric, student, KIND_ORDER.get(kind, 9), amount, config, dtype)
+
+
+def _mean_text(values: list, fmt: str) -> str:
+    finite = [v for v in values if _finite(v)]
+    return format(statistics.fmean(finite), fmt) if finite else "-"
+
+
+def _table_row(key: tuple, runs: list[dict]) -> str:
+    kind, config, dtype, student, metric = key
+    s = _stats([r["metric"] for r in runs])
+    value = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["n"] > 1 else "")
+    seeds = ", ".join(map(str, sorted({r["seed"] for r in runs if r["seed"] is not None}))) or "-"
+    amount = _mean_text([r["amount_hsk"] for r in runs], "g")
+    size = _mean_text([r["bytes_per_example"] for r in runs], ",.0f")
+    return (f"| {kind} | {config} | {amount} | {dtype} | {student} | {metric} | {value} "
+            f"| {s['n']} ({seeds}) | {size} |")
 
 
 # --------------------------------------------------------------------------------------------------
