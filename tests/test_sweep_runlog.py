@@ -6,9 +6,19 @@ from __future__ import annotations
 import io
 import threading
 
+import pytest
 from transformers.utils import logging as hf_logging
 
 from pipelines.sweep.runlog import no_progress_bars, run_log
+
+
+@pytest.fixture(autouse=True)
+def warnings_shown():
+    """transformers at its default verbosity (warnings), whatever an earlier test (`hsk` quiets it) left."""
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    yield
+    hf_logging.set_verbosity(level)
 
 
 def test_a_runs_warnings_go_to_its_log_only():
