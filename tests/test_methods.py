@@ -331,7 +331,7 @@ def test_two_heads_method_runs_resumes_and_ends_on_the_task_head(stores, teacher
 
 
 def test_sweep_over_methods(stores, teacher_dir, glue_dir, tmp_path):
-    import pipelines.sweep.run as sweep
+    import pipelines.sweep.execute as sweep
     from pipelines.sweep.results import read_results
 
     def spec(**train):

@@ -13,20 +13,18 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
-import pipelines.sweep.run as sweep
+import pipelines.sweep.execute as sweep
+import pipelines.sweep.stores as sweep_stores
 from hskstore import ConfigError
 from hskstore.config import HSKConfig
 from hskstore.reader import open_store
 from pipelines.dump.stage import DumpOptions, dump
+from pipelines.sweep.execute import SweepError, run_sweep
 from pipelines.sweep.grid import budget_grid, estimate_bytes_per_example, table5_grid
+from pipelines.sweep.plan import plan_runs
 from pipelines.sweep.results import read_results
-from pipelines.sweep.run import (
-    SweepError,
-    SweepSpec,
-    plan_runs,
-    run_sweep,
-    store_path,
-)
+from pipelines.sweep.spec import SweepSpec
+from pipelines.sweep.stores import store_path
 
 SOURCE_CONFIG = "2,4,0.5"
 TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred=1, workers=1, buffer_shards=2)
@@ -54,7 +52,7 @@ def spec_for(source: str, work: Path, glue_dir: Path, **kw) -> SweepSpec:
 
 
 class Trainer:
-    """Stands in for pipelines.sweep.run.train: counts the runs that train, fails chosen ones, fakes on demand."""
+    """Stands in for pipelines.sweep.execute.train: counts the runs that train, fails chosen ones, fakes on demand."""
 
     def __init__(self, real):
         self.real = real
@@ -199,7 +197,7 @@ def test_sweep_writes_rows_resumes_and_reuses_stores(source, tmp_path, glue_dir,
     assert by[("full", "int8")]["bytes_per_example"] < by[("full", "float16")]["bytes_per_example"]
     assert all(r["bytes_per_example"] == r["store_bytes"] / 48 for r in rows.values())
     # the derived stores: 1,2,0.25 x 2 dtypes, the source at int8, logits only (shared by pred-only and no-kd)
-    stores = sorted(p.name for p in Path(sweep.store_dir(spec)).glob("*.zarr"))
+    stores = sorted(p.name for p in Path(sweep_stores.store_dir(spec)).glob("*.zarr"))
     assert stores == ["1_2_0.25-float16.zarr", "1_2_0.25-int8.zarr", "2_4_0.5-int8.zarr", "logits.zarr"]
     assert open_store(str(store_path(spec, "1,2,0.25", "int8"))).selection.value_dtype == "int8"
     # each run keeps its student (best/) and log, not its optimizer checkpoint
@@ -213,7 +211,7 @@ def test_sweep_writes_rows_resumes_and_reuses_stores(source, tmp_path, glue_dir,
     def no_derive(*a, **k):
         raise AssertionError("a complete derived store must be reused")
 
-    monkeypatch.setattr(sweep, "derive", no_derive)
+    monkeypatch.setattr(sweep_stores, "derive", no_derive)
     calls.clear()
     again = run_sweep(spec, log=lines.append)
     assert calls == [] and again.num_rows == 6 and "6 already in" in lines[-1]

@@ -16,6 +16,15 @@ import typer
 
 from hskstore.errors import UserError, printable
 
+from . import (
+    bundle_commands,
+    share_commands,
+    store_commands,
+    student_commands,
+    sweep_commands,
+    teacher_commands,
+    train_commands,
+)
 from .quiet import quiet_libraries
 
 app = typer.Typer(
@@ -50,16 +59,11 @@ def _options(
 # Commands that resume where they stopped when rerun: Ctrl-C tells the user so.
 RESUMABLE = {"dump", "derive", "train", "sweep"}
 
-# Registering the commands (imported for their @app.command side effect).
-from . import (  # noqa: E402,F401
-    bundle_commands,
-    share_commands,
-    store_commands,
-    student_commands,
-    sweep_commands,
-    teacher_commands,
-    train_commands,
-)
+# The commands, in the order `hsk --help` lists them. Each module owns a Typer of its own and never
+# imports this package: registration runs one way, from here.
+for _module in (bundle_commands, share_commands, store_commands, train_commands, sweep_commands, teacher_commands,
+                student_commands):
+    app.add_typer(_module.app)
 
 
 def _command(argv: list[str] | None) -> str | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 
 @app.command()

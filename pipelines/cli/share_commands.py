@@ -8,7 +8,8 @@ import typer
 
 from hskstore.config import ConfigError
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 _LOCATIONS = typer.Argument(..., help="Local folders, s3:// (or other fsspec) prefixes, stores, bundles.")
 

@@ -28,7 +28,8 @@ from hskstore.config import (
     HSKConfig,
 )
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 DUMP_HELP = """Run a fine-tuned teacher once over a task split and write an HSK store.
 

@@ -6,7 +6,8 @@ import typer
 
 from hskstore.config import ConfigError, check_at_least
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 student_app = typer.Typer(
     help="Build students that `hsk train --student DIR` distils.",

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import typer
 
-from . import app
 from .train_commands import method_options
+
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 DERIVE_HELP = """Write the store of a smaller config from a larger store, without the teacher.
 
@@ -184,7 +186,9 @@ def sweep_cmd(
         False, "--dry-run", help="Print the planned runs (each checked against its store) and stores; run nothing."),
 ) -> None:
     from pipelines.sweep.check import blocked_runs, refusal
-    from pipelines.sweep.run import SweepError, SweepSpec, plan_runs, run_sweep
+    from pipelines.sweep.execute import SweepError, run_sweep
+    from pipelines.sweep.plan import plan_runs
+    from pipelines.sweep.spec import SweepSpec
 
     train: dict = {"stages": stages}
     for key, value in [("epochs_hsk", epochs_hsk), ("epochs_pred", epochs_pred), ("max_steps", max_steps),
@@ -226,7 +230,7 @@ def sweep_cmd(
 def _print_plan(spec, runs, blocked) -> None:
     """--dry-run: every planned run with its status, the stores, and why any run cannot run."""
     from pipelines.sweep.check import describe
-    from pipelines.sweep.run import finished_run_ids
+    from pipelines.sweep.execute import finished_run_ids
 
     done = finished_run_ids(spec.results_path)
     bad = {b.run.run_id for b in blocked}
@@ -244,7 +248,7 @@ def _print_plan(spec, runs, blocked) -> None:
 
 
 def _print_stores(spec, runs) -> None:
-    from pipelines.sweep.run import store_path
+    from pipelines.sweep.stores import store_path
 
     stores = list(dict.fromkeys(r.store_key for r in runs if r.store_key is not None))
     typer.echo(f"stores to derive or reuse ({len(stores)}):")

@@ -6,7 +6,8 @@ import typer
 
 from hskstore.config import ConfigError
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 TEACHER_HELP = """Fine-tune a base encoder on a task and save a normal Hugging Face checkpoint.
 

@@ -8,7 +8,8 @@ import typer
 
 from hskstore.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
 
-from . import app
+# This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
+app = typer.Typer()
 
 TRAIN_HELP = """Distill a student from an HSK store, without the teacher, with any method (`hsk methods`).
 

@@ -17,7 +17,8 @@ from hskstore.derive import plan_derive
 from hskstore.reader import open_store
 from pipelines.core.models import ModelLoadError
 from pipelines.core.tasks import get_task
-from pipelines.sweep.run import Run, SweepSpec, run_options
+from pipelines.sweep.plan import PlannedRun
+from pipelines.sweep.spec import SweepSpec, run_options
 from pipelines.train.distill import run_problems
 
 
@@ -25,7 +26,7 @@ from pipelines.train.distill import run_problems
 class Blocked:
     """A planned run that cannot run, and why (the trainer's words, with what would fix it)."""
 
-    run: Run
+    run: PlannedRun
     problem: str
 
 
@@ -39,7 +40,7 @@ def _store_selection(source, store_config: str | None, value_dtype: str | None) 
     return plan_derive(source, HSKConfig.parse(store_config), value_dtype).selection
 
 
-def blocked_runs(spec: SweepSpec, runs: Sequence[Run]) -> list[Blocked]:
+def blocked_runs(spec: SweepSpec, runs: Sequence[PlannedRun]) -> list[Blocked]:
     """The runs whose store cannot serve their method and student, each with the trainer's refusal."""
     source = open_store(spec.source)
     task = get_task(source.meta["task"]["name"])
@@ -55,7 +56,7 @@ def blocked_runs(spec: SweepSpec, runs: Sequence[Run]) -> list[Blocked]:
     return out
 
 
-def _problems(source, task, run: Run, options) -> list[str]:
+def _problems(source, task, run: PlannedRun, options) -> list[str]:
     selection = _store_selection(source, run.store_config, run.value_dtype)
     meta = {**source.meta, "selection": selection.to_dict()}
     try:
@@ -66,7 +67,7 @@ def _problems(source, task, run: Run, options) -> list[str]:
     return ["; ".join(problems)] if problems else []
 
 
-def describe(run: Run) -> str:
+def describe(run: PlannedRun) -> str:
     dtype = f" {run.value_dtype}" if run.value_dtype else ""
     what = run.config if run.method == "mud" else f"method {run.method}"
     return f"run {run.run_id} ({what}{dtype}, {run.student}, seed {run.seed})"

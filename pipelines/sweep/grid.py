@@ -41,8 +41,14 @@ def _candidates(sel: Selection) -> list[HSKConfig]:
     src = sel.config
     if src.logits_only:
         return []
-    d, src_nw = sel.hidden_size, sel.n_width
     tokens = sorted({n for n in TOKEN_MENU if n <= src.n_tokens} | {src.n_tokens})
+    widths = _widths(sel)
+    return [HSKConfig(nd, nl, w) for nd in range(1, src.n_layers + 1) for nl in tokens for w in widths]
+
+
+def _widths(sel: Selection) -> list[float]:
+    """The width ratios a source can be narrowed to, one per distinct N^W."""
+    src = sel.config
     if sel.width_strategy == "uniform" or sel.value_dtype != "float16":
         widths = [src.width]  # uniform masks do not nest; quantised codes cannot be re-ranked narrower
     else:
@@ -50,11 +56,11 @@ def _candidates(sel: Selection) -> list[HSKConfig]:
     seen_nw: set[int] = set()
     width_values = []
     for w in widths:  # two ratios with the same N^W give the same store: keep the smaller ratio
-        nw = HSKConfig(1, 1, w).n_width(d)
-        if nw <= src_nw and nw not in seen_nw:
+        nw = HSKConfig(1, 1, w).n_width(sel.hidden_size)
+        if nw <= sel.n_width and nw not in seen_nw:
             seen_nw.add(nw)
             width_values.append(w)
-    return [HSKConfig(nd, nl, w) for nd in range(1, src.n_layers + 1) for nl in tokens for w in width_values]
+    return width_values
 
 
 def _ladder(limit: float) -> list[float]:
@@ -144,18 +150,25 @@ def table5_grid(
         grid += picked
         taken |= {str(c) for c in picked}
     if paper_anchors:
-        for text in PAPER_CONFIGS:
-            cfg = HSKConfig.parse(text)
-            # The store is the same for any W with the same N^W: use the candidate's spelling.
-            same = [
-                c
-                for c in cands
-                if (c.n_layers, c.n_tokens, c.n_width(d)) == (cfg.n_layers, cfg.n_tokens, cfg.n_width(d))
-            ]
-            if same and str(same[0]) not in taken:
-                grid.append(same[0])
-                taken.add(str(same[0]))
+        grid += _paper_anchors(cands, d, taken)
     return [str(c) for c in sorted(grid, key=lambda c: (c.amount(d), str(c)))]
+
+
+def _paper_anchors(cands: list[HSKConfig], d: int, taken: set[str]) -> list[HSKConfig]:
+    """The configs of docs/METHOD.md section 4 among the candidates, not yet taken (`taken` grows)."""
+    out = []
+    for text in PAPER_CONFIGS:
+        cfg = HSKConfig.parse(text)
+        # The store is the same for any W with the same N^W: use the candidate's spelling.
+        same = [
+            c
+            for c in cands
+            if (c.n_layers, c.n_tokens, c.n_width(d)) == (cfg.n_layers, cfg.n_tokens, cfg.n_width(d))
+        ]
+        if same and str(same[0]) not in taken:
+            out.append(same[0])
+            taken.add(str(same[0]))
+    return out
 
 
 def estimate_bytes_per_example(

@@ -57,56 +57,76 @@ def _pick_metric(rows: list[dict], metric: str | None) -> str:
     return metric
 
 
+def _name(r: dict, key: str, missing: str = "?") -> str:
+    return r[key] or missing
+
+
 def marginal_utility_data(results: pa.Table | str | os.PathLike, *, metric: str | None = None) -> dict:
     """The numbers the plot draws: per (value dtype, student) line, per reference kind, store bytes."""
     rows = _rows(results)
     metric = _pick_metric(rows, metric)
     used = [r for r in rows if r["metric_name"] == metric and _finite(r["metric"])]
     hsk = [r for r in used if r["kind"] == "hsk" and _finite(r["amount_hsk"]) and r["amount_hsk"] > 0]
-    students = sorted({r["student"] or "?" for r in used})
+    several = len({_name(r, "student") for r in used}) > 1
+    references = _references(used, several)
+    return {"metric": metric, "lines": _hsk_lines(hsk, several), "references": references,
+            "bytes": _bytes_lines(hsk), "n_runs": len(used),
+            "skipped": len(rows) - len(hsk) - sum(r["n"] for r in references)}
 
+
+def _hsk_lines(hsk: list[dict], several_students: bool) -> list[dict]:
+    """One line per (value dtype, student): the metric over seeds at each amount of HSK."""
     groups: dict[tuple[str, str], dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in hsk:
-        groups[(r["value_dtype"] or "?", r["student"] or "?")][r["amount_hsk"]].append(r)
-    lines = []
-    for (dtype, student), by_amount in sorted(groups.items()):
-        label = f"{student}, HSK from a {dtype} store" if len(students) > 1 else f"HSK ({dtype} store)"
-        line = {"value_dtype": dtype, "student": student, "label": label,
-                "amount": [], "mean": [], "std": [], "min": [], "max": [], "n": [], "configs": []}
-        for amount in sorted(by_amount):
-            runs = by_amount[amount]
-            s = _stats([r["metric"] for r in runs])
-            line["amount"].append(amount)
-            for key in ("mean", "std", "min", "max", "n"):
-                line[key].append(s[key])
-            # Configs of equal A (e.g. 1,9,0.1 and 3,3,0.1) share a point: the mean over all their runs.
-            line["configs"].append(sorted({r["config"] or "?" for r in runs}))
-        lines.append(line)
+        groups[(_name(r, "value_dtype"), _name(r, "student"))][r["amount_hsk"]].append(r)
+    return [_hsk_line(dtype, student, by_amount, several_students)
+            for (dtype, student), by_amount in sorted(groups.items())]
 
+
+def _hsk_line(dtype: str, student: str, by_amount: dict[float, list[dict]], several_students: bool) -> dict:
+    label = f"{student}, HSK from a {dtype} store" if several_students else f"HSK ({dtype} store)"
+    line = {"value_dtype": dtype, "student": student, "label": label,
+            "amount": [], "mean": [], "std": [], "min": [], "max": [], "n": [], "configs": []}
+    for amount in sorted(by_amount):
+        runs = by_amount[amount]
+        s = _stats([r["metric"] for r in runs])
+        line["amount"].append(amount)
+        for key in ("mean", "std", "min", "max", "n"):
+            line[key].append(s[key])
+        # Configs of equal A (e.g. 1,9,0.1 and 3,3,0.1) share a point: the mean over all their runs.
+        line["configs"].append(sorted({_name(r, "config") for r in runs}))
+    return line
+
+
+def _references(used: list[dict], several_students: bool) -> list[dict]:
+    """One horizontal reference per (kind, student): pred-only, full, no-kd."""
     refs = defaultdict(list)
     for r in used:
         if r["kind"] in REFERENCE_KINDS:
-            refs[(r["kind"], r["student"] or "?")].append(r)
-    references = []
-    for (kind, student), runs in sorted(refs.items(), key=lambda kv: (KIND_ORDER[kv[0][0]], kv[0][1])):
-        label = KIND_LABELS[kind] + (f", {student}" if len(students) > 1 else "")
-        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
-        references.append({"kind": kind, "student": student, "label": label,
-                           "bytes_per_example": statistics.fmean(bpe) if bpe else None,
-                           **_stats([r["metric"] for r in runs])})
+            refs[(r["kind"], _name(r, "student"))].append(r)
+    ordered = sorted(refs.items(), key=lambda kv: (KIND_ORDER[kv[0][0]], kv[0][1]))
+    return [_reference(kind, student, runs, several_students) for (kind, student), runs in ordered]
 
-    # Store size does not depend on the student or seed: one curve per value dtype.
+
+def _reference(kind: str, student: str, runs: list[dict], several_students: bool) -> dict:
+    label = KIND_LABELS[kind] + (f", {student}" if several_students else "")
+    bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
+    return {"kind": kind, "student": student, "label": label,
+            "bytes_per_example": statistics.fmean(bpe) if bpe else None,
+            **_stats([r["metric"] for r in runs])}
+
+
+def _bytes_lines(hsk: list[dict]) -> list[dict]:
+    """Store bytes per example against amount: one curve per value dtype (size depends on neither student nor seed)."""
     sizes: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in hsk:
         if _finite(r["bytes_per_example"]):
-            sizes[r["value_dtype"] or "?"][r["amount_hsk"]].append(r["bytes_per_example"])
-    bytes_lines = [
+            sizes[_name(r, "value_dtype")][r["amount_hsk"]].append(r["bytes_per_example"])
+    return [
         {"value_dtype": dtype, "amount": sorted(by_amount),
          "bytes_per_example": [statistics.fmean(by_amount[a]) for a in sorted(by_amount)]}
         for dtype, by_amount in sorted(sizes.items())
     ]
-    return {"metric": metric, "lines": lines, "references": references, "bytes": bytes_lines,
-            "n_runs": len(used), "skipped": len(rows) - len(hsk) - sum(r["n"] for r in references)}
 
 
 def plot_marginal_utility(results: pa.Table | str | os.PathLike, out_png: str | os.PathLike, *,
@@ -119,60 +139,71 @@ def plot_marginal_utility(results: pa.Table | str | os.PathLike, out_png: str | 
     fig = Figure(figsize=(8.5, 8), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.4])
     colors = {s: f"C{i}" for i, s in enumerate(sorted({ln["student"] for ln in data["lines"]}))}
-
-    for line in data["lines"]:
-        style, marker = DTYPE_STYLES.get(line["value_dtype"], ("-", "^"))
-        color = colors[line["student"]]
-        top.plot(line["amount"], line["mean"], linestyle=style, marker=marker, color=color,
-                 label=line["label"] + " (mean over seeds)")
-        if max(line["n"]) > 1:
-            top.fill_between(line["amount"], line["min"], line["max"], color=color, alpha=0.15, linewidth=0)
-    if len(data["lines"]) == 1 and len(data["lines"][0]["amount"]) <= 12:  # room to name each config
-        line = data["lines"][0]
-        for x, y, cfgs in zip(line["amount"], line["mean"], line["configs"], strict=True):
-            top.annotate(" / ".join(cfgs), (x, y), textcoords="offset points", xytext=(4, -11), fontsize=7,
-                         color="0.3")
-
-    several_students = len({ref["student"] for ref in data["references"]} | set(colors)) > 1
-    for ref in data["references"]:
-        style, color = KIND_STYLES[ref["kind"]]
-        if several_students and ref["student"] in colors:
-            color = colors[ref["student"]]
-        top.axhline(ref["mean"], linestyle=style, color=color, linewidth=1.3,
-                    label=f"{ref['label']}: {ref['mean']:.4g} (n={ref['n']})")
-        if ref["n"] > 1:
-            top.axhspan(ref["min"], ref["max"], color=color, alpha=0.07, linewidth=0)
-
-    top.set_xscale("log")
-    if not data["lines"]:
-        top.set_xlim(0.1, 1000)
-    top.set_ylabel(f"dev {data['metric']}\n(band: min-max over seeds)")
-    top.set_title(f"Marginal utility of hidden-state knowledge: dev {data['metric']} vs amount of HSK\n"
-                  f"{data['n_runs']} runs", fontsize=11)
-    top.grid(True, which="both", alpha=0.3)
-    top.legend(fontsize=8, loc="best")
-
-    for size in data["bytes"]:
-        style, marker = DTYPE_STYLES.get(size["value_dtype"], ("-", "^"))
-        bottom.plot(size["amount"], size["bytes_per_example"], linestyle=style, marker=marker, color="0.25",
-                    label=f"HSK store, {size['value_dtype']} values")
-    for ref in data["references"]:
-        if ref["bytes_per_example"]:
-            style, color = KIND_STYLES[ref["kind"]]
-            bottom.axhline(ref["bytes_per_example"], linestyle=style, color=color, linewidth=1,
-                           label=f"{KIND_LABELS[ref['kind']]} store")
-    if data["bytes"] or any(ref["bytes_per_example"] for ref in data["references"]):
-        bottom.set_yscale("log")
-        bottom.legend(fontsize=8, loc="best")
-    bottom.set_ylabel("store size\n(bytes / example, log)")
-    bottom.set_xlabel("amount of HSK  A = N^D x N^L x N^W / d_T  (units of one full token vector, log scale)")
-    bottom.grid(True, which="both", alpha=0.3)
-
+    _draw_hsk_lines(top, data, colors)
+    _draw_references(top, data, colors)
+    _style_metric_axis(top, data)
+    _draw_store_sizes(bottom, data)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)
     data["png"] = str(out_png)
     return data
+
+
+def _draw_hsk_lines(ax, data: dict, colors: dict[str, str]) -> None:
+    for line in data["lines"]:
+        style, marker = DTYPE_STYLES.get(line["value_dtype"], ("-", "^"))
+        color = colors[line["student"]]
+        ax.plot(line["amount"], line["mean"], linestyle=style, marker=marker, color=color,
+                label=line["label"] + " (mean over seeds)")
+        if max(line["n"]) > 1:
+            ax.fill_between(line["amount"], line["min"], line["max"], color=color, alpha=0.15, linewidth=0)
+    if len(data["lines"]) == 1 and len(data["lines"][0]["amount"]) <= 12:  # room to name each config
+        line = data["lines"][0]
+        for x, y, cfgs in zip(line["amount"], line["mean"], line["configs"], strict=True):
+            ax.annotate(" / ".join(cfgs), (x, y), textcoords="offset points", xytext=(4, -11), fontsize=7,
+                        color="0.3")
+
+
+def _draw_references(ax, data: dict, colors: dict[str, str]) -> None:
+    several_students = len({ref["student"] for ref in data["references"]} | set(colors)) > 1
+    for ref in data["references"]:
+        style, color = KIND_STYLES[ref["kind"]]
+        if several_students and ref["student"] in colors:
+            color = colors[ref["student"]]
+        ax.axhline(ref["mean"], linestyle=style, color=color, linewidth=1.3,
+                   label=f"{ref['label']}: {ref['mean']:.4g} (n={ref['n']})")
+        if ref["n"] > 1:
+            ax.axhspan(ref["min"], ref["max"], color=color, alpha=0.07, linewidth=0)
+
+
+def _style_metric_axis(ax, data: dict) -> None:
+    ax.set_xscale("log")
+    if not data["lines"]:
+        ax.set_xlim(0.1, 1000)
+    ax.set_ylabel(f"dev {data['metric']}\n(band: min-max over seeds)")
+    ax.set_title(f"Marginal utility of hidden-state knowledge: dev {data['metric']} vs amount of HSK\n"
+                 f"{data['n_runs']} runs", fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
+def _draw_store_sizes(ax, data: dict) -> None:
+    for size in data["bytes"]:
+        style, marker = DTYPE_STYLES.get(size["value_dtype"], ("-", "^"))
+        ax.plot(size["amount"], size["bytes_per_example"], linestyle=style, marker=marker, color="0.25",
+                label=f"HSK store, {size['value_dtype']} values")
+    sized = [ref for ref in data["references"] if ref["bytes_per_example"]]
+    for ref in sized:
+        style, color = KIND_STYLES[ref["kind"]]
+        ax.axhline(ref["bytes_per_example"], linestyle=style, color=color, linewidth=1,
+                   label=f"{KIND_LABELS[ref['kind']]} store")
+    if data["bytes"] or sized:
+        ax.set_yscale("log")
+        ax.legend(fontsize=8, loc="best")
+    ax.set_ylabel("store size\n(bytes / example, log)")
+    ax.set_xlabel("amount of HSK  A = N^D x N^L x N^W / d_T  (units of one full token vector, log scale)")
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def interpret(data: dict, *, tolerance: float | None = None) -> str:
@@ -185,34 +216,47 @@ def interpret(data: dict, *, tolerance: float | None = None) -> str:
         return "No HSK runs in the table yet: only reference runs."
     points = [(a, m, ln["label"]) for ln in data["lines"]
               for a, m in zip(ln["amount"], ln["mean"], strict=True)]
-    full = [ref for ref in data["references"] if ref["kind"] == "full"]
-    if full:
-        target_name, target = "full HSK", full[0]["mean"]
-    else:
-        target_name, target = "the best HSK run", max(p[1] for p in points)
+    target_name, target = _target(data, points)
     if tolerance is None:
         tolerance = 1.0 if abs(target) > 1.5 else 0.01
     best = max(points, key=lambda p: p[1])
     enough = sorted(p for p in points if p[1] >= target - tolerance)
-    metric = data["metric"]
-    text = [f"- Best HSK point: {metric} {best[1]:.4g} at A = {best[0]:g}, {best[2]}."]
+    text = [f"- Best HSK point: {data['metric']} {best[1]:.4g} at A = {best[0]:g}, {best[2]}."]
     if enough:
         a, m, label = enough[0]
         text.append(f"- Smallest amount within {tolerance:g} of {target_name} ({target:.4g}): "
                     f"A = {a:g}, {label}: {m:.4g}.")
-    pred = [ref for ref in data["references"] if ref["kind"] == "pred_only"]
-    if pred:
-        gain = best[1] - pred[0]["mean"]
-        text.append(f"- HSK adds {gain:+.4g} over prediction-only KD ({pred[0]['mean']:.4g}).")
+    text += _gain_over_pred_only(data, best[1])
     text.append("- Marginal utility diminishes when the curve flattens while the store keeps growing "
                 "(lower panel): past that point, more HSK costs bytes and buys little.")
     return "\n".join(text)
+
+
+def _target(data: dict, points: list[tuple]) -> tuple[str, float]:
+    """What counts as "as good": full HSK's score, else the best HSK point's."""
+    full = [ref for ref in data["references"] if ref["kind"] == "full"]
+    if full:
+        return "full HSK", full[0]["mean"]
+    return "the best HSK run", max(p[1] for p in points)
+
+
+def _gain_over_pred_only(data: dict, best: float) -> list[str]:
+    pred = [ref for ref in data["references"] if ref["kind"] == "pred_only"]
+    if not pred:
+        return []
+    return [f"- HSK adds {best - pred[0]['mean']:+.4g} over prediction-only KD ({pred[0]['mean']:.4g})."]
 
 
 def _fmt(x: float | None) -> str:
     if not _finite(x):
         return "-"
     return f"{x:.4f}" if abs(x) < 10 else f"{x:.2f}"
+
+
+_TABLE_HEAD = [
+    "| kind | config | A (units) | values | student | metric | mean ± std | n (seeds) | bytes/example |",
+    "|---|---|---:|---|---|---|---:|---:|---:|",
+]
 
 
 def results_markdown(results: pa.Table | str | os.PathLike) -> str:
@@ -222,33 +266,35 @@ def results_markdown(results: pa.Table | str | os.PathLike) -> str:
         return "_No finished runs in the results table yet._"
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["kind"] or "?", r["config"] or "-", r["value_dtype"] or "-", r["student"] or "-",
-                r["metric_name"] or "-")].append(r)
-
-    def order(item):
-        (kind, config, dtype, student, metric), runs = item
-        amount = runs[0]["amount_hsk"] if _finite(runs[0]["amount_hsk"]) else math.inf
-        return (metric, student, KIND_ORDER.get(kind, 9), amount, config, dtype)
-
-    lines = [
-        "| kind | config | A (units) | values | student | metric | mean ± std | n (seeds) | bytes/example |",
-        "|---|---|---:|---|---|---|---:|---:|---:|",
-    ]
-    for (kind, config, dtype, student, metric), runs in sorted(groups.items(), key=order):
-        s = _stats([r["metric"] for r in runs])
-        value = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["n"] > 1 else "")
-        amounts = [r["amount_hsk"] for r in runs if _finite(r["amount_hsk"])]
-        bpe = [r["bytes_per_example"] for r in runs if _finite(r["bytes_per_example"])]
-        seeds = sorted({r["seed"] for r in runs if r["seed"] is not None})
-        amount = f"{statistics.fmean(amounts):g}" if amounts else "-"
-        size = f"{statistics.fmean(bpe):,.0f}" if bpe else "-"
-        lines.append(
-            f"| {kind} | {config} | {amount} | {dtype} | {student} | {metric} | {value} "
-            f"| {s['n']} ({', '.join(map(str, seeds)) or '-'}) | {size} |"
-        )
+        key = (_name(r, "kind"), _name(r, "config", "-"), _name(r, "value_dtype", "-"), _name(r, "student", "-"),
+               _name(r, "metric_name", "-"))
+        groups[key].append(r)
+    lines = [*_TABLE_HEAD, *(_table_row(key, runs) for key, runs in sorted(groups.items(), key=_table_order))]
     lines.append("")
     lines.append("std: sample standard deviation over runs (seeds); A = N^D x N^L x N^W / d_T.")
     return "\n".join(lines)
+
+
+def _table_order(item: tuple[tuple, list[dict]]) -> tuple:
+    (kind, config, dtype, student, metric), runs = item
+    amount = runs[0]["amount_hsk"] if _finite(runs[0]["amount_hsk"]) else math.inf
+    return (metric, student, KIND_ORDER.get(kind, 9), amount, config, dtype)
+
+
+def _mean_text(values: list, fmt: str) -> str:
+    finite = [v for v in values if _finite(v)]
+    return format(statistics.fmean(finite), fmt) if finite else "-"
+
+
+def _table_row(key: tuple, runs: list[dict]) -> str:
+    kind, config, dtype, student, metric = key
+    s = _stats([r["metric"] for r in runs])
+    value = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["n"] > 1 else "")
+    seeds = ", ".join(map(str, sorted({r["seed"] for r in runs if r["seed"] is not None}))) or "-"
+    amount = _mean_text([r["amount_hsk"] for r in runs], "g")
+    size = _mean_text([r["bytes_per_example"] for r in runs], ",.0f")
+    return (f"| {kind} | {config} | {amount} | {dtype} | {student} | {metric} | {value} "
+            f"| {s['n']} ({seeds}) | {size} |")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,9 +333,13 @@ def _draw_points(ax, pts: list[dict], *, line: bool) -> None:
     ax.errorbar(xs, ys, yerr=err, linestyle="-" if line else "none", marker="o" if line else "D", capsize=3,
                 label=label)
     for p in pts:
-        name = p["config"] if p["kind"] == "hsk" else p["kind"].replace("_", "-")
-        ax.annotate(name if line else f"{name} {p['value_dtype']}", (p["bytes_per_example"], p["mean"]),
-                    textcoords="offset points", xytext=(4, -11) if line else (4, 6), fontsize=7, color="0.3")
+        ax.annotate(_point_name(p, line), (p["bytes_per_example"], p["mean"]), textcoords="offset points",
+                    xytext=(4, -11) if line else (4, 6), fontsize=7, color="0.3")
+
+
+def _point_name(p: dict, line: bool) -> str:
+    name = p["config"] if p["kind"] == "hsk" else p["kind"].replace("_", "-")
+    return name if line else f"{name} {p['value_dtype']}"
 
 
 def _draw_panel(ax, panel: dict) -> None:
