@@ -7,11 +7,14 @@ The paper's format (docs/METHOD.md section 4) is the yardstick: about 4 bytes pe
 from __future__ import annotations
 
 import zipfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import CorruptStoreError, printable
-from .reader import HSKStore
+
+if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.reader)
+    from .reader import HSKStore, MLMStore, TaskStore
 
 
 def count_kept_vectors(store: HSKStore) -> int:
@@ -55,7 +58,7 @@ MEGATRON_TOPK_BYTES = 528
 DISTILLKIT_BYTES = (114, 300)
 
 
-def mlm_storage_report(store: HSKStore) -> dict:
+def mlm_storage_report(store: MLMStore) -> dict:
     """What a masked-LM store costs per masked token (its teacher knowledge is the mlm/ arrays)."""
     arrays = _array_bytes(store)
     masked = 0
@@ -72,15 +75,15 @@ def mlm_storage_report(store: HSKStore) -> dict:
         "total_bytes": total,
         "bytes_per_example": total / max(len(store), 1),
         "masked_tokens": masked,
-        "top_k": store.meta["selection"]["top_k"],
+        "top_k": store.masking.top_k,
         "mlm_bytes": knowledge,
         "bytes_per_masked_token": per_token,
-        "raw_bytes_per_masked_slot": raw / max(len(store) * store.meta["selection"]["max_masked"], 1),
+        "raw_bytes_per_masked_slot": raw / max(len(store) * store.masking.max_masked, 1),
         "ratio_vs_megatron": MEGATRON_TOPK_BYTES / per_token if masked else float("nan"),
     }
 
 
-def format_mlm_report(store: HSKStore, report: dict) -> str:
+def format_mlm_report(store: MLMStore, report: dict) -> str:
     meta, sel = store.meta, store.meta["selection"]
     lines = [
         f"store      {store.url}",
@@ -111,8 +114,12 @@ def format_mlm_report(store: HSKStore, report: dict) -> str:
 
 
 def storage_report(store: HSKStore) -> dict:
-    if store.objective == "mlm":
-        return mlm_storage_report(store)
+    """What `hsk info` counts for this store, by its kind."""
+    return store.storage_report()
+
+
+def task_storage_report(store: TaskStore) -> dict:
+    """A task store's bytes, against the paper's format and dense fp32 of the kept tokens."""
     arrays = _array_bytes(store)
     n = max(len(store), 1)
     total = sum(a["stored"] for a in arrays.values())
@@ -180,8 +187,11 @@ def teacher_fit(teacher: dict) -> str:
 
 
 def format_report(store: HSKStore, report: dict) -> str:
-    if store.objective == "mlm":
-        return format_mlm_report(store, report)
+    """`hsk info`'s text, by the store's kind."""
+    return store.format_report(report)
+
+
+def format_task_report(store: TaskStore, report: dict) -> str:
     meta = store.meta
     sel = store.selection
     where = meta["teacher"].get("path") or meta["teacher"].get("hub_id") or meta["teacher"]["name"]

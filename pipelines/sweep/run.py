@@ -53,6 +53,7 @@ import zarr
 from hskstore.config import VALUE_DTYPES, ConfigError, HSKConfig
 from hskstore.derive import derive, plan_derive
 from hskstore.info import storage_report
+from hskstore.meta import StoreMeta
 from hskstore.outputs import claim_output, mark_output
 from hskstore.reader import open_store
 from hskstore.schema import META_KEY
@@ -151,11 +152,11 @@ class SweepSpec:
     def results_path(self) -> Path:
         return Path(self.results) if self.results else Path(self.work_dir) / "results.parquet"
 
-    def source_meta(self) -> dict:
+    def source_meta(self) -> StoreMeta:
         """The source store's metadata, read once per process (opening a store lists all its arrays)."""
         cached = self.__dict__.get("_source_meta")
         if cached is None:
-            cached = self.__dict__["_source_meta"] = open_store(self.source).meta  # refuses incomplete stores
+            cached = self.__dict__["_source_meta"] = open_store(self.source).metadata  # refuses incomplete stores
         return cached
 
 
@@ -204,7 +205,7 @@ def _parse_entry(entry: str, default_dtypes: tuple[str, ...]) -> tuple[str, tupl
     return token, chosen
 
 
-def expand_configs(spec: SweepSpec, source_meta: dict) -> list[tuple[str, str, str | None, str | None]]:
+def expand_configs(spec: SweepSpec, source_meta: StoreMeta) -> list[tuple[str, str, str | None, str | None]]:
     """[(kind, config label, store config or None, value dtype or None)] in spec order, without repeats."""
     sel = selection(source_meta)
     src_cfg, src_dtype = str(sel.config), sel.value_dtype
@@ -279,20 +280,20 @@ def make_run_id(source_identity: str, kind: str, config: str, store_config: str 
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _method_target(spec: SweepSpec, method: str, meta: dict) -> tuple[str, str, str | None, str | None]:
+def _method_target(spec: SweepSpec, method: str, meta: StoreMeta) -> tuple[str, str, str | None, str | None]:
     """(kind, label, store config, dtype) of a non-mud method: the logits store when it reads logits only."""
     from pipelines.core.tasks import get_task
 
     m = get_method(method)
     options = run_options(spec, method, 0).method_options
-    ctx = Context(get_task(meta["task"]["name"]), selection(meta), meta)
+    ctx = Context(get_task(meta.task.name), selection(meta), meta.raw)
     stages = m.stages(m.make_options(options), ctx)  # refuses a source that cannot serve the method
     if all(set(st.reads) <= {"logits", "labels"} for st in stages):
         return ("method", method, "0,0,0", None)
     return ("method", method, None, selection(meta).value_dtype)
 
 
-def _targets(spec: SweepSpec, meta: dict) -> list[tuple[tuple, str]]:
+def _targets(spec: SweepSpec, meta: StoreMeta) -> list[tuple[tuple, str]]:
     """[((kind, label, store config, dtype), method)] of the sweep."""
     out = []
     for method in spec.methods:
@@ -310,7 +311,7 @@ def plan_runs(spec: SweepSpec) -> list[Run]:
     can serve every method.
     """
     source = open_store(spec.source)
-    spec.__dict__["_source_meta"] = meta = source.meta
+    spec.__dict__["_source_meta"] = meta = source.metadata
     sel = source.selection
     d = sel.hidden_size
     targets = _targets(spec, meta)
@@ -334,7 +335,7 @@ def plan_runs(spec: SweepSpec) -> list[Run]:
                 stages = () if method != "mud" else mud_stages if kind in ("hsk", "full") else ("pred",)
                 alpha = 0.0 if kind == "no_kd" else spec.train.get("alpha") if method == "mud" else None
                 options = run_options(spec, method, seed, stages, alpha)
-                run_id = make_run_id(meta["identity"], kind, label, store_config, dtype, student, options)
+                run_id = make_run_id(meta.identity, kind, label, store_config, dtype, student, options)
                 runs.setdefault(run_id, Run(run_id, kind, label, store_config, dtype, amount(t), student, seed,
                                             stages, alpha, method))
     return list(runs.values())
@@ -346,7 +347,7 @@ def plan_runs(spec: SweepSpec) -> list[Run]:
 
 def store_dir(spec: SweepSpec) -> Path:
     """Where the stores derived from this source live (one folder per source identity)."""
-    return Path(spec.work_dir) / "stores" / spec.source_meta()["identity"].split(":")[-1][:16]
+    return Path(spec.work_dir) / "stores" / spec.source_meta().identity.split(":")[-1][:16]
 
 
 def store_path(spec: SweepSpec, store_config: str, value_dtype: str | None) -> Path:
@@ -373,10 +374,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_meta(url: str) -> dict | None:
+def _read_meta(url: str) -> StoreMeta | None:
     """A store's metadata without opening it as an HSKStore (no array listing); None when unreadable."""
     try:
-        return zarr.open_group(url, mode="r").attrs.asdict().get(META_KEY)
+        return StoreMeta.parse(zarr.open_group(url, mode="r").attrs.asdict()[META_KEY])
     except Exception:  # nothing there, or not a readable store: derive over it
         return None
 
@@ -390,15 +391,14 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
     source = spec.source_meta()
     with _file_lock(out.with_name(out.name + ".lock")):
         meta = _read_meta(str(out))
-        recorded = (meta or {}).get("derived_from") or {}
-        same_source = (recorded.get("identity"), recorded.get("checksums")) == (
-            source["identity"], source.get("checksums"))
-        if meta is not None and meta.get("complete") and same_source:
+        recorded = (meta.derived_from if meta else None) or {}
+        same_source = (recorded.get("identity"), recorded.get("checksums")) == (source.identity, source.checksums)
+        if meta is not None and meta.complete and same_source:
             return str(out)  # reuse
         if log is not None:
             log(f"derive {store_config} ({value_dtype or 'logits only'}) -> {out}")
         # An interrupted derive of the same source resumes; anything else there is replaced.
-        overwrite = meta is not None and (meta.get("complete") or not same_source)
+        overwrite = meta is not None and (meta.complete or not same_source)
         derive(spec.source, store_config, str(out), value_dtype=value_dtype, overwrite=bool(overwrite))
     return str(out)
 
@@ -411,10 +411,10 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 def store_storage(spec: SweepSpec, url: str) -> dict:
     """storage_report numbers of a store, cached next to the derived stores (it reads every positions array)."""
-    meta = _read_meta(url) or {}
+    meta = _read_meta(url)
     name = "source" if url == spec.source else Path(url).name.removesuffix(".zarr")
     cache = store_dir(spec) / f"{name}.storage.json"
-    stamp = {"identity": meta.get("identity"), "created": meta.get("created")}
+    stamp = {"identity": meta and meta.identity, "created": meta and meta.created}
     if cache.exists():
         with contextlib.suppress(ValueError, OSError, KeyError):
             cached = json.loads(cache.read_text())
