@@ -267,6 +267,9 @@ class HSKStore:
     def refuse_derive(self) -> None:
         """Raise ConfigError when `hsk derive` cannot make smaller stores of this one."""
 
+    def refuse_task_training(self) -> None:
+        """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
+
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:
         """(what the store keeps, in a few words; its Hugging Face task category) for its card."""
@@ -473,6 +476,10 @@ class MLMStore(HSKStore):
 
     def refuse_derive(self) -> None:
         raise ConfigError(f"{self.url} is a masked-LM store: derive makes smaller task stores (ND,NL,W)")
+
+    def refuse_task_training(self) -> None:
+        raise ConfigError(f"{self.url} is a masked-LM store (LightPAFF pre-training): train from it with --method "
+                          "lightpaff-pretrain; the other methods distil from task stores")
 
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:

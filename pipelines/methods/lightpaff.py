@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hskstore.reader import store_type
 from pipelines.methods.base import Context, Method, MethodError, Stage, Term, register
 from pipelines.train.losses import TermInputs, loss_term, topk_kl
 
@@ -101,7 +102,7 @@ def _build_pretrain(o: PretrainOptions, ctx: Context) -> list[Stage]:
 
 
 def _check_pretrain(o: PretrainOptions, ctx: Context) -> str | None:
-    if ctx.meta.get("objective", "task") != "mlm":
+    if "mlm" not in store_type(ctx.meta).reads:  # what the store offers, as its kind declares
         return ("needs a masked-LM store (`hsk dump --objective mlm`); this is a task store: use "
                 "--method lightpaff for fine-tuning distillation")
     return None
@@ -128,7 +129,7 @@ def _build_finetune(o: FinetuneOptions, ctx: Context) -> list[Stage]:
 
 
 def _check_finetune(o: FinetuneOptions, ctx: Context) -> str | None:
-    if ctx.meta.get("objective", "task") != "task":
+    if "logits" not in store_type(ctx.meta).reads:
         return "needs a task store (logits); for a masked-LM store use --method lightpaff-pretrain"
     if ctx.task.is_regression:
         return f"distils class distributions; {ctx.task.name} is a regression task: use --method kd"
