@@ -135,7 +135,7 @@ class TokenizerRef:
 
 
 @dataclass(frozen=True)
-class Masking:
+class MaskedLMSelection:
     """A masked-LM store's selection: BERT's masking of the inputs and the teacher's top-k per position."""
 
     mask_rate: float
@@ -147,7 +147,7 @@ class Masking:
     top_k: int
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Masking:
+    def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
         return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
                    d["max_masked"], d["top_k"])
 
@@ -157,7 +157,7 @@ class StoreMeta:
     """Everything a store's metadata says, typed; `raw` is the dict itself (the serialised form).
 
     `selection` is kind-specific and stays a mapping here: a task store parses it as config.Selection,
-    a masked-LM store as Masking (hskstore.reader's store classes).
+    a masked-LM store as MaskedLMSelection (hskstore.reader's store classes).
     """
 
     objective: str

@@ -14,7 +14,7 @@ from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
-from .meta import MLM, TASK, Masking, StoreMeta, objective_of
+from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
 from .outputs import is_local, local_path, recover_swap, url_problem
 from .schema import (
     DIGEST_BYTES,
@@ -464,7 +464,7 @@ class MLMStore(HSKStore):
 
     def _parse_selection(self) -> None:
         try:
-            self.masking = Masking.from_dict(self.meta["selection"])
+            self.masking = MaskedLMSelection.from_dict(self.meta["selection"])
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
 

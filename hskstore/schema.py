@@ -13,7 +13,7 @@ from zarr.codecs import BloscCodec, BloscShuffle
 
 from . import codec
 from .config import HSKConfig
-from .meta import MLM, TASK, objective_of
+from .meta import MLM, TASK, Layout, objective_of
 
 FORMAT_VERSION = 2  # what this hsk writes (docs/STORE_FORMAT.md)
 READABLE_VERSIONS = (1, 2)  # what it reads: version 1 has no manifest (metadata not covered) and no 4-bit values
@@ -176,4 +176,4 @@ def make_layout(n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: i
         chunk_rows = shard_rows // 4 if shard_rows % 4 == 0 and shard_rows >= 64 else shard_rows
     if shard_rows % chunk_rows:
         raise ValueError(f"shard_rows {shard_rows} must be a multiple of chunk_rows {chunk_rows}")
-    return {"n_rows": n_rows, "shard_rows": shard_rows, "chunk_rows": chunk_rows, "n_width": n_width}
+    return Layout(n_rows, shard_rows, chunk_rows, n_width).to_dict()

@@ -29,6 +29,7 @@ from hskstore.config import (
 )
 from hskstore.errors import printable
 from hskstore.layermap import default_l_top, select_depth
+from hskstore.meta import DataRef, TaskRef
 from hskstore.outputs import STORE, claim_output
 from hskstore.schema import attention_row_layers, make_layout
 from hskstore.writer import StoreWriter, writing
@@ -224,14 +225,8 @@ def store_metadata(
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
     return {
-        "task": {
-            "name": task.name,
-            "split": split,
-            "labels": list(task.labels) if task.labels else None,
-            "regression": task.is_regression,
-            "metric": task.metric,
-        },
-        "dataset": {"source": examples.source, "fingerprint": examples.fingerprint, "n_rows": len(examples)},
+        "task": TaskRef(task.name, split, task.labels, task.is_regression, task.metric).to_dict(),
+        "dataset": DataRef(examples.source, examples.fingerprint, len(examples)).to_dict(),
         "teacher": {
             "name": reference["path"] or reference["hub_id"],
             **reference,
