@@ -418,8 +418,7 @@ def plan_dump(
     meta = store_metadata(
         task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity
     )
-    meta.update(options.extra_meta)
-    meta["compute"] = compute_record(options.batch_size, options.device)
+    meta = {**meta, **options.extra_meta, "compute": compute_record(options.batch_size, options.device)}
     return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta)
 
 

@@ -122,18 +122,9 @@ def open_online(
     max_length = dump_options.max_length or task.max_length
     selection = build_selection(dump_options, model.config.num_hidden_layers, model.config.hidden_size,
                                 teacher_heads(model))
-    meta = store_metadata(
-        task,
-        options.train_split,
-        examples,
-        teacher,
-        model,
-        tokenizer,
-        selection,
-        max_length,
-        dump_options.shard_rows,
-    )
-    meta["complete"] = True
+    meta = store_metadata(task, options.train_split, examples, teacher, model, tokenizer, selection, max_length,
+                          dump_options.shard_rows)
+    meta = dict(meta, complete=True)  # it stands in for a finished store
     enc = encode(tokenizer, examples.texts, max_length)
     inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
     log(
@@ -168,7 +159,7 @@ def memory_source(task: Task, examples: Examples, name: str, model: nn.Module, t
     cfg = model.config
     selection = build_selection(DumpOptions(config=HSKConfig.parse("0,0,0")), cfg.num_hidden_layers, cfg.hidden_size)
     meta = store_metadata(task, "train", examples, name, model, tokenizer, selection, max_length, shard_rows)
-    meta["complete"] = True
+    meta = dict(meta, complete=True)  # it stands in for a finished store
     enc = encode(tokenizer, examples.texts, max_length)
     inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
     source = Source("memory", OnlineSource(meta, inputs, f"memory:{examples.source}"), meta, task, name,
