@@ -130,15 +130,22 @@ class HSKStore:
     # Stage.reads a trainer may ask of this kind of store (pipelines.train.sources maps them to arrays)
     reads: frozenset[str] = frozenset()
 
-    def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False,
-                 opened: tuple[zarr.Group, dict] | None = None):
+    def __new__(cls, url: str, **options):
+        """HSKStore(url) itself gives the store as its kind (as open_store does); a kind's class, that kind."""
+        if cls is not HSKStore:
+            return super().__new__(cls)
+        opened = open_group(str(url))
+        store = super().__new__(store_type(opened[1]))
+        store._opened = opened  # __init__ reads it instead of opening the group again
+        return store
+
+    def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False):
         """Open and check the store at url: its metadata against its arrays, and for a complete store the chain
         manifest -> per-array checksums -> stored shard digests (the chunks are checked against those digests
         as they are read). allow_unverified (or HSK_ALLOW_UNVERIFIED=1) reads a complete store whose metadata
-        no manifest covers, which is refused otherwise (UnverifiedStoreError naming `hsk upgrade`). `opened`: the
-        (group, metadata) that open_group already read."""
+        no manifest covers, which is refused otherwise (UnverifiedStoreError naming `hsk upgrade`)."""
         self.url = str(url)
-        self.group, meta = opened or open_group(self.url)
+        self.group, meta = self.__dict__.pop("_opened", None) or open_group(self.url)
         self.meta = meta
         try:
             specs = check_layout(meta)
@@ -521,6 +528,4 @@ def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.
 
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:
     """The store at url, verified (HSKStore), as its kind: a TaskStore or an MLMStore."""
-    opened = open_group(str(url))
-    kind = store_type(opened[1])
-    return kind(url, allow_incomplete=allow_incomplete, allow_unverified=allow_unverified, opened=opened)
+    return HSKStore(url, allow_incomplete=allow_incomplete, allow_unverified=allow_unverified)

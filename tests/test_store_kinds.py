@@ -14,7 +14,7 @@ import pytest
 from hskstore import open_store
 from hskstore.meta import DataRef, Layout, StoreMeta, TaskRef
 from hskstore.outputs import STORE_ENTRIES
-from hskstore.reader import MLMStore, TaskStore, render_card, store_type
+from hskstore.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
 from hskstore.schema import array_specs, make_layout
 
 VECTORS = Path(__file__).resolve().parent.parent / "docs" / "conformance"
@@ -27,6 +27,7 @@ def _stored_meta(bundle: Path) -> dict:
 
 
 def test_open_store_gives_each_kind_its_class():
+    """A task store and a masked-LM store, each as its own class under the one verifying HSKStore."""
     task, mlm = open_store(str(VECTORS / "int8.hsk.zip")), open_store(str(VECTORS / "mlm.hsk.zip"))
     assert type(task) is TaskStore and type(mlm) is MLMStore
     assert task.selection.value_dtype == "int8" and str(task.config) == "3,4,0.55"
@@ -35,6 +36,7 @@ def test_open_store_gives_each_kind_its_class():
     assert mlm.hidden_size == 64 == task.hidden_size
     assert "mlm" in mlm.reads and "logits" not in mlm.reads
     assert {"logits", "layers"} <= task.reads and "mlm" not in task.reads
+    assert type(HSKStore(str(VECTORS / "mlm.hsk.zip"))) is MLMStore  # the base class named directly: its kind
 
 
 @pytest.mark.parametrize("name", ["int8", "mlm", "derived"])
