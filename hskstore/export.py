@@ -42,7 +42,7 @@ def column_name(array: str) -> str:
 
 def shard_columns(store: HSKStore, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The exported columns of one shard's arrays: values decoded, scales folded in, float16 widened."""
-    n_width = store.meta["layout"]["n_width"]
+    n_width = store.metadata.layout.n_width
     out = {}
     for name, array in data.items():
         if name.endswith("/scale"):
@@ -69,10 +69,10 @@ def arrow_table(columns: dict[str, np.ndarray], metadata: dict | None = None) ->
 
 
 def _export_metadata(store: HSKStore) -> dict:
-    meta = store.meta
-    return {"content_address": store.content_address, "objective": store.objective, "task": meta["task"]["name"],
-            "split": meta["task"].get("split"), "rows": len(store), "hidden_size": store.hidden_size,
-            "value_dtype": (meta.get("selection") or {}).get("value_dtype"),
+    meta = store.metadata
+    return {"content_address": store.content_address, "objective": store.objective, "task": meta.task.name,
+            "split": meta.task.split, "rows": len(store), "hidden_size": store.hidden_size,
+            "value_dtype": meta.selection.get("value_dtype"),
             "values": "decoded float32 [N^L, N^W] per kept layer; masks bit-packed (numpy packbits)"}
 
 
