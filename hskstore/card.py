@@ -7,7 +7,7 @@ short body a person reads. The front matter is emitted by hand as YAML whose lea
 scalars and flow lists (JSON is valid YAML), so hskstore needs no YAML library.
 
 The card is a description, not a contract: the checksummed metadata in zarr.json stays the
-authority, and `render_card(meta, ...)` rebuilds the card of any store.
+authority, and `hskstore.reader.render_card(meta, ...)` rebuilds the card of any store.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import warnings
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.core.sync import sync
+
+from .meta import objective_of
 
 CARD_NAME = "README.md"
 
@@ -36,17 +38,19 @@ def _yaml(obj: dict, indent: int = 0) -> list[str]:
     return lines
 
 
-def front_matter(meta: dict, stored_bytes: int | None) -> dict:
-    """The card's machine-readable fields, from a store's hsk metadata."""
+def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -> dict:
+    """The card's machine-readable fields, from a store's hsk metadata.
+
+    `at` (what the store keeps, in a few words) and `category` (its Hugging Face task category) are its
+    kind's: hskstore.reader's store classes give them (`card_headline`).
+    """
     task, teacher, tokenizer = meta["task"], meta["teacher"], meta["tokenizer"]
     selection = {k: v for k, v in meta["selection"].items() if k != "deviations"}
     rows = meta["layout"]["n_rows"]
-    mlm = meta.get("objective") == "mlm"
-    at = f"top-{selection.get('top_k')} masked-LM logits" if mlm else selection["config"]
     fields = {
         "pretty_name": f"hsk store: {task['name']}/{task['split']} at {at}",
-        "task_categories": ["fill-mask" if mlm else "text-classification"],
-        "objective": meta.get("objective", "task"),
+        "task_categories": [category],
+        "objective": objective_of(meta),
         "tags": ["knowledge-distillation", "hidden-state-knowledge", "hsk", "zarr"],
         "task": task["name"],
         "split": task["split"],
@@ -85,15 +89,13 @@ def front_matter(meta: dict, stored_bytes: int | None) -> dict:
     return fields
 
 
-def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
-    """The card's text: front matter, then what the store is for and how to open it.
+def with_front_matter(fields: dict, body: str) -> str:
+    """A card's text: its fields as YAML front matter, then its body."""
+    return "---\n" + "\n".join(_yaml(fields)) + "\n---\n" + body
 
-    `name` is how the examples refer to the store (its folder name: the card stays true when the
-    store is copied elsewhere).
-    """
-    fields = front_matter(meta, stored_bytes)
-    if meta.get("objective") == "mlm":
-        return "---\n" + "\n".join(_yaml(fields)) + "\n---\n" + _mlm_body(meta, fields, name)
+
+def task_body(meta: dict, fields: dict, name: str) -> str:
+    """A task store's card below its front matter: what it holds and how to open it."""
     task, sel = meta["task"], meta["selection"]
     layers = ", ".join(str(i) for i in sel["teacher_layers"]) or "none (logits only)"
     body = f"""
@@ -127,10 +129,11 @@ group = zarr.open_group("{name}", mode="r")
 logits, meta = group["logits"][:], group.attrs["hsk"]
 ```
 """
-    return "---\n" + "\n".join(_yaml(fields)) + "\n---\n" + body
+    return body
 
 
-def _mlm_body(meta: dict, fields: dict, name: str) -> str:
+def mlm_body(meta: dict, fields: dict, name: str) -> str:
+    """A masked-LM store's card below its front matter."""
     sel = meta["selection"]
     return f"""
 # {fields['pretty_name']}
@@ -166,10 +169,8 @@ def _key(group: zarr.Group) -> str:
     return f"{group.path}/{CARD_NAME}" if group.path else CARD_NAME
 
 
-def write_card(group: zarr.Group, meta: dict, names: list[str], url: str) -> str:
-    """Render the card of a finished store and write it at the store's root; returns its text."""
-    name = store_name(url)
-    text = render_card(meta, stored_bytes(group, names), name=name)
+def write_card(group: zarr.Group, text: str) -> str:
+    """Write a finished store's card (hskstore.reader.render_card) at the store's root; returns its text."""
     sync(group.store.set(_key(group), cpu.Buffer.from_bytes(text.encode())))
     return text
 

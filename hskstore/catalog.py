@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass
 import fsspec
 
 from .bundle import is_bundle
+from .meta import objective_of
 from .outputs import LEASE_NAME, is_local, local_path
+from .reader import store_type
 
 CARD = "README.md"
 GENERATOR = "hsk catalog"
@@ -218,14 +220,14 @@ def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
     complete = bool(meta.get("complete"))
     found = _BYTES.search(card or "")
     teacher = meta.get("teacher") or {}
-    objective = meta.get("objective", "task")
+    objective = objective_of(meta)
+    config, codec = store_type(meta).catalog_config(sel)
     return Entry(
         url=url, kind=kind, status="complete" if complete else "incomplete",
         content_address=meta.get("manifest") if complete else None,
         objective=objective, task=meta["task"]["name"], split=meta["task"].get("split"),
         rows=int(meta["layout"]["n_rows"]), teacher=teacher.get("name"), teacher_hash=teacher.get("weights_hash"),
-        config=sel.get("config") if objective == "task" else f"top-{sel.get('top_k')}",
-        codec=sel.get("value_dtype") if objective == "task" else None,
+        config=config, codec=codec,
         bytes=meta.get("stored_bytes") or (int(found.group(1)) if found else None), created=meta.get("created"),
         parent=(meta.get("derived_from") or {}).get("content_address"), ancestors=_ancestors(meta),
         license=(meta.get("sharing") or {}).get("license"), card=card,

@@ -33,6 +33,7 @@ from zarr.core.sync import sync
 
 from .card import front_matter, store_name, stored_bytes
 from .digest import fingerprint
+from .reader import HSKStore, store_type
 from .schema import ArraySpec, array_specs
 
 CROISSANT_NAME = "croissant.json"
@@ -154,12 +155,7 @@ def collection_text(meta: dict) -> str:
 
 
 def _rai(meta: dict) -> dict:
-    sel = meta["selection"]
-    mlm = meta.get("objective") == "mlm"
-    how = (f"masked as BERT does ({sel.get('mask_rate')} of tokens, seed {sel.get('mask_seed')}); top-"
-           f"{sel.get('top_k')} logits and log-sum-exp kept per masked position" if mlm else
-           f"hidden-state knowledge kept at config {sel.get('config')} ({sel.get('token_strategy')} tokens, "
-           f"{sel.get('width_strategy')} width, {sel.get('value_dtype')} values)")
+    how = store_type(meta).preprocessing(meta)
     fields = {
         "rai:dataCollection": collection_text(meta),
         "rai:dataCollectionType": "Machine-generated: outputs of a teacher model",
@@ -195,7 +191,7 @@ def _distribution(meta: dict, root_sha256: str, bundle: BundleFile | None) -> li
 def render_croissant(meta: dict, size: int | None, name: str, root_sha256: str,
                      bundle: BundleFile | None = None) -> dict:
     """The Croissant 1.1 JSON-LD document of a complete store (or, with `bundle`, of its bundle)."""
-    fields = front_matter(meta, size)
+    fields = front_matter(meta, size, *store_type(meta).card_headline(meta))
     address = meta.get("manifest")
     doc = {
         "@context": CONTEXT, "@type": "sc:Dataset", "conformsTo": CONFORMS_TO,
@@ -306,8 +302,6 @@ def claim_sibling(bundle: str | Path, *, overwrite: bool) -> Path:
 def write_bundle_croissant(bundle: str | Path, sibling: Path) -> dict:
     """Write the Croissant document of a finished bundle to `sibling` (via a temporary, renamed into place)."""
     import os
-
-    from .reader import HSKStore
 
     store = HSKStore(str(bundle))
     doc = bundle_croissant(Path(bundle), store.group, store.meta)

@@ -38,7 +38,7 @@ from .digest import array_checksum
 from .errors import CorruptStoreError, StoreExistsError
 from .layermap import select_depth
 from .outputs import STORE, claim_output
-from .reader import HSKStore
+from .reader import HSKStore, open_store
 from .schema import PROGRESS_DIGESTS, attention_row_layers, layer_names
 from .selection import static_width_indices, width_mask
 from .writer import writing
@@ -275,9 +275,8 @@ def derive(
     if _same_location(str(source_url), str(out_url)):
         raise StoreExistsError(f"--out {out_url} is the source store itself: choose another output")
     claim_output(str(out_url), STORE, overwrite=overwrite)  # refuse a foreign output before any work
-    source = HSKStore(source_url)  # refuses incomplete, truncated and edited stores
-    if source.objective != "task":
-        raise ConfigError(f"{source_url} is a masked-LM store: derive makes smaller task stores (ND,NL,W)")
+    source = open_store(source_url)  # refuses incomplete, truncated and edited stores
+    source.refuse_derive()  # a kind derive cannot shrink (a masked-LM store) says so in one line
     _check_source_checksums(source)
     plan = plan_derive(source, config, value_dtype, attention_rows)
 

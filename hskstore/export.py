@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from . import codec
 from .outputs import claim_file_output
-from .reader import HSKStore
+from .reader import HSKStore, open_store
 
 EXPORT_KEY = b"hsk_export"
 
@@ -42,7 +42,7 @@ def column_name(array: str) -> str:
 
 def shard_columns(store: HSKStore, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The exported columns of one shard's arrays: values decoded, scales folded in, float16 widened."""
-    n_width = store.meta["layout"]["n_width"]
+    n_width = store.metadata.layout.n_width
     out = {}
     for name, array in data.items():
         if name.endswith("/scale"):
@@ -69,10 +69,10 @@ def arrow_table(columns: dict[str, np.ndarray], metadata: dict | None = None) ->
 
 
 def _export_metadata(store: HSKStore) -> dict:
-    meta = store.meta
-    return {"content_address": store.content_address, "objective": store.objective, "task": meta["task"]["name"],
-            "split": meta["task"].get("split"), "rows": len(store), "hidden_size": store.hidden_size,
-            "value_dtype": (meta.get("selection") or {}).get("value_dtype"),
+    meta = store.metadata
+    return {"content_address": store.content_address, "objective": store.objective, "task": meta.task.name,
+            "split": meta.task.split, "rows": len(store), "hidden_size": store.hidden_size,
+            "value_dtype": meta.selection.get("value_dtype"),
             "values": "decoded float32 [N^L, N^W] per kept layer; masks bit-packed (numpy packbits)"}
 
 
@@ -101,7 +101,7 @@ def is_export(path) -> bool:
 def export_parquet(url: str, out: str, *, overwrite: bool = False, progress=None) -> ExportResult:
     """Write the complete store at url as one Parquet file `out` (one row per example)."""
     path = claim_file_output(out, "parquet export", is_export, overwrite=overwrite)
-    store = HSKStore(url)  # refuses incomplete and edited stores
+    store = open_store(url)  # refuses incomplete and edited stores
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     shards = range(store.n_shards)
     try:
@@ -118,7 +118,7 @@ def export_parquet(url: str, out: str, *, overwrite: bool = False, progress=None
 
 def rows(url: str) -> Iterator[dict[str, np.ndarray]]:
     """The store's examples in order, as the export's columns (every shard digest-checked)."""
-    store = HSKStore(url)
+    store = open_store(url)
     for shard in range(store.n_shards):
         columns = shard_columns(store, store.read_shard(shard, verify=True))
         n = len(next(iter(columns.values())))
@@ -133,5 +133,5 @@ def iterable_dataset(url: str):
     """
     import datasets  # only here: hskstore itself does not need datasets
 
-    features = datasets.Features.from_arrow_schema(arrow_schema(HSKStore(url)))
+    features = datasets.Features.from_arrow_schema(arrow_schema(open_store(url)))
     return datasets.IterableDataset.from_generator(rows, features=features, gen_kwargs={"url": str(url)})

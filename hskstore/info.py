@@ -7,11 +7,15 @@ The paper's format (docs/METHOD.md section 4) is the yardstick: about 4 bytes pe
 from __future__ import annotations
 
 import zipfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import CorruptStoreError, printable
-from .reader import HSKStore
+
+if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.reader)
+    from .meta import StoreMeta
+    from .reader import HSKStore, MLMStore, TaskStore
 
 
 def count_kept_vectors(store: HSKStore) -> int:
@@ -55,7 +59,7 @@ MEGATRON_TOPK_BYTES = 528
 DISTILLKIT_BYTES = (114, 300)
 
 
-def mlm_storage_report(store: HSKStore) -> dict:
+def mlm_storage_report(store: MLMStore) -> dict:
     """What a masked-LM store costs per masked token (its teacher knowledge is the mlm/ arrays)."""
     arrays = _array_bytes(store)
     masked = 0
@@ -72,28 +76,25 @@ def mlm_storage_report(store: HSKStore) -> dict:
         "total_bytes": total,
         "bytes_per_example": total / max(len(store), 1),
         "masked_tokens": masked,
-        "top_k": store.meta["selection"]["top_k"],
+        "top_k": store.masking.top_k,
         "mlm_bytes": knowledge,
         "bytes_per_masked_token": per_token,
-        "raw_bytes_per_masked_slot": raw / max(len(store) * store.meta["selection"]["max_masked"], 1),
+        "raw_bytes_per_masked_slot": raw / max(len(store) * store.masking.max_masked, 1),
         "ratio_vs_megatron": MEGATRON_TOPK_BYTES / per_token if masked else float("nan"),
     }
 
 
-def format_mlm_report(store: HSKStore, report: dict) -> str:
-    meta, sel = store.meta, store.meta["selection"]
+def format_mlm_report(store: MLMStore, report: dict) -> str:
+    meta, sel = store.metadata, store.masking
     lines = [
         f"store      {store.url}",
-        f"status     {'complete' if meta.get('complete') else 'INCOMPLETE'}   format v{meta['format_version']}"
-        f"   objective mlm   hsk {meta.get('software_version', '?')}   created {meta.get('created', '?')}",
-        f"corpus     rows {report['rows']}   source {meta['dataset']['source']}",
-        f"teacher    {meta['teacher']['name']} ({meta['teacher']['architecture']})"
-        f"   weights {meta['teacher']['weights_hash'][:19]}",
-        f"tokenizer  vocab {meta['tokenizer']['vocab_size']}   {meta['tokenizer']['vocab_hash'][:19]}"
-        f"   max length {meta['max_length']}",
-        f"masking    {sel['mask_rate']:.0%} of tokens (seed {sel['mask_seed']}): {sel['mask_token_rate']:.0%} [MASK],"
-        f" {sel['random_token_rate']:.0%} random, {sel['keep_rate']:.0%} kept; at most {sel['max_masked']} per row",
-        f"teacher    top-{sel['top_k']} ids and logits + log-sum-exp per masked position",
+        _status_line(meta, "   objective mlm"),
+        f"corpus     rows {report['rows']}   source {meta.dataset.source}",
+        f"teacher    {meta.teacher.name} ({meta.teacher.architecture})   weights {meta.teacher.weights_hash[:19]}",
+        _tokenizer_line(meta),
+        f"masking    {sel.mask_rate:.0%} of tokens (seed {sel.mask_seed}): {sel.mask_token_rate:.0%} [MASK],"
+        f" {sel.random_token_rate:.0%} random, {sel.keep_rate:.0%} kept; at most {sel.max_masked} per row",
+        f"teacher    top-{sel.top_k} ids and logits + log-sum-exp per masked position",
         "",
         f"{'array':<28}{'dtype':>9}{'stored':>12}{'raw':>12}",
     ]
@@ -111,8 +112,12 @@ def format_mlm_report(store: HSKStore, report: dict) -> str:
 
 
 def storage_report(store: HSKStore) -> dict:
-    if store.objective == "mlm":
-        return mlm_storage_report(store)
+    """What `hsk info` counts for this store, by its kind."""
+    return store.storage_report()
+
+
+def task_storage_report(store: TaskStore) -> dict:
+    """A task store's bytes, against the paper's format and dense fp32 of the kept tokens."""
     arrays = _array_bytes(store)
     n = max(len(store), 1)
     total = sum(a["stored"] for a in arrays.values())
@@ -120,7 +125,7 @@ def storage_report(store: HSKStore) -> dict:
     attention = sum(a["stored"] for name, a in arrays.items() if name.endswith("/attention"))
     hsk = sum(a["stored"] for name, a in arrays.items() if name.startswith("layers/")) - attention
     vectors = count_kept_vectors(store) if store.layers else 0
-    d, k = store.hidden_size, store.meta["layout"]["n_width"]
+    d, k = store.hidden_size, store.metadata.layout.n_width
     kept_values = vectors * k
     paper = vectors * (4 * k + (d if k < d else 0))
     dense_fp32 = vectors * d * 4
@@ -159,9 +164,19 @@ def human_bytes(n: float) -> str:
 
 
 def _no_address(store: HSKStore) -> str:
-    if not store.meta.get("complete"):
+    if not store.metadata.complete:
         return "incomplete store"
-    return f"format v{store.meta['format_version']}: metadata not covered"
+    return f"format v{store.metadata.format_version}: metadata not covered"
+
+
+def _status_line(meta: StoreMeta, objective: str = "") -> str:
+    return (f"status     {'complete' if meta.complete else 'INCOMPLETE'}   format v{meta.format_version}"
+            f"{objective}   hsk {meta.software_version or '?'}   created {meta.created or '?'}")
+
+
+def _tokenizer_line(meta: StoreMeta) -> str:
+    return (f"tokenizer  vocab {meta.tokenizer.vocab_size}   {meta.tokenizer.vocab_hash[:19]}"
+            f"   max length {meta.max_length}")
 
 
 def teacher_fit(teacher: dict) -> str:
@@ -180,25 +195,23 @@ def teacher_fit(teacher: dict) -> str:
 
 
 def format_report(store: HSKStore, report: dict) -> str:
-    if store.objective == "mlm":
-        return format_mlm_report(store, report)
-    meta = store.meta
-    sel = store.selection
-    where = meta["teacher"].get("path") or meta["teacher"].get("hub_id") or meta["teacher"]["name"]
-    revision = meta["teacher"].get("revision")
+    """`hsk info`'s text, by the store's kind."""
+    return store.format_report(report)
+
+
+def format_task_report(store: TaskStore, report: dict) -> str:
+    meta, sel = store.metadata, store.selection
+    teacher, revision = meta.teacher, meta.teacher.revision
     lines = [
         f"store      {printable(store.url)}",
-        f"status     {'complete' if meta.get('complete') else 'INCOMPLETE'}   format v{meta['format_version']}"
-        f"   hsk {meta.get('software_version', '?')}   created {meta.get('created', '?')}",
+        _status_line(meta),
         f"address    {store.content_address or 'none (' + _no_address(store) + ')'}",
-        f"task       {meta['task']['name']} / {meta['task']['split']}   rows {report['rows']}"
-        f"   source {printable(meta['dataset']['source'])}",
-        f"teacher    {printable(where)}{f'@{printable(revision)}' if revision else ''}"
-        f"   layers {meta['teacher']['num_layers']}   d={sel.hidden_size}"
-        f"   weights {meta['teacher']['weights_hash'][:19]}",
-        f"made for   {teacher_fit(meta['teacher'])}",
-        f"tokenizer  vocab {meta['tokenizer']['vocab_size']}   {meta['tokenizer']['vocab_hash'][:19]}"
-        f"   max length {meta['max_length']}",
+        f"task       {meta.task.name} / {meta.task.split}   rows {report['rows']}"
+        f"   source {printable(meta.dataset.source)}",
+        f"teacher    {printable(teacher.where)}{f'@{printable(revision)}' if revision else ''}"
+        f"   layers {teacher.num_layers}   d={sel.hidden_size}   weights {teacher.weights_hash[:19]}",
+        f"made for   {teacher_fit(teacher.record)}",
+        _tokenizer_line(meta),
         f"config     {sel.config}   A={report['amount_of_hsk']:.3g} units   values {sel.value_dtype}",
         f"layers     teacher {list(sel.teacher_layers)} <- reference student entries {sel.student_entries}"
         f" (S={sel.ref_student_layers}, L_top={sel.l_top})",
@@ -228,7 +241,7 @@ def format_report(store: HSKStore, report: dict) -> str:
     if report["attention_bytes"]:
         lines.append(
             f"attention    {human_bytes(report['attention_bytes'])}  ({report['attention_bytes_per_example']:.1f}"
-            f" B/example: {sel.attention_heads} heads x {sel.config.n_tokens} rows x {meta['max_length']} keys"
+            f" B/example: {sel.attention_heads} heads x {sel.config.n_tokens} rows x {meta.max_length} keys"
             " per layer, fp16; `hsk derive --no-attention-rows` drops them)"
         )
     return "\n".join(lines)

@@ -30,16 +30,14 @@ from pathlib import Path
 import fsspec
 
 from .errors import StoreExistsError
+from .schema import top_level_entries
 
 MARKER = ".hsk-output.json"
 STORE = "store"
 LEASE_NAME = ".hsk-lease.json"  # a store's writer lease (hskstore.lease); names a store from its first byte
-# The top-level entries a store of any hsk version can hold; a zarr group with no attributes and only
-# these is a store whose creation was interrupted by an older hsk (it wrote the attributes last).
-STORE_ENTRIES = frozenset(
-    {"zarr.json", "row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length", "layers",
-     "_progress", LEASE_NAME}
-)
+# The top-level entries a store of any hsk version and kind can hold (from the schema); a zarr group with no
+# attributes and only these is a store whose creation was interrupted by an older hsk (it wrote the attributes last).
+STORE_ENTRIES = top_level_entries() | {LEASE_NAME}
 
 # zarr's local store writes each object to `<name>.<uuid4 hex>.partial`, then renames it into place.
 PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")

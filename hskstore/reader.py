@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
-from . import codec
+from . import card, codec, info
 from .bundle import zarr_location
-from .config import Selection
+from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
+from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
 from .outputs import is_local, local_path, recover_swap, url_problem
 from .schema import (
     DIGEST_BYTES,
@@ -76,6 +77,36 @@ def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
     return out
 
 
+def open_group(url: str) -> tuple[zarr.Group, dict]:
+    """The root group of the store at url and its hsk metadata, refusing what is no readable hsk store."""
+    problem = url_problem(url)
+    if problem:
+        raise StoreError(problem)
+    if is_local(url) and not local_path(url).exists():
+        recover_swap(url)  # an --overwrite killed between its renames: the old store comes back
+    location = zarr_location(url)  # a folder or URL as it is; a bundle through its zip reader
+    try:
+        group = zarr.open_group(location, mode="r")
+        meta = group.attrs.asdict().get(META_KEY)
+    except FileNotFoundError:
+        raise StoreError(f"no store at {url}: check the path (make one with `hsk dump`)") from None
+    except Exception as exc:
+        raise CorruptStoreError(
+            f"{url} cannot be opened as a zarr store ({exc}): it is damaged"
+        ) from exc
+    if group.metadata.zarr_format != 3:
+        raise StoreError(f"{url} is a Zarr v{group.metadata.zarr_format} group; hsk stores are Zarr "
+                         "v3: make one with `hsk dump`")
+    if not isinstance(meta, dict):
+        raise StoreError(f"{url} is a zarr group but not an hsk store (no '{META_KEY}' metadata)")
+    if meta.get("format_version") not in READABLE_VERSIONS:
+        raise StoreError(
+            f"{url} has store format version {meta.get('format_version')!r}; this hsk reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}: upgrade hsk (pip install -U hsk) or re-dump"
+        )
+    return group, meta
+
+
 @dataclass(frozen=True)
 class KeptLayer:
     """One stored layer: where its arrays live and which teacher states they hold."""
@@ -87,7 +118,26 @@ class KeptLayer:
 
 
 class HSKStore:
-    """A read-only view of an hsk store (local path or fsspec URL)."""
+    """A read-only, verified view of an hsk store (local path or fsspec URL): integrity, shards, digests.
+
+    `open_store` gives one of its kinds, TaskStore or MLMStore; each owns what differs between them (its
+    selection, `hsk info` report, card, what derive accepts, what a trainer may read). `meta` is the
+    metadata dict as stored, `metadata` its typed view (hskstore.meta.StoreMeta).
+    """
+
+    objective = ""  # the kind's name in meta["objective"] (hskstore.meta)
+    selection: Selection | None = None
+    # Stage.reads a trainer may ask of this kind of store (pipelines.train.sources maps them to arrays)
+    reads: frozenset[str] = frozenset()
+
+    def __new__(cls, url: str, **options):
+        """HSKStore(url) itself gives the store as its kind (as open_store does); a kind's class, that kind."""
+        if cls is not HSKStore:
+            return super().__new__(cls)
+        opened = open_group(str(url))
+        store = super().__new__(store_type(opened[1]))
+        store._opened = opened  # __init__ reads it instead of opening the group again
+        return store
 
     def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False):
         """Open and check the store at url: its metadata against its arrays, and for a complete store the chain
@@ -95,7 +145,7 @@ class HSKStore:
         as they are read). allow_unverified (or HSK_ALLOW_UNVERIFIED=1) reads a complete store whose metadata
         no manifest covers, which is refused otherwise (UnverifiedStoreError naming `hsk upgrade`)."""
         self.url = str(url)
-        meta = self._open_group()
+        self.group, meta = self.__dict__.pop("_opened", None) or open_group(self.url)
         self.meta = meta
         try:
             specs = check_layout(meta)
@@ -112,43 +162,18 @@ class HSKStore:
                 f"{self.url} is incomplete ({self._done_count()}/{self.n_shards} shards written): its dump was "
                 "interrupted. Rerun the same `hsk dump` command to finish it."
             )
-        self.objective = meta.get("objective", "task")
-        if self.objective != "task":
-            self.selection = None  # a masked-LM store keeps its masking and top-k in meta["selection"]
-            return
         try:
-            self.selection = Selection.from_dict(meta["selection"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStoreError(f"{self.url}: metadata 'selection' is damaged ({exc}): re-copy it or dump "
-                                    "again") from None
+            self.metadata = StoreMeta.parse(meta)  # the typed view; self.meta stays the serialised dict
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptStoreError(f"{self.url}: metadata is damaged ({exc.__class__.__name__}: {exc}): re-copy "
+                                    "it or dump again") from None
+        self._parse_selection()
 
-    def _open_group(self) -> dict:
-        problem = url_problem(self.url)
-        if problem:
-            raise StoreError(problem)
-        if is_local(self.url) and not local_path(self.url).exists():
-            recover_swap(self.url)  # an --overwrite killed between its renames: the old store comes back
-        location = zarr_location(self.url)  # a folder or URL as it is; a bundle through its zip reader
-        try:
-            self.group = zarr.open_group(location, mode="r")
-            meta = self.group.attrs.asdict().get(META_KEY)
-        except FileNotFoundError:
-            raise StoreError(f"no store at {self.url}: check the path (make one with `hsk dump`)") from None
-        except Exception as exc:
-            raise CorruptStoreError(
-                f"{self.url} cannot be opened as a zarr store ({exc}): it is damaged"
-            ) from exc
-        if self.group.metadata.zarr_format != 3:
-            raise StoreError(f"{self.url} is a Zarr v{self.group.metadata.zarr_format} group; hsk stores are Zarr "
-                             "v3: make one with `hsk dump`")
-        if not isinstance(meta, dict):
-            raise StoreError(f"{self.url} is a zarr group but not an hsk store (no '{META_KEY}' metadata)")
-        if meta.get("format_version") not in READABLE_VERSIONS:
-            raise StoreError(
-                f"{self.url} has store format version {meta.get('format_version')!r}; this hsk reads versions "
-                f"{', '.join(map(str, READABLE_VERSIONS))}: upgrade hsk (pip install -U hsk) or re-dump"
-            )
-        return meta
+    def _parse_selection(self) -> None:
+        """Each kind reads its own `selection` (a task store's HSK choices, a masked-LM store's masking)."""
+
+    def _damaged_selection(self, exc: Exception) -> CorruptStoreError:
+        return CorruptStoreError(f"{self.url}: metadata 'selection' is damaged ({exc}): re-copy it or dump again")
 
     def _members(self) -> dict[str, zarr.Array]:
         try:
@@ -220,31 +245,57 @@ class HSKStore:
     # --- description -------------------------------------------------------------------------
     @property
     def n_shards(self) -> int:
-        return n_shards(self.meta)
+        return n_shards(self.meta)  # the dict: also read before `metadata` is parsed (an incomplete store)
 
     def __len__(self) -> int:
         return self.meta["layout"]["n_rows"]
 
     @property
-    def config(self):
-        return self.selection.config if self.selection else None
+    def config(self) -> HSKConfig | None:
+        return None
 
     @property
     def hidden_size(self) -> int:
-        return self.selection.hidden_size if self.selection else self.meta["teacher"]["hidden_size"]
+        return self.metadata.teacher.hidden_size
 
     @property
     def layers(self) -> list[KeptLayer]:
-        sel = self.selection
-        if sel is None:
-            return []
-        entries = sel.student_entries or [None] * len(sel.teacher_layers)
-        return [
-            KeptLayer(name, t, r, e)
-            for name, t, r, e in zip(
-                layer_names(len(sel.teacher_layers)), sel.teacher_layers, sel.ranking_layers, entries
-            )
-        ]
+        return []
+
+    # --- what differs between kinds --------------------------------------------------------------
+    def storage_report(self) -> dict:
+        """What `hsk info` counts: bytes per array, per example and per unit of this kind's knowledge."""
+        raise NotImplementedError
+
+    def format_report(self, report: dict) -> str:
+        """`hsk info`'s text for `report`."""
+        raise NotImplementedError
+
+    def refuse_derive(self) -> None:
+        """Raise ConfigError when `hsk derive` cannot make smaller stores of this one."""
+
+    def refuse_task_training(self) -> None:
+        """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
+
+    @classmethod
+    def card_headline(cls, meta: dict) -> tuple[str, str]:
+        """(what the store keeps, in a few words; its Hugging Face task category) for its card."""
+        raise NotImplementedError
+
+    @classmethod
+    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
+        """The card's text below its front matter."""
+        raise NotImplementedError
+
+    @classmethod
+    def preprocessing(cls, meta: dict) -> str:
+        """How the stored knowledge was computed, in one clause (croissant's rai:dataPreprocessingProtocol)."""
+        raise NotImplementedError
+
+    @classmethod
+    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
+        """(config, codec) as `hsk ls` shows them, from a selection that may be damaged."""
+        raise NotImplementedError
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
         return shard_bounds(self.meta, shard)
@@ -352,5 +403,129 @@ class HSKStore:
         return problems
 
 
+class TaskStore(HSKStore):
+    """A task store: a fine-tuned classifier's logits and hidden-state knowledge over a task's rows."""
+
+    objective = TASK
+    selection: Selection
+    reads = frozenset({"logits", "labels", "layers", "attention"})
+
+    def _parse_selection(self) -> None:
+        try:
+            self.selection = Selection.from_dict(self.meta["selection"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._damaged_selection(exc) from None
+
+    @property
+    def config(self) -> HSKConfig:
+        return self.selection.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.selection.hidden_size
+
+    @property
+    def layers(self) -> list[KeptLayer]:
+        sel = self.selection
+        entries = sel.student_entries or [None] * len(sel.teacher_layers)
+        return [
+            KeptLayer(name, t, r, e)
+            for name, t, r, e in zip(
+                layer_names(len(sel.teacher_layers)), sel.teacher_layers, sel.ranking_layers, entries
+            )
+        ]
+
+    def storage_report(self) -> dict:
+        return info.task_storage_report(self)
+
+    def format_report(self, report: dict) -> str:
+        return info.format_task_report(self, report)
+
+    @classmethod
+    def card_headline(cls, meta: dict) -> tuple[str, str]:
+        return meta["selection"]["config"], "text-classification"
+
+    @classmethod
+    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
+        return card.task_body(meta, fields, name)
+
+    @classmethod
+    def preprocessing(cls, meta: dict) -> str:
+        sel = meta["selection"]
+        return (f"hidden-state knowledge kept at config {sel.get('config')} ({sel.get('token_strategy')} tokens, "
+                f"{sel.get('width_strategy')} width, {sel.get('value_dtype')} values)")
+
+    @classmethod
+    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
+        return selection.get("config"), selection.get("value_dtype")
+
+
+class MLMStore(HSKStore):
+    """A masked-LM store (LightPAFF pre-training): masked inputs and the teacher's top-k per masked position.
+
+    It has no HSK selection (`selection` is None); `masking` holds its masking and top-k.
+    """
+
+    objective = MLM
+    reads = frozenset({"mlm"})
+
+    def _parse_selection(self) -> None:
+        try:
+            self.masking = MaskedLMSelection.from_dict(self.meta["selection"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._damaged_selection(exc) from None
+
+    def storage_report(self) -> dict:
+        return info.mlm_storage_report(self)
+
+    def format_report(self, report: dict) -> str:
+        return info.format_mlm_report(self, report)
+
+    def refuse_derive(self) -> None:
+        raise ConfigError(f"{self.url} is a masked-LM store: derive makes smaller task stores (ND,NL,W)")
+
+    def refuse_task_training(self) -> None:
+        raise ConfigError(f"{self.url} is a masked-LM store (LightPAFF pre-training): train from it with --method "
+                          "lightpaff-pretrain; the other methods distil from task stores")
+
+    @classmethod
+    def card_headline(cls, meta: dict) -> tuple[str, str]:
+        return f"top-{meta['selection'].get('top_k')} masked-LM logits", "fill-mask"
+
+    @classmethod
+    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
+        return card.mlm_body(meta, fields, name)
+
+    @classmethod
+    def preprocessing(cls, meta: dict) -> str:
+        sel = meta["selection"]
+        return (f"masked as BERT does ({sel.get('mask_rate')} of tokens, seed {sel.get('mask_seed')}); top-"
+                f"{sel.get('top_k')} logits and log-sum-exp kept per masked position")
+
+    @classmethod
+    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
+        return f"top-{selection.get('top_k')}", None
+
+
+STORE_TYPES: dict[str, type[HSKStore]] = {TASK: TaskStore, MLM: MLMStore}
+
+
+def store_type(meta: dict) -> type[HSKStore]:
+    """The store class that metadata describes (an unknown objective: the task store, as older hsk read it)."""
+    return STORE_TYPES.get(objective_of(meta), TaskStore)
+
+
+def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
+    """The card's text: front matter, then what the store is for and how to open it (hskstore.card).
+
+    `name` is how the examples refer to the store (its folder name: the card stays true when the
+    store is copied elsewhere).
+    """
+    kind = store_type(meta)
+    fields = card.front_matter(meta, stored_bytes, *kind.card_headline(meta))
+    return card.with_front_matter(fields, kind.card_body(meta, fields, name))
+
+
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:
+    """The store at url, verified (HSKStore), as its kind: a TaskStore or an MLMStore."""
     return HSKStore(url, allow_incomplete=allow_incomplete, allow_unverified=allow_unverified)

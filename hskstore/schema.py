@@ -13,6 +13,7 @@ from zarr.codecs import BloscCodec, BloscShuffle
 
 from . import codec
 from .config import HSKConfig
+from .meta import MLM, TASK, Layout, objective_of
 
 FORMAT_VERSION = 2  # what this hsk writes (docs/STORE_FORMAT.md)
 READABLE_VERSIONS = (1, 2)  # what it reads: version 1 has no manifest (metadata not covered) and no 4-bit values
@@ -21,6 +22,16 @@ META_KEY = "hsk"
 PROGRESS_DONE = "_progress/done"
 PROGRESS_DIGESTS = "_progress/digests"
 DIGEST_BYTES = 16
+
+# The per-row arrays of each store kind, and the groups below the root: the one list of a store's names.
+TASK_ROW_ARRAYS = ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length")
+MLM_ROW_ARRAYS = ("row", "text_hash", "input_ids", "token_type_ids", "length")
+LAYERS_GROUP, MLM_GROUP, PROGRESS_GROUP = "layers", "mlm", "_progress"
+
+
+def top_level_entries() -> frozenset[str]:
+    """Every name a store of either kind can hold at its root (zarr.json, arrays, groups)."""
+    return frozenset({"zarr.json", *TASK_ROW_ARRAYS, *MLM_ROW_ARRAYS, LAYERS_GROUP, MLM_GROUP, PROGRESS_GROUP})
 
 
 @dataclass(frozen=True)
@@ -69,9 +80,12 @@ def ids_dtype(vocab_size: int) -> str:
 
 
 def array_specs(meta: dict) -> list[ArraySpec]:
-    """Every data array of a store described by `meta` (progress bookkeeping excluded)."""
-    if meta.get("objective") == MLM:
-        return mlm_array_specs(meta)
+    """Every data array of a store described by `meta` (progress bookkeeping excluded), by its kind."""
+    return _SPECS_OF_KIND.get(objective_of(meta), task_array_specs)(meta)
+
+
+def task_array_specs(meta: dict) -> list[ArraySpec]:
+    """A task store: the inputs, labels and logits, and per kept layer its HSK (docs/STORE_FORMAT.md)."""
     layout = meta["layout"]
     n, rows, chunk = layout["n_rows"], layout["shard_rows"], layout["chunk_rows"]
     length = meta["max_length"]
@@ -112,9 +126,6 @@ def array_specs(meta: dict) -> list[ArraySpec]:
     return specs
 
 
-MLM = "mlm"  # meta["objective"] of a masked-LM store; absent for a task store
-
-
 def mlm_array_specs(meta: dict) -> list[ArraySpec]:
     """A masked-LM store: the masked inputs and, per masked position, the teacher's top-k and log-sum-exp.
 
@@ -144,6 +155,9 @@ def mlm_array_specs(meta: dict) -> list[ArraySpec]:
     ]
 
 
+_SPECS_OF_KIND = {TASK: task_array_specs, MLM: mlm_array_specs}
+
+
 def n_shards(meta: dict) -> int:
     layout = meta["layout"]
     return -(-layout["n_rows"] // layout["shard_rows"])
@@ -162,4 +176,4 @@ def make_layout(n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: i
         chunk_rows = shard_rows // 4 if shard_rows % 4 == 0 and shard_rows >= 64 else shard_rows
     if shard_rows % chunk_rows:
         raise ValueError(f"shard_rows {shard_rows} must be a multiple of chunk_rows {chunk_rows}")
-    return {"n_rows": n_rows, "shard_rows": shard_rows, "chunk_rows": chunk_rows, "n_width": n_width}
+    return Layout(n_rows, shard_rows, chunk_rows, n_width).to_dict()

@@ -37,7 +37,7 @@ import numpy as np
 import zarr
 
 from .bundle import refuse_bundle_output
-from .card import CARD_NAME, read_card, stored_bytes, write_card
+from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
 from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
@@ -56,6 +56,7 @@ from .outputs import (
     output_kind,
     staged_replace,
 )
+from .reader import HSKStore, render_card
 from .schema import (
     DIGEST_BYTES,
     FORMAT_VERSION,
@@ -208,6 +209,11 @@ def _has_written_shards(url: str) -> bool:
         return False
 
 
+def write_store_card(group: zarr.Group, meta: dict, names: list[str], url: str) -> str:
+    """Render a finished store's card (its kind's) and write it at the store's root; returns its text."""
+    return write_card(group, render_card(meta, stored_bytes(group, names), name=store_name(url)))
+
+
 def _clear_structure(url: str) -> None:
     """Delete the zarr nodes a store's structure is made of (known names only; the lease stays)."""
     names = sorted(STORE_ENTRIES - {LEASE_NAME})
@@ -332,7 +338,7 @@ class StoreWriter:
         its metadata and its card or croissant.json)."""
         names = [spec.name for spec in self.specs]
         if read_card(self.group) is None:
-            write_card(self.group, self.meta, names, self.url)
+            write_store_card(self.group, self.meta, names, self.url)
             if log is not None:
                 log(f"restored the card {CARD_NAME} of {self.url} (derived from its metadata)")
         if read_croissant(self.group) is None:
@@ -405,7 +411,7 @@ class StoreWriter:
         meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(self.group))
         self.group.attrs[META_KEY] = meta
         self.meta = meta
-        write_card(self.group, meta, [spec.name for spec in self.specs], self.url)  # README.md at the root
+        write_store_card(self.group, meta, [spec.name for spec in self.specs], self.url)  # README.md at the root
         write_croissant(self.group, meta, [spec.name for spec in self.specs], self.url)  # croissant.json beside it
         return meta
 
@@ -469,8 +475,6 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
     is now becomes format FORMAT_VERSION with a manifest, and the card is rewritten. The data chain
     is checked; the metadata cannot be (that is what was missing): the caller tells the user to look.
     """
-    from .reader import HSKStore
-
     url = str(url).rstrip("/")
     refuse_bundle_output(url)
     if output_kind(url) != STORE:
@@ -492,7 +496,7 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
         meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
         lease.check()
         group.attrs[META_KEY] = meta
-        write_card(group, meta, list(store.specs), url)
+        write_store_card(group, meta, list(store.specs), url)
         return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
     finally:
         lease.release()

@@ -152,11 +152,10 @@ def pin(url: str) -> None:
     as the writer does (croissant.json names the root zarr.json by its sha256, so it follows the pinning)."""
     import zarr
 
-    from hskstore.card import write_card
     from hskstore.croissant import write_croissant
     from hskstore.manifest import MANIFEST_KEY, compute_manifest, list_arrays
     from hskstore.schema import META_KEY, array_specs
-    from hskstore.writer import identity
+    from hskstore.writer import identity, write_store_card
 
     group = zarr.open_group(url, mode="r+")
     meta = group.attrs[META_KEY]
@@ -170,7 +169,7 @@ def pin(url: str) -> None:
     meta.pop(MANIFEST_KEY, None)
     meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
     group.attrs[META_KEY] = meta
-    write_card(group, meta, [spec.name for spec in array_specs(meta)], url)
+    write_store_card(group, meta, [spec.name for spec in array_specs(meta)], url)
     write_croissant(group, meta, [spec.name for spec in array_specs(meta)], url)
 
 

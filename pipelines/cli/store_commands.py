@@ -249,11 +249,11 @@ def info(
     card: bool = typer.Option(False, "--card", help="Print the store's card (its README.md) instead."),
 ) -> None:
     """Describe a store: config, provenance, rows, and what it costs (bytes per array, example, kept value)."""
-    from hskstore.card import CARD_NAME, read_card, render_card, store_name
+    from hskstore.card import CARD_NAME, read_card, store_name
     from hskstore.errors import printable
     from hskstore.info import format_report, storage_report
     from hskstore.lineage import chain, format_chain
-    from hskstore.reader import open_store
+    from hskstore.reader import open_store, render_card
 
     s = open_store(store, allow_incomplete=True)
     text = read_card(s.group)

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from hskstore import __version__
 from hskstore.config import ConfigError, Selection
 from hskstore.errors import ProvenanceError, UserError
+from hskstore.meta import StoreMeta
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.models import load_classifier, load_tokenizer, weights_hash
 from pipelines.core.tokenize import encode
@@ -123,7 +124,7 @@ def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
 
 
 def _writer(url: str, meta: dict) -> StoreWriter:
-    key = (url, meta["identity"])
+    key = (url, StoreMeta.parse(meta).identity)
     if key not in _WRITERS:
         _WRITERS.clear()
         _WRITERS[key] = StoreWriter(url, meta)  # no lease: the driver holds it for the whole dump
@@ -133,7 +134,7 @@ def _writer(url: str, meta: dict) -> StoreWriter:
 def dump_shard(job: ShardJob) -> tuple[int, int]:
     """Worker task: compute and write one whole shard; returns (shard, rows)."""
     probe, tokenizer, device = _teacher(job.teacher)
-    selection = Selection.from_dict(job.meta["selection"])
+    selection = Selection.from_dict(StoreMeta.parse(job.meta).selection)
     enc = encode(tokenizer, job.texts, job.max_length)
     computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
                              engine=job.selection_engine)
@@ -193,8 +194,9 @@ def _run_jobs(client, jobs: list[ShardJob], progress: bool, desc: str) -> None:
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
-    futures = [client.submit(dump_shard, job, key=f"hsk-dump-shard-{job.shard}-{job.meta['identity'][7:19]}",
-                             pure=False) for job in jobs]
+    identity = StoreMeta.parse(jobs[0].meta).identity if jobs else ""  # one store: one identity
+    futures = [client.submit(dump_shard, job, key=f"hsk-dump-shard-{job.shard}-{identity[7:19]}", pure=False)
+               for job in jobs]
     bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress or None)
     try:
         for future in as_completed(futures):
@@ -242,8 +244,9 @@ def dump_distributed(
     plan = plan_dump(task_name, options, teacher=teacher, out=out, device="cpu", **data)  # driver: no GPU
     plan.model = None  # the workers load their own
     local = "://" not in teacher and os.path.isdir(teacher)  # workers may run in another folder
+    weights_hash = StoreMeta.parse(plan.meta).teacher.weights_hash
     spec = TeacherSpec(
-        name=os.path.abspath(teacher) if local else teacher, weights_hash=plan.meta["teacher"]["weights_hash"],
+        name=os.path.abspath(teacher) if local else teacher, weights_hash=weights_hash,
         ranking_layers=tuple(plan.selection.ranking_layers),
         attention_layers=tuple(attention_probe_layers(plan.selection)), device=options.device,
         device_per_worker=scheduler is None,

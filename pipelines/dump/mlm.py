@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from hskstore import __version__
 from hskstore.config import ConfigError
-from hskstore.schema import MLM, make_layout
+from hskstore.meta import MLM, DataRef, TaskRef
+from hskstore.schema import make_layout
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, _read_table
@@ -181,8 +182,8 @@ def mlm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, mas
     cfg = model.config
     return {
         "objective": MLM,
-        "task": {"name": MLM, "split": "train", "labels": None, "regression": False, "metric": None},
-        "dataset": {"source": corpus.source, "fingerprint": corpus.fingerprint, "n_rows": len(corpus)},
+        "task": TaskRef(MLM, "train").to_dict(),
+        "dataset": DataRef(corpus.source, corpus.fingerprint, len(corpus)).to_dict(),
         "teacher": {
             "name": teacher, "revision": model_revision(teacher), "weights_hash": weights_hash(model),
             "architecture": type(model).__name__, "num_layers": cfg.num_hidden_layers,

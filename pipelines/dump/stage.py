@@ -36,6 +36,7 @@ from hskstore.config import (
 )
 from hskstore.errors import printable
 from hskstore.layermap import default_l_top, select_depth
+from hskstore.meta import DataRef, TaskRef
 from hskstore.outputs import STORE, claim_output
 from hskstore.schema import attention_row_layers, make_layout
 from hskstore.writer import StoreWriter, writing
@@ -215,14 +216,8 @@ def store_metadata(
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
     return {
-        "task": {
-            "name": task.name,
-            "split": split,
-            "labels": list(task.labels) if task.labels else None,
-            "regression": task.is_regression,
-            "metric": task.metric,
-        },
-        "dataset": {"source": examples.source, "fingerprint": examples.fingerprint, "n_rows": len(examples)},
+        "task": TaskRef(task.name, split, task.labels, task.is_regression, task.metric).to_dict(),
+        "dataset": DataRef(examples.source, examples.fingerprint, len(examples)).to_dict(),
         "teacher": {
             "name": reference["path"] or reference["hub_id"],
             **reference,
@@ -414,8 +409,7 @@ def plan_dump(
     meta = store_metadata(
         task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity
     )
-    meta.update(options.extra_meta)
-    meta["compute"] = compute_record(options.batch_size, options.device)
+    meta = {**meta, **options.extra_meta, "compute": compute_record(options.batch_size, options.device)}
     return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hskstore.config import check_between
+from hskstore.reader import store_type
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 PAPER = ("Song, Sun, Tan, Qin, Lu, Liu, Liu, 'LightPAFF: A Two-Stage Distillation Framework for Pre-training "
@@ -66,7 +67,7 @@ def _build_pretrain(o: PretrainOptions, ctx: Context) -> list[Stage]:
 
 
 def _check_pretrain(o: PretrainOptions, ctx: Context) -> str | None:
-    if ctx.meta.get("objective", "task") != "mlm":
+    if "mlm" not in store_type(ctx.meta).reads:  # what the store offers, as its kind declares
         return ("needs a masked-LM store (`hsk dump --objective mlm`); this is a task store: use "
                 "--method lightpaff for fine-tuning distillation")
     return None
@@ -93,7 +94,7 @@ def _build_finetune(o: FinetuneOptions, ctx: Context) -> list[Stage]:
 
 
 def _check_finetune(o: FinetuneOptions, ctx: Context) -> str | None:
-    if ctx.meta.get("objective", "task") != "task":
+    if "logits" not in store_type(ctx.meta).reads:
         return "needs a task store (logits); for a masked-LM store use --method lightpaff-pretrain"
     if ctx.task.is_regression:
         return f"distils class distributions; {ctx.task.name} is a regression task: use --method kd"

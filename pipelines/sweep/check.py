@@ -43,7 +43,7 @@ def _store_selection(source, store_config: str | None, value_dtype: str | None) 
 def blocked_runs(spec: SweepSpec, runs: Sequence[PlannedRun]) -> list[Blocked]:
     """The runs whose store cannot serve their method and student, each with the trainer's refusal."""
     source = open_store(spec.source)
-    task = get_task(source.meta["task"]["name"])
+    task = get_task(source.metadata.task.name)
     found: dict[str, list[str]] = {}
     out: list[Blocked] = []
     for run in runs:

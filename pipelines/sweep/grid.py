@@ -13,6 +13,7 @@ import numpy as np
 
 from hskstore import codec
 from hskstore.config import HSKConfig, Selection
+from hskstore.meta import StoreMeta
 from hskstore.reader import HSKStore
 from hskstore.schema import ids_dtype
 
@@ -28,12 +29,15 @@ TOLERANCE = 1.4
 TIGHT = 1.15
 
 
-def _meta(source: dict | HSKStore) -> dict:
-    return source.meta if isinstance(source, HSKStore) else source
+def _meta(source: dict | StoreMeta | HSKStore) -> StoreMeta:
+    if isinstance(source, HSKStore):
+        return source.metadata
+    return source if isinstance(source, StoreMeta) else StoreMeta.parse(source)
 
 
-def selection(meta: dict) -> Selection:
-    return Selection.from_dict(meta["selection"])
+def selection(meta: dict | StoreMeta) -> Selection:
+    """A task store's HSK selection, from its metadata."""
+    return Selection.from_dict(_meta(meta).selection)
 
 
 def _candidates(sel: Selection) -> list[HSKConfig]:
@@ -119,7 +123,7 @@ def _pick(cands: list[HSKConfig], sel: Selection, target: float, per_amount: int
 
 
 def table5_grid(
-    source_meta: dict | HSKStore,
+    source_meta: dict | StoreMeta | HSKStore,
     *,
     per_amount: int = 2,
     targets: Sequence[float] | None = None,
@@ -172,7 +176,7 @@ def _paper_anchors(cands: list[HSKConfig], d: int, taken: set[str]) -> list[HSKC
 
 
 def estimate_bytes_per_example(
-    source_meta: dict | HSKStore, config: HSKConfig | str, value_dtype: str = "float16"
+    source_meta: dict | StoreMeta | HSKStore, config: HSKConfig | str, value_dtype: str = "float16"
 ) -> float:
     """Uncompressed bytes per example of a store at `config` derived from the source.
 
@@ -182,11 +186,11 @@ def estimate_bytes_per_example(
     meta = _meta(source_meta)
     cfg = HSKConfig.parse(config) if isinstance(config, str) else config
     sel = selection(meta)
-    d, length = sel.hidden_size, meta["max_length"]
-    ids = 2 if ids_dtype(meta["tokenizer"]["vocab_size"]) == "uint16" else 4
-    label = 4 if meta["task"]["regression"] else 2
+    d, length = sel.hidden_size, meta.max_length
+    ids = 2 if ids_dtype(meta.tokenizer.vocab_size) == "uint16" else 4
+    label = 4 if meta.task.regression else 2
     # row int64, text_hash uint64, label, logits float32, input_ids, token_type_ids uint8, length int16
-    per_row = 8 + 8 + label + 4 * meta["teacher"]["num_labels"] + length * (ids + 1) + 2
+    per_row = 8 + 8 + label + 4 * meta.teacher.num_labels + length * (ids + 1) + 2
     arrays = codec.value_arrays(value_dtype, cfg.n_width(d))
     # positions int16, scores float32, values (and their scales), packed mask bits
     per_vector = 2 + 4 + (d + 7) // 8 + sum(
@@ -195,7 +199,8 @@ def estimate_bytes_per_example(
 
 
 def budget_grid(
-    source_meta: dict | HSKStore, max_bytes_per_example: float, *, value_dtype: str = "float16", per_amount: int = 1
+    source_meta: dict | StoreMeta | HSKStore, max_bytes_per_example: float, *, value_dtype: str = "float16",
+    per_amount: int = 1,
 ) -> list[str]:
     """Configs whose store fits `max_bytes_per_example` (uncompressed estimate), grouped by amount.
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hskstore.config import ConfigError, HSKConfig, Selection
 from hskstore.derive import plan_derive
+from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from pipelines.methods import Context, get_method
 from pipelines.sweep.grid import budget_grid, selection, table5_grid
@@ -98,7 +99,7 @@ def run_dir(run: PlannedRun, spec: SweepSpec) -> Path:
 # Expanding the spec's entries
 
 
-def expand_configs(spec: SweepSpec, source_meta: dict) -> list[Target]:
+def expand_configs(spec: SweepSpec, source_meta: StoreMeta) -> list[Target]:
     """mud's targets, in spec order, without repeats."""
     sel = selection(source_meta)
     out: list[Target] = []
@@ -108,7 +109,7 @@ def expand_configs(spec: SweepSpec, source_meta: dict) -> list[Target]:
     return list(dict.fromkeys(out))
 
 
-def _expand_entry(spec: SweepSpec, source_meta: dict, sel: Selection, entry: str, token: str,
+def _expand_entry(spec: SweepSpec, source_meta: StoreMeta, sel: Selection, entry: str, token: str,
                   dtypes: tuple[str, ...]) -> list[Target]:
     low = token.lower()
     if low == PRED_ONLY:
@@ -150,20 +151,20 @@ def _budget(entry: str, low: str) -> float:
         raise ConfigError(f"config entry {entry!r}: write 'budget:BYTES', e.g. 'budget:2000'") from None
 
 
-def _method_target(spec: SweepSpec, method: str, meta: dict) -> Target:
+def _method_target(spec: SweepSpec, method: str, meta: StoreMeta) -> Target:
     """A non-mud method's target: the logits store when it reads logits only, else the source."""
     from pipelines.core.tasks import get_task
 
     m = get_method(method)
     options = run_options(spec, method, 0).method_options
-    ctx = Context(get_task(meta["task"]["name"]), selection(meta), meta)
+    ctx = Context(get_task(meta.task.name), selection(meta), meta.raw)
     stages = m.stages(m.make_options(options), ctx)  # refuses a source that cannot serve the method
     if all(set(st.reads) <= {"logits", "labels"} for st in stages):
         return Target("method", method, "0,0,0", None, method)
     return Target("method", method, None, selection(meta).value_dtype, method)
 
 
-def _targets(spec: SweepSpec, meta: dict) -> list[Target]:
+def _targets(spec: SweepSpec, meta: StoreMeta) -> list[Target]:
     out: list[Target] = []
     for method in spec.methods:
         if method == "mud":
@@ -216,7 +217,7 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
     can serve every method.
     """
     source = open_store(spec.source)
-    spec.__dict__["_source_meta"] = meta = source.meta
+    spec.__dict__["_source_meta"] = meta = source.metadata
     sel = source.selection
     targets = _targets(spec, meta)
     for cfg, dtype in dict.fromkeys((t.store_config, t.value_dtype) for t in targets if t.store_config is not None):
@@ -228,7 +229,7 @@ def plan_runs(spec: SweepSpec) -> list[PlannedRun]:
             for t in ordered:
                 stages, alpha = _stages_alpha(t, spec)
                 options = run_options(spec, t.method, seed, stages, alpha)
-                run_id = make_run_id(meta["identity"], t.kind, t.label, t.store_config, t.value_dtype, student,
+                run_id = make_run_id(meta.identity, t.kind, t.label, t.store_config, t.value_dtype, student,
                                      options)
                 runs.setdefault(run_id, PlannedRun(run_id, t.kind, t.label, t.store_config, t.value_dtype,
                                                    _amount(t, sel), student, seed, stages, alpha, t.method))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hskstore.config import VALUE_DTYPES, ConfigError
+from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from pipelines.methods import get_method
 from pipelines.train.options import TrainOptions
@@ -89,11 +90,11 @@ class SweepSpec:
     def results_path(self) -> Path:
         return Path(self.results) if self.results else Path(self.work_dir) / "results.parquet"
 
-    def source_meta(self) -> dict:
+    def source_meta(self) -> StoreMeta:
         """The source store's metadata, read once per process (opening a store lists all its arrays)."""
         cached = self.__dict__.get("_source_meta")
         if cached is None:
-            cached = self.__dict__["_source_meta"] = open_store(self.source).meta  # refuses incomplete stores
+            cached = self.__dict__["_source_meta"] = open_store(self.source).metadata  # refuses incomplete stores
         return cached
 
 

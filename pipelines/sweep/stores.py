@@ -22,6 +22,7 @@ import zarr
 from hskstore.config import HSKConfig
 from hskstore.derive import derive
 from hskstore.info import storage_report
+from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from hskstore.schema import META_KEY
 from pipelines.sweep.spec import SweepSpec
@@ -38,7 +39,7 @@ class StoreSize:
 
 def store_dir(spec: SweepSpec) -> Path:
     """Where the stores derived from this source live (one folder per source identity)."""
-    return Path(spec.work_dir) / "stores" / spec.source_meta()["identity"].split(":")[-1][:16]
+    return Path(spec.work_dir) / "stores" / spec.source_meta().identity.split(":")[-1][:16]
 
 
 def store_path(spec: SweepSpec, store_config: str, value_dtype: str | None) -> Path:
@@ -65,10 +66,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_meta(url: str) -> dict | None:
+def _read_meta(url: str) -> StoreMeta | None:
     """A store's metadata without opening it as an HSKStore (no array listing); None when unreadable."""
     try:
-        return zarr.open_group(url, mode="r").attrs.asdict().get(META_KEY)
+        return StoreMeta.parse(zarr.open_group(url, mode="r").attrs.asdict()[META_KEY])
     except Exception:  # nothing there, or not a readable store: derive over it
         return None
 
@@ -82,15 +83,14 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
     source = spec.source_meta()
     with _file_lock(out.with_name(out.name + ".lock")):
         meta = _read_meta(str(out))
-        recorded = (meta or {}).get("derived_from") or {}
-        same_source = (recorded.get("identity"), recorded.get("checksums")) == (
-            source["identity"], source.get("checksums"))
-        if meta is not None and meta.get("complete") and same_source:
+        recorded = (meta.derived_from if meta else None) or {}
+        same_source = (recorded.get("identity"), recorded.get("checksums")) == (source.identity, source.checksums)
+        if meta is not None and meta.complete and same_source:
             return str(out)  # reuse
         if log is not None:
             log(f"derive {store_config} ({value_dtype or 'logits only'}) -> {out}")
         # An interrupted derive of the same source resumes; anything else there is replaced.
-        overwrite = meta is not None and (meta.get("complete") or not same_source)
+        overwrite = meta is not None and (meta.complete or not same_source)
         derive(spec.source, store_config, str(out), value_dtype=value_dtype, overwrite=bool(overwrite))
     return str(out)
 
@@ -111,10 +111,10 @@ def store_size(spec: SweepSpec, url: str) -> StoreSize:
 
 def store_storage(spec: SweepSpec, url: str) -> dict:
     """storage_report numbers of a store, cached next to the derived stores (it reads every positions array)."""
-    meta = _read_meta(url) or {}
+    meta = _read_meta(url)
     name = "source" if url == spec.source else Path(url).name.removesuffix(".zarr")
     cache = store_dir(spec) / f"{name}.storage.json"
-    stamp = {"identity": meta.get("identity"), "created": meta.get("created")}
+    stamp = {"identity": meta and meta.identity, "created": meta and meta.created}
     if cache.exists():
         with contextlib.suppress(ValueError, OSError, KeyError):
             cached = json.loads(cache.read_text())

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hskstore.config import ConfigError
+from hskstore.meta import StoreMeta
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task
 
@@ -31,9 +32,9 @@ class DevData:
                 "on_training_split": self.on_training_split}
 
 
-def recorded_data_dir(meta: dict) -> str | None:
+def recorded_data_dir(meta: StoreMeta) -> str | None:
     """The glue_data folder a store's rows came from, when the store records one (it may have moved since)."""
-    source = str((meta.get("dataset") or {}).get("source") or "")
+    source = str(meta.dataset.source or "")
     if not source.startswith("glue_data:"):
         return None
     return str(Path(source.removeprefix("glue_data:")).parent.parent)  # DIR/<Task>/<split>.tsv
@@ -43,7 +44,7 @@ def _load(task: Task, data_dir: str | None, limit: int | None) -> dict[str, Exam
     return {split: load_examples(task, split, data_dir=data_dir, limit=limit) for split in task.dev_splits}
 
 
-def find_dev(task: Task, meta: dict, data_dir: str | None, limit: int | None, *, evaluate: bool,
+def find_dev(task: Task, meta: StoreMeta, data_dir: str | None, limit: int | None, *, evaluate: bool,
              warn: Callable[[str], None]) -> DevData:
     """The dev splits of `task` (see the module docstring); raises ConfigError when none can be had."""
     if not evaluate:
@@ -71,9 +72,8 @@ def find_dev(task: Task, meta: dict, data_dir: str | None, limit: int | None, *,
     )
 
 
-def _check_training_split(dev: DevData, task: Task, meta: dict, warn: Callable[[str], None]) -> None:
-    train_split = (meta.get("task") or {}).get("split")
-    train_source = (meta.get("dataset") or {}).get("source")
+def _check_training_split(dev: DevData, task: Task, meta: StoreMeta, warn: Callable[[str], None]) -> None:
+    train_split, train_source = meta.task.split, meta.dataset.source
     same = train_split in dev.examples or any(ex.source == train_source for ex in dev.examples.values())
     if same:
         dev.on_training_split = True

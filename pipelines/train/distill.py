@@ -165,8 +165,8 @@ def _student(student: str, options: TrainOptions, source: Source, stages: list[S
         model.config.id2label = dict(enumerate(task.labels))
         model.config.label2id = {name: i for i, name in enumerate(task.labels)}
     positions = getattr(model.config, "max_position_embeddings", 1 << 30)
-    if source.meta["max_length"] > positions:
-        raise ConfigError(f"the store's max length {source.meta['max_length']} exceeds the student's {positions} "
+    if source.metadata.max_length > positions:
+        raise ConfigError(f"the store's max length {source.metadata.max_length} exceeds the student's {positions} "
                           "positions")
     return model, info
 
@@ -203,8 +203,8 @@ def _identity(options: TrainOptions, student: str, source: Source, batch_size: i
         "student": student,
         "mode": source.mode,
         "source": getattr(source.store, "content_address", None) or str(source.store.url),
-        "inputs": source.meta.get("inputs_hash") or source.meta["dataset"]["fingerprint"],
-        "selection": source.meta["selection"],
+        "inputs": source.metadata.inputs,
+        "selection": source.metadata.selection,
         "method": method.name,
         "method_options": json.loads(json.dumps(asdict(method_options), default=str)),
         "batch_size": batch_size,
@@ -359,7 +359,7 @@ def _train(
     source = _open_source(options, store, teacher, task, config, data_dir, log)
     _check_run(student, options, source)
     method, method_options, stages = _plan(options, source, notes, student)
-    dev = find_dev(source.task, source.meta, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
+    dev = find_dev(source.task, source.metadata, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
     model, info = _student(student, options, source, stages, notes)
     pairs = _pairs(stages, source, info, log)
     token_level = any(p.feature == "tokens" for stage_pairs in pairs for p in stage_pairs)
@@ -388,7 +388,7 @@ def _train(
         options=options, source=source, task=source.task,
         student=Student(model, info, projection, Heads(model)), stages=stages, pairs=pairs, device=device,
         batch_size=batch_size,
-        evaluator=Evaluator(source.task, dev.examples, info.tokenizer, source.meta["max_length"],
+        evaluator=Evaluator(source.task, dev.examples, info.tokenizer, source.metadata.max_length,
                             options.eval_batch_size, device, progress=options.progress and ranks.main),
         keeper=Keeper(out, source.task, str(source.store.url)), checkpoints=checkpoints,
         metrics_log=(MetricsLog(out / "metrics.jsonl", state["position"]["global_step"] if state else None)

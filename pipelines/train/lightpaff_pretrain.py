@@ -29,6 +29,7 @@ from torch import nn
 
 from hskstore import open_store
 from hskstore.config import ConfigError
+from hskstore.meta import StoreMeta
 from hskstore.outputs import claim_output, mark_output
 from pipelines.core.run_state import MetricsLog, atomic_save, rng_state, set_rng_state, write_json
 from pipelines.methods import Context, get_method
@@ -76,15 +77,15 @@ def _depth(k: int, teacher: str) -> int:
     return k
 
 
-def _check_student(model: nn.Module, tokenizer: Any, meta: dict) -> None:
+def _check_student(model: nn.Module, tokenizer: Any, meta: StoreMeta) -> None:
     """The KL compares vocabulary ids: the student must share the teacher's vocabulary."""
     from pipelines.core.models import vocab_hash
 
-    want = meta["teacher"].get("vocab_size")
+    want = meta.teacher.vocab_size
     if want is not None and model.config.vocab_size != want:
         raise ConfigError(f"the student's vocabulary has {model.config.vocab_size} ids but the store's teacher "
                           f"{want}: pre-training distillation needs the teacher's vocabulary (use bert<k>)")
-    if vocab_hash(tokenizer) != meta["tokenizer"]["vocab_hash"]:
+    if vocab_hash(tokenizer) != meta.tokenizer.vocab_hash:
         raise ConfigError("the student's tokenizer is not the one the store was tokenized with: pre-training "
                           "distillation compares token ids, so use bert<k> or a student with the teacher's vocabulary")
 
@@ -151,13 +152,13 @@ def pretrain(options: TrainOptions, *, student: str, out_dir: str, store: str,
     claim_output(out_dir, RUN_KIND, overwrite=False)
     hsk_store = open_store(store)
     method, method_options, stage = _plan(options, hsk_store)
-    source = Source("offline", hsk_store, hsk_store.meta, None, hsk_store.meta["teacher"]["name"])  # type: ignore
+    source = Source("offline", hsk_store, hsk_store.meta, None, hsk_store.metadata.teacher.name)  # type: ignore
     torch.manual_seed(options.seed)
     from pipelines.dump.mlm import load_mlm_teacher
 
     teacher = store_teacher(source, options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
     model, tokenizer, init = mlm_student(student, teacher)
-    _check_student(model, tokenizer, hsk_store.meta)
+    _check_student(model, tokenizer, hsk_store.metadata)
     device = run_device(options)
     out = Path(out_dir)
     batch_size = options.batch_size or 32

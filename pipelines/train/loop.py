@@ -380,8 +380,8 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             stream.load_state_dict(state["stream"])
         if ranks.main:  # the checkpoint holds rank 0's RNG; the others keep their own seed's
             set_rng_state(state["rng"])
-    pad_id = run.source.meta["tokenizer"].get("pad_id") or 0
-    pad_to = run.source.meta["max_length"] if opts.pad_to_max_length else None
+    pad_id = run.source.metadata.tokenizer.pad_id or 0
+    pad_to = run.source.metadata.max_length if opts.pad_to_max_length else None
     maker = BatchMaker(run.source, [f"layers/{i}" for i in kept], run.device, pad_to, run.student_inputs, pad_id)
     run.student.runner = ranks.wrap(run.student.model) if "student" in stage.trains else None
     return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker)

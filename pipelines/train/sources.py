@@ -18,6 +18,7 @@ from torch import nn
 
 from hskstore.config import ConfigError, HSKConfig
 from hskstore.errors import ProvenanceError
+from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from hskstore.schema import array_specs
 from pipelines.core.data import DataError, Examples, load_examples
@@ -45,19 +46,19 @@ class OnlineSource:
     def __init__(self, meta: dict, inputs: dict[str, np.ndarray], url: str):
         self.url = url
         self.meta = meta
+        self.metadata = StoreMeta.parse(meta)
         self.specs = {s.name: s for s in array_specs(meta)}
         self._inputs = {name: inputs[name].astype(self.specs[name].dtype) for name in INPUT_NAMES}
 
     @property
     def n_shards(self) -> int:
-        return -(-self.meta["layout"]["n_rows"] // self.meta["layout"]["shard_rows"])
+        return self.metadata.layout.n_shards
 
     def __len__(self) -> int:
-        return self.meta["layout"]["n_rows"]
+        return self.metadata.layout.n_rows
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
-        rows = self.meta["layout"]["shard_rows"]
-        return shard * rows, min((shard + 1) * rows, len(self))
+        return self.metadata.layout.shard_bounds(shard)
 
     def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
         start, stop = self.shard_bounds(shard)
@@ -82,19 +83,21 @@ class Source:
     def selection(self):
         return self.store.selection if self.mode == "offline" else self._selection
 
+    @property
+    def metadata(self) -> StoreMeta:
+        """The typed metadata of the store (or of the store an online source stands in for)."""
+        return self.store.metadata
+
     _selection: Any = None
 
 
 def open_offline(url: str, task: str | None) -> Source:
     store = open_store(url)  # refuses incomplete stores; damaged shards fail their digests when read
-    if store.objective != "task":
-        raise ConfigError(f"{url} is a masked-LM store (LightPAFF pre-training): train from it with --method "
-                          "lightpaff-pretrain; the other methods distil from task stores")
-    meta = store.meta
-    store_task = get_task(meta["task"]["name"])
+    store.refuse_task_training()  # a masked-LM store names the method that trains from it
+    store_task = get_task(store.metadata.task.name)
     if task is not None and get_task(task) != store_task:
         raise ConfigError(f"--task {task} but the store {url} holds task {store_task.name}")
-    return Source("offline", store, meta, store_task, meta["teacher"]["name"])
+    return Source("offline", store, store.meta, store_task, store.metadata.teacher.name)
 
 
 def open_online(
@@ -119,18 +122,9 @@ def open_online(
     max_length = dump_options.max_length or task.max_length
     selection = build_selection(dump_options, model.config.num_hidden_layers, model.config.hidden_size,
                                 teacher_heads(model))
-    meta = store_metadata(
-        task,
-        options.train_split,
-        examples,
-        teacher,
-        model,
-        tokenizer,
-        selection,
-        max_length,
-        dump_options.shard_rows,
-    )
-    meta["complete"] = True
+    meta = store_metadata(task, options.train_split, examples, teacher, model, tokenizer, selection, max_length,
+                          dump_options.shard_rows)
+    meta = dict(meta, complete=True)  # it stands in for a finished store
     enc = encode(tokenizer, examples.texts, max_length)
     inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
     log(
@@ -165,7 +159,7 @@ def memory_source(task: Task, examples: Examples, name: str, model: nn.Module, t
     cfg = model.config
     selection = build_selection(DumpOptions(config=HSKConfig.parse("0,0,0")), cfg.num_hidden_layers, cfg.hidden_size)
     meta = store_metadata(task, "train", examples, name, model, tokenizer, selection, max_length, shard_rows)
-    meta["complete"] = True
+    meta = dict(meta, complete=True)  # it stands in for a finished store
     enc = encode(tokenizer, examples.texts, max_length)
     inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
     source = Source("memory", OnlineSource(meta, inputs, f"memory:{examples.source}"), meta, task, name,
@@ -181,7 +175,7 @@ def store_teacher(source: Source, override: str | None, *, load: Callable[[str],
     is refused, not silently used."""
     from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
 
-    recorded = source.meta["teacher"]
+    recorded = source.metadata.teacher.record
     if source.mode != "offline":
         return recorded.get("path") or source.teacher_name
     if override:
@@ -253,12 +247,12 @@ def stream_names(source: Source, reads: tuple[str, ...], kept: list[int]) -> lis
 
 def check_provenance(source: Source, info: StudentInfo, token_level: bool, log: Callable) -> bool:
     """True when the student shares the store's tokenizer; raises when token-level HSK needs it."""
-    stored = source.meta["tokenizer"]["vocab_hash"]
+    stored = source.metadata.tokenizer.vocab_hash
     if info.vocab_hash == stored:
         return True
     what = (
         f"the student's tokenizer ({info.tokenizer_source}, {str(info.vocab_hash)[:19]}) is not the one the "
-        f"store was tokenized with ({source.meta['tokenizer']['name']}, {stored[:19]})"
+        f"store was tokenized with ({source.metadata.tokenizer.name}, {stored[:19]})"
     )
     if token_level:
         raise ProvenanceError(
@@ -332,8 +326,8 @@ class BatchMaker:
         )
         if self.layers:
             encode = encode_batch if self.source.selection_engine == "numpy" else encode_batch_on_device
-            arrays = encode(out, ids, lengths, sel, self.source.meta["tokenizer"]["sep_id"],
-                            self.source.meta["max_length"])
+            arrays = encode(out, ids, lengths, sel, self.source.metadata.tokenizer.sep_id,
+                            self.source.metadata.max_length)
         else:
             arrays = {"logits": out.logits.float().cpu().numpy()}
         specs = self.source.store.specs
@@ -374,11 +368,11 @@ def student_encoding(source: Source, tokenizer, data_dir: str | None, log: Calla
         examples = source.examples
     else:
         rows = source.store.read(slice(None), ["row"])["row"]
-        task, split = source.task, source.meta["task"]["split"]
+        task, split = source.task, source.metadata.task.split
         examples = load_examples(task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0)
         log(f"re-tokenizing {len(examples)} {task.name}/{split} texts with the student's tokenizer")
     if not np.array_equal(examples.rows, np.arange(len(examples))):
         raise DataError("re-tokenizing needs the split's rows in source order")
-    enc = encode(tokenizer, examples.texts, source.meta["max_length"])
+    enc = encode(tokenizer, examples.texts, source.metadata.max_length)
     enc["text_hash"] = examples.text_hashes()
     return enc

@@ -175,7 +175,7 @@ class StoreStream:
         world_size: int = 1,
         names: list[str] | None = None,
     ):
-        if not store.meta.get("complete"):  # opened with allow_incomplete: still not trainable
+        if not store.metadata.complete:  # opened with allow_incomplete: still not trainable
             raise IncompleteStoreError(
                 f"{store.url} is incomplete: finish its dump (rerun the same `hsk dump` command) "
                 "before training"
@@ -304,7 +304,7 @@ class StoreStream:
     def _schedule(self, parts: list[_Part], start: int) -> tuple[list[list[int]], np.ndarray]:
         """The shards each remaining part reads (those holding its rows that no earlier part read, so
         every shard is read at most once per pass), and the part that uses each row (-1: none)."""
-        shard_rows = self.store.meta["layout"]["shard_rows"]
+        shard_rows = self.store.metadata.layout.shard_rows
         when = np.full(len(self.store), -1, dtype=np.int64)
         reads, done = [], set()
         for k, part in enumerate(parts):

@@ -1,0 +1,203 @@
+"""A store's hsk metadata as typed records, parsed once from the dict that zarr.json holds.
+
+The dict (attribute `hsk` of the root group, docs/STORE_FORMAT.md) stays the serialised form and the
+authority: its bytes are what the manifest covers. These records are how code reads it: `store.metadata`
+on an opened store, `StoreMeta.parse(meta)` for a dict (an online source, a sweep's cached metadata).
+Writers build the records whose `to_dict` gives the same keys in the same order as before, so stores
+written through them are byte-identical. numpy-free and torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TASK = "task"  # meta["objective"] of a task store (the key is absent from task stores)
+MLM = "mlm"  # meta["objective"] of a masked-LM store
+
+
+def objective_of(meta: Mapping[str, Any]) -> str:
+    """The store kind a metadata dict describes: `task` unless it says otherwise."""
+    return meta.get("objective", TASK)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Rows per store, per shard (the unit of writing and streaming) and per chunk; N^W stored widths."""
+
+    n_rows: int
+    shard_rows: int
+    chunk_rows: int
+    n_width: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Layout:
+        return cls(d["n_rows"], d["shard_rows"], d["chunk_rows"], d["n_width"])
+
+    def to_dict(self) -> dict:
+        return {"n_rows": self.n_rows, "shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows,
+                "n_width": self.n_width}
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_rows // self.shard_rows)
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]:
+        start = shard * self.shard_rows
+        return start, min(start + self.shard_rows, self.n_rows)
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """The task and split whose rows the store holds (a masked-LM store: task `mlm`, no labels)."""
+
+    name: str
+    split: str | None = None
+    labels: list[str] | None = None
+    regression: bool = False
+    metric: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskRef:
+        return cls(d["name"], d.get("split"), d.get("labels"), bool(d.get("regression")), d.get("metric"))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "split": self.split, "labels": list(self.labels) if self.labels else None,
+                "regression": self.regression, "metric": self.metric}
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """Where the rows came from and the fingerprint of the examples (texts and labels)."""
+
+    source: str | None
+    fingerprint: str | None
+    n_rows: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> DataRef:
+        d = d or {}
+        return cls(d.get("source"), d.get("fingerprint"), d.get("n_rows"))
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "fingerprint": self.fingerprint, "n_rows": self.n_rows}
+
+
+@dataclass(frozen=True)
+class TeacherRef:
+    """The teacher by portable reference (path, or hub id + revision) and weights hash.
+
+    `record` is the recorded mapping as it is (model resolution and `hsk info`'s fit line read fields
+    that older stores lack).
+    """
+
+    name: str
+    weights_hash: str | None = None
+    architecture: str | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_labels: int | None = None
+    vocab_size: int | None = None
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TeacherRef:
+        return cls(d["name"], d.get("weights_hash"), d.get("architecture"), d.get("num_layers"),
+                   d.get("hidden_size"), d.get("num_labels"), d.get("vocab_size"), d.get("path"), d.get("hub_id"),
+                   d.get("revision"), dict(d))
+
+    @property
+    def where(self) -> str:
+        """Where to find it again: the recorded path, else the hub id, else the name."""
+        return self.path or self.hub_id or self.name
+
+
+@dataclass(frozen=True)
+class TokenizerRef:
+    """The tokenizer the inputs were encoded with: vocabulary hash and size, special ids."""
+
+    name: str
+    vocab_hash: str | None = None
+    vocab_size: int | None = None
+    cls_id: int | None = None
+    sep_id: int | None = None
+    pad_id: int | None = None
+    mask_id: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TokenizerRef:
+        return cls(d["name"], d.get("vocab_hash"), d.get("vocab_size"), d.get("cls_id"), d.get("sep_id"),
+                   d.get("pad_id"), d.get("mask_id"))
+
+
+@dataclass(frozen=True)
+class MaskedLMSelection:
+    """A masked-LM store's selection: BERT's masking of the inputs and the teacher's top-k per position."""
+
+    mask_rate: float
+    mask_token_rate: float
+    random_token_rate: float
+    keep_rate: float
+    mask_seed: int
+    max_masked: int
+    top_k: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
+        return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
+                   d["max_masked"], d["top_k"])
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    """Everything a store's metadata says, typed; `raw` is the dict itself (the serialised form).
+
+    `selection` is kind-specific and stays a mapping here: a task store parses it as config.Selection,
+    a masked-LM store as MaskedLMSelection (hskstore.reader's store classes).
+    """
+
+    objective: str
+    task: TaskRef
+    dataset: DataRef
+    teacher: TeacherRef
+    tokenizer: TokenizerRef
+    max_length: int
+    layout: Layout
+    selection: Mapping[str, Any]
+    format_version: int | None = None
+    complete: bool = False
+    identity: str | None = None
+    created: str | None = None
+    software_version: str | None = None
+    inputs_hash: str | None = None
+    manifest: str | None = None
+    stored_bytes: int | None = None
+    checksums: Mapping[str, str] = field(default_factory=dict, repr=False)
+    derived_from: Mapping[str, Any] | None = field(default=None, repr=False)
+    sharing: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def parse(cls, meta: Mapping[str, Any]) -> StoreMeta:
+        """The typed view of a metadata dict (KeyError/TypeError when a required part is missing)."""
+        return cls(
+            objective=objective_of(meta), task=TaskRef.from_dict(meta["task"]),
+            dataset=DataRef.from_dict(meta.get("dataset")), teacher=TeacherRef.from_dict(meta["teacher"]),
+            tokenizer=TokenizerRef.from_dict(meta["tokenizer"]), max_length=meta["max_length"],
+            layout=Layout.from_dict(meta["layout"]), selection=meta.get("selection") or {},
+            format_version=meta.get("format_version"), complete=bool(meta.get("complete")),
+            identity=meta.get("identity"), created=meta.get("created"),
+            software_version=meta.get("software_version"), inputs_hash=meta.get("inputs_hash"),
+            manifest=meta.get("manifest"), stored_bytes=meta.get("stored_bytes"),
+            checksums=meta.get("checksums") or {}, derived_from=meta.get("derived_from"),
+            sharing=meta.get("sharing"), raw=meta,
+        )
+
+    @property
+    def inputs(self) -> str | None:
+        """What identifies the stored inputs: their checksum (finished stores), else the examples' fingerprint."""
+        return self.inputs_hash or self.dataset.fingerprint

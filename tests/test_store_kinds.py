@@ -1,0 +1,103 @@
+"""Store kinds as types and typed metadata (issue 20): open_store gives a TaskStore or an MLMStore, each
+parsing its metadata once into hskstore.meta records; the entry list comes from the schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hskstore import open_store
+from hskstore.meta import DataRef, Layout, StoreMeta, TaskRef
+from hskstore.outputs import STORE_ENTRIES
+from hskstore.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
+from hskstore.schema import array_specs, make_layout
+
+VECTORS = Path(__file__).resolve().parent.parent / "docs" / "conformance"
+
+
+def _stored_meta(bundle: Path) -> dict:
+    with zipfile.ZipFile(bundle) as z:
+        root = min((n for n in z.namelist() if n.endswith("zarr.json")), key=len)
+        return json.loads(z.read(root))["attributes"]["hsk"]
+
+
+def test_open_store_gives_each_kind_its_class():
+    """A task store and a masked-LM store, each as its own class under the one verifying HSKStore."""
+    task, mlm = open_store(str(VECTORS / "int8.hsk.zip")), open_store(str(VECTORS / "mlm.hsk.zip"))
+    assert type(task) is TaskStore and type(mlm) is MLMStore
+    assert task.selection.value_dtype == "int8" and str(task.config) == "3,4,0.55"
+    assert mlm.selection is None and mlm.config is None and mlm.layers == []
+    assert (mlm.masking.top_k, mlm.masking.max_masked, mlm.masking.mask_seed) == (3, 5, 1)
+    assert mlm.hidden_size == 64 == task.hidden_size
+    assert "mlm" in mlm.reads and "logits" not in mlm.reads
+    assert {"logits", "layers"} <= task.reads and "mlm" not in task.reads
+    assert type(HSKStore(str(VECTORS / "mlm.hsk.zip"))) is MLMStore  # the base class named directly: its kind
+
+
+@pytest.mark.parametrize("name", ["int8", "mlm", "derived"])
+def test_metadata_is_typed_and_agrees_with_the_stored_dict(name):
+    store = open_store(str(VECTORS / f"{name}.hsk.zip"))
+    meta, typed = _stored_meta(VECTORS / f"{name}.hsk.zip"), store.metadata
+    assert store.meta == meta and typed.raw is store.meta
+    assert typed.layout == Layout(**meta["layout"]) and typed.layout.n_shards == store.n_shards == 2
+    assert typed.task.name == meta["task"]["name"] and typed.task.split == "train"
+    assert typed.teacher.name == meta["teacher"]["name"]
+    assert typed.teacher.weights_hash == meta["teacher"]["weights_hash"]
+    assert typed.tokenizer.vocab_hash == meta["tokenizer"]["vocab_hash"] and typed.tokenizer.pad_id == 0
+    assert typed.max_length == meta["max_length"] and typed.complete and typed.manifest == meta["manifest"]
+    assert typed.inputs == meta["inputs_hash"] and typed.objective == meta.get("objective", "task")
+    assert (typed.derived_from is not None) == (name == "derived")
+
+
+@pytest.mark.parametrize("name", ["int8", "mlm"])
+def test_the_records_serialise_to_the_stored_bytes(name):
+    """The dump writes task, dataset and layout through these records: same keys, same order, same values."""
+    meta = _stored_meta(VECTORS / f"{name}.hsk.zip")
+    for key, record in (("task", TaskRef), ("dataset", DataRef), ("layout", Layout)):
+        again = record.from_dict(meta[key]).to_dict()
+        assert json.dumps(again) == json.dumps(meta[key]), key
+    layout = meta["layout"]
+    assert make_layout(layout["n_rows"], layout["n_width"], layout["shard_rows"], layout["chunk_rows"]) == layout
+
+
+@pytest.mark.parametrize("name", ["int8", "mlm", "attention"])
+def test_the_card_is_its_kinds(name):
+    """The card each kind renders is the one the store carries (README.md, written at finalize)."""
+    store = open_store(str(VECTORS / f"{name}.hsk.zip"))
+    with zipfile.ZipFile(VECTORS / f"{name}.hsk.zip") as z:
+        card = next(z.read(n).decode() for n in z.namelist() if n.endswith("README.md"))
+    assert render_card(store.meta, store.meta["stored_bytes"], name=f"{name}.zarr") == card
+    assert ("fill-mask" in card) == (name == "mlm")
+
+
+def test_store_entries_come_from_the_schema():
+    """Every top-level name an array of either kind has is a store entry (the mlm group included)."""
+    for name in ("int8", "attention", "mlm"):
+        meta = _stored_meta(VECTORS / f"{name}.hsk.zip")
+        assert {spec.name.split("/")[0] for spec in array_specs(meta)} <= STORE_ENTRIES
+    assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= STORE_ENTRIES
+
+
+def test_an_unknown_objective_reads_as_a_task_store():
+    assert store_type({"objective": "mlm"}) is MLMStore
+    assert store_type({}) is TaskStore and store_type({"objective": "other"}) is TaskStore
+
+
+def test_damaged_metadata_is_refused_by_the_parser():
+    meta = _stored_meta(VECTORS / "int8.hsk.zip")
+    with pytest.raises(KeyError):
+        StoreMeta.parse({k: v for k, v in meta.items() if k != "teacher"})
+
+
+def test_hskstore_imports_without_torch():
+    """The store format package and its typed metadata need numpy and zarr only."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import hskstore, hskstore.meta, hskstore.reader, hskstore.writer, hskstore.derive, hskstore.catalog\n"
+            "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
