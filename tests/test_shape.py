@@ -1,0 +1,180 @@
+"""The code's shape as gates (issue 20): no import cycles, nothing radon rates D, hskstore without torch.
+
+CI runs these with the rest of the suite, so the shape stays true: a change that adds an import
+cycle between two files or two packages, or a block radon rates D or worse (complexity > 20), fails
+here with the names to look at. ruff's C901 gate (max-complexity 12, pyproject.toml) covers the rest.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("hskstore", "pipelines")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            mods[name] = path
+    return mods
+
+
+def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, mods: dict[str, Path]) -> list[str]:
+    """The project modules an import statement names (a `from pkg import name` names pkg.name when that
+    is a module, else pkg)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join([*parts, base] if base else parts)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+    found = []
+    for name in names:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.append(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import between project files, at module level or inside functions (a lazy import is still
+    a dependency), except those under `if TYPE_CHECKING:`."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        tree = ast.parse(path.read_text())
+        skip = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for n in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                graph[module].update(_targets(module, path, node, mods))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def package_of(module: str, mods: dict[str, Path]) -> str:
+    """hskstore is one package; pipelines' subpackages (core, dump, train, ...) and top-level files each
+    count as one."""
+    parts = module.split(".")
+    if parts[0] == "hskstore" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_files():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_packages():
+    mods = _modules()
+    packages: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        source = package_of(module, mods)
+        packages.setdefault(source, set())
+        packages[source].update(package_of(t, mods) for t in targets if package_of(t, mods) != source)
+    for targets in list(packages.values()):
+        for t in targets:
+            packages.setdefault(t, set())
+    assert cycles(packages) == []
+
+
+def test_hskstore_never_imports_pipelines():
+    leaks = {m: sorted(t for t in ts if t.startswith("pipelines")) for m, ts in import_graph().items()}
+    assert {m: ts for m, ts in leaks.items() if m.startswith("hskstore") and ts} == {}
+
+
+def test_no_block_rated_d_or_worse():
+    radon = pytest.importorskip("radon.complexity", reason="radon is in the test extra")
+    worse = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for block in radon.cc_visit(path.read_text()):
+                if radon.cc_rank(block.complexity) >= "D":
+                    worse.append(f"{path.relative_to(ROOT)}:{block.lineno} {block.name} {block.complexity}")
+    assert worse == []
+
+
+BLOCK_TORCH = """
+import importlib, pkgutil, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"blocked: {name}")
+
+sys.meta_path.insert(0, Block())
+import hskstore
+for info in pkgutil.walk_packages(hskstore.__path__, "hskstore."):
+    importlib.import_module(info.name)
+import pipelines.registry, pipelines.methods
+print("ok", sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")))
+"""
+
+
+def test_hskstore_and_the_registry_import_without_torch():
+    done = subprocess.run([sys.executable, "-c", BLOCK_TORCH], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok []"
