@@ -9,12 +9,12 @@ import numpy as np
 import zarr
 
 from . import codec
-from .bundle import zarr_location
 from .config import Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
+from .location import url_problem, zarr_location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
-from .outputs import is_local, local_path, recover_swap, url_problem
+from .outputs import recover_swap
 from .schema import (
     DIGEST_BYTES,
     MANIFEST_SINCE,
@@ -126,8 +126,7 @@ class HSKStore:
         problem = url_problem(self.url)
         if problem:
             raise StoreError(problem)
-        if is_local(self.url) and not local_path(self.url).exists():
-            recover_swap(self.url)  # an --overwrite killed between its renames: the old store comes back
+        recover_swap(self.url, only_if_missing=True)  # an --overwrite killed between its renames: the old store is back
         location = zarr_location(self.url)  # a folder or URL as it is; a bundle through its zip reader
         try:
             self.group = zarr.open_group(location, mode="r")

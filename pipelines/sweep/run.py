@@ -56,6 +56,7 @@ from hskstore.info import storage_report
 from hskstore.outputs import claim_output, mark_output
 from hskstore.reader import open_store
 from hskstore.schema import META_KEY
+from pipelines.core.output_kinds import SWEEP
 from pipelines.methods import Context, get_method
 from pipelines.sweep.grid import budget_grid, selection, table5_grid
 from pipelines.sweep.results import append_results, read_results
@@ -72,7 +73,7 @@ PRED_ONLY = "pred-only"  # logits-only KD: the store derived at '0,0,0', stage '
 FULL = "full"  # the source store itself: the largest config there is
 NO_KD = "no-kd"  # fine-tune on gold labels only (KD weight alpha = 0): a lower reference
 REFERENCE_ENTRIES = (PRED_ONLY, FULL, NO_KD)
-SWEEP_KIND = "sweep"  # the output kind of a sweep's work_dir (hskstore.outputs)
+SWEEP_KIND = SWEEP.name  # the output kind of a sweep's work_dir (pipelines.core.output_kinds)
 DEFAULT_CONFIGS = (GRID_TABLE5, PRED_ONLY, FULL, NO_KD)
 
 
