@@ -18,6 +18,7 @@ import contextlib
 import glob
 import os
 import shutil
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from functools import cached_property
 from pathlib import Path
 
 import fsspec
+import zarr
 
 from .errors import StoreError
 from .zarr_adapter import RemoteZipStore, zip_store
@@ -70,34 +72,49 @@ class FoundRoot:
         return f"{self.rel}/{name}" if self.rel else name
 
 
-class Location:
-    """One file or folder, local or remote. Subclasses implement the storage; the shared parts live here."""
+class Location(ABC):
+    """One file or folder, local or remote: every storage operation hskstore needs.
+
+    Subclasses implement the storage. Defaults here are what an object store does; `LocalLocation`
+    overrides them with the checks only a local disk can make.
+    """
 
     url: str
     writable = True  # a command may write outputs here
 
-    def child(self, name: str) -> Location:
-        raise NotImplementedError
+    # --- naming ---
+    @abstractmethod
+    def child(self, name: str) -> Location: ...
+
+    @abstractmethod
+    def sibling(self, name: str) -> Location: ...
 
     @property
-    def name(self) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def name(self) -> str: ...
 
     def problem(self) -> str | None:
         """Why this URL cannot name an hsk output or input (unknown scheme, missing package), or None."""
         return None
 
-    def read_text(self) -> str:
-        return self.read_bytes().decode(errors="replace")
+    # --- facts ---
+    @abstractmethod
+    def exists(self) -> bool: ...
 
+    @abstractmethod
+    def is_file(self) -> bool: ...
+
+    @abstractmethod
+    def is_dir(self) -> bool:
+        """Whether an existing path is a folder."""
+
+    @abstractmethod
     def names(self) -> set[str]:
         """The names of a folder's top-level entries (empty for an empty folder)."""
-        raise NotImplementedError
 
-    def leftovers(self, tag: str) -> list[Location]:
-        """Hidden siblings `.NAME.hsk-TAG-PID` whose process is gone (local disks; none on object stores,
-        where no rename is atomic and a pid names no process here)."""
-        return []
+    @abstractmethod
+    def modified(self) -> float | None:
+        """When the file was last written (None when that cannot be told)."""
 
     def is_link(self) -> bool:
         return False
@@ -106,16 +123,68 @@ class Location:
         """Whether this is the working directory or one of its parents."""
         return False
 
-    def read_bytes(self) -> bytes:
-        raise NotImplementedError
+    def leftovers(self, tag: str) -> list[Location]:
+        """Hidden siblings `.NAME.hsk-TAG-PID` whose process is gone (local disks; none on object stores,
+        where no rename is atomic and a pid names no process here)."""
+        return []
 
+    # --- reading ---
+    @abstractmethod
+    def read_bytes(self) -> bytes: ...
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode(errors="replace")
+
+    @abstractmethod
     def read_many(self, names: list[str]) -> dict[str, bytes | None]:
         """name -> bytes of the objects `name` under this folder (None where unreadable), read concurrently."""
-        raise NotImplementedError
 
-    def zip_store(self):
+    @abstractmethod
+    def zip_store(self) -> zarr.storage.ZipStore:
         """zarr's read-only ZipStore over the zip file here (a bundle)."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool]) -> tuple[list[FoundRoot], list[str]]:
+        """(folders holding `head` or `marker`, never descended into; files `keep_file` selects) under this
+        folder; hidden entries and symbolic links are skipped."""
+
+    # --- writing ---
+    @abstractmethod
+    def makedirs(self) -> None: ...
+
+    @abstractmethod
+    def write_atomic(self, data: bytes) -> None:
+        """Write the whole file: a reader sees it whole or the previous one."""
+
+    @abstractmethod
+    def create_exclusive(self, data: bytes) -> bool:
+        """Create the file only if none exists; False when one does."""
+
+    @abstractmethod
+    def locked(self) -> contextlib.AbstractContextManager[bool]:
+        """Hold this file still while the body checks and replaces it; yields False when it is gone."""
+
+    @abstractmethod
+    def move_to(self, dst: Location) -> None: ...
+
+    @abstractmethod
+    def remove_file(self) -> None: ...
+
+    @abstractmethod
+    def remove_tree(self) -> None:
+        """Delete a folder (nothing when absent)."""
+
+    @abstractmethod
+    def remove(self) -> None:
+        """Delete a file, link or folder here (nothing when absent); a link's target is left alone."""
+
+    @abstractmethod
+    def remove_empty_folder(self) -> None:
+        """An empty folder counts as nothing there; a move onto it needs it gone."""
+
+    @abstractmethod
+    def remove_files(self, keep: Callable[[str], bool]) -> list[str]:
+        """Delete every file under this folder whose name `keep` selects; their paths."""
 
 
 class LocalLocation(Location):
@@ -253,8 +322,6 @@ class LocalLocation(Location):
 
     # --- finding stores ---
     def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool]) -> tuple[list[FoundRoot], list[str]]:
-        """(folders holding `head` or `marker`, never descended into; files `keep_file` selects) under this
-        folder; hidden entries and symbolic links are skipped."""
         roots, files, stack = [], [], [str(self.path)]
         while stack:
             folder = stack.pop()
