@@ -28,12 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StoreExistsError
-from .location import WRITABLE_SCHEMES, LocalLocation, Location, is_local, local_path, location, url_problem
+from .location import WRITABLE_SCHEMES, LocalLocation, Location, location
 from .version import __version__
-
-__all__ = ["LEASE_NAME", "MARKER", "OutputError", "STORE", "check_output_url", "claim_file_output", "claim_output",
-           "is_local", "local_path", "mark_output", "output_kind", "recover_swap", "staged_path", "staged_replace",
-           "url_problem"]
 
 MARKER = ".hsk-output.json"
 STORE = "store"
