@@ -3,14 +3,15 @@
 hskstore.outputs owns the generic output rule (refuse what is not ours, replace only our own kind,
 swap a replacement in whole) and the one kind it knows, the store. What a run, a sweep or a teacher
 folder is, and whether a rerun resumes it or must be told `--overwrite`, is the commands' business
-and lives here. Each kind's folder is named by the MARKER file `mark` writes into it first.
+and lives here. Each kind's folder is named by the MARKER file hskstore.outputs.mark_output writes
+into it first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.outputs import OutputError, claim_output, mark_output
+from hskstore.outputs import OutputError, claim_output
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,6 @@ class OutputKind:
                 f"{path} already holds a {self.name}: pass --overwrite to replace it, or choose another --out"
             )
         return status
-
-    def mark(self, folder: str, **info) -> None:
-        """Create `folder` if needed and name it this kind, before anything else goes in."""
-        mark_output(folder, self.name, **info)
 
 
 RUN = OutputKind("train-run", resumable=True)  # `hsk train --out`
