@@ -92,10 +92,10 @@ def synthetic_shard(meta: dict, start: int, stop: int) -> dict[str, np.ndarray]:
 
 def build_store(url: str, n_rows: int, shard_rows: int, config: str, value_dtype: str = "float16") -> None:
     meta = store_meta(n_rows, shard_rows, config, value_dtype)
-    writer = StoreWriter.open(url, meta)
-    for shard in writer.pending_shards():
-        writer.write_shard(shard, synthetic_shard(meta, *writer.shard_bounds(shard)))
-    writer.finalize()
+    with StoreWriter.open(url, meta) as writer:
+        for shard in writer.pending_shards():
+            writer.write_shard(shard, synthetic_shard(meta, *writer.shard_bounds(shard)))
+        writer.finalize()
 
 
 class FakeStep:

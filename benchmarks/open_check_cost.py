@@ -32,16 +32,16 @@ def build(source: str, out: str, shards: int) -> None:
     rows = 8 * shards
     meta["layout"] = dict(meta["layout"], n_rows=rows, shard_rows=8, chunk_rows=8)
     meta["dataset"] = dict(meta["dataset"], n_rows=rows)
-    writer = StoreWriter.open(out, meta)
     rng = np.random.default_rng(0)
-    for shard in range(shards):
-        start, stop = writer.shard_bounds(shard)
-        data = {}
-        for spec in array_specs(writer.meta):
-            shape = (stop - start, *spec.shape[1:])
-            data[spec.name] = rng.integers(0, 100, size=shape).astype(spec.dtype)
-        writer.write_shard(shard, data)
-    writer.finalize()
+    with StoreWriter.open(out, meta) as writer:
+        for shard in range(shards):
+            start, stop = writer.shard_bounds(shard)
+            data = {}
+            for spec in array_specs(writer.meta):
+                shape = (stop - start, *spec.shape[1:])
+                data[spec.name] = rng.integers(0, 100, size=shape).astype(spec.dtype)
+            writer.write_shard(shard, data)
+        writer.finalize()
 
 
 def timed(url: str, check: bool) -> float:

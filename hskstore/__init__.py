@@ -6,8 +6,6 @@
     dense = store.dense(shard, store.layers[0])   # [n, N^L, d] zero-filled teacher vectors
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from .config import ConfigError, HSKConfig, Selection
 from .errors import (
     CorruptStoreError,
@@ -20,11 +18,7 @@ from .errors import (
 from .lease import LeaseHeldError
 from .outputs import OutputError
 from .reader import HSKStore, KeptLayer, open_store
-
-try:
-    __version__ = version("hsk")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0+source"
+from .version import __version__
 
 __all__ = [
     "ConfigError", "CorruptStoreError", "HSKConfig", "HSKStore", "IncompleteStoreError", "KeptLayer",

@@ -12,56 +12,22 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import zipfile
 from pathlib import Path
 
 import fsspec
 import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
 
 from .errors import CorruptStoreError, StoreError, StoreExistsError
+from .lease import Lease
+from .location import BUNDLE_SUFFIX, is_bundle, zarr_location
+from .outputs import recover_swap, remove_tree, staged_replace
+from .reader import HSKStore
 from .schema import META_KEY
+from .zarr_adapter import get_bytes, list_keys
 
-BUNDLE_SUFFIX = ".hsk.zip"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's first representable time: no build time in the bytes
-
-
-def is_bundle(url: str) -> bool:
-    """Whether url names a bundle (by its name: `*.zip`, `.hsk.zip` recommended)."""
-    return str(url).rstrip("/").lower().endswith(".zip")
-
-
-class _RemoteZipStore(zarr.storage.ZipStore):
-    """zarr's read-only ZipStore over an fsspec file, for a bundle behind a URL: the zip reader seeks
-    and fsspec (s3fs, ...) serves byte ranges, so only the objects read are fetched. (fsspec's own
-    zip filesystem lists nested groups wrongly under zarr, hence this.)"""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url.rsplit("/", 1)[-1], mode="r", read_only=True)  # the path is a label only
-        self.url = url
-
-    def _sync_open(self) -> None:
-        if self._is_open:
-            raise ValueError("store is already open")
-        self._lock = threading.RLock()
-        self._file = fsspec.open(self.url, "rb").open()
-        self._zf = zipfile.ZipFile(self._file, mode="r")
-        self._is_open = True
-
-
-def zarr_location(url: str):
-    """What zarr.open_group should open for url: a read-only ZipStore for a bundle, else the URL itself."""
-    url = str(url)
-    if not is_bundle(url):
-        return url
-    if "://" in url and not url.startswith("file://"):
-        return _RemoteZipStore(url)
-    path = url.removeprefix("file://")
-    if not Path(path).is_file():
-        raise StoreError(f"no bundle at {url}: check the path (make one with `hsk pack STORE OUT{BUNDLE_SUFFIX}`)")
-    return zarr.storage.ZipStore(path, mode="r", read_only=True)
+__all__ = ["BUNDLE_SUFFIX", "is_bundle", "pack", "refuse_bundle_output", "store_keys", "unpack", "zarr_location"]
 
 
 def refuse_bundle_output(url: str) -> None:
@@ -80,20 +46,14 @@ def _packable(key: str) -> bool:
 
 def store_keys(group: zarr.Group) -> list[str]:
     """Every object key under a group, relative to it, sorted."""
-    prefix = f"{group.path}/" if group.path else ""
-
-    async def collect() -> list[str]:
-        return [key async for key in group.store.list_prefix(prefix)]
-
-    return sorted(key[len(prefix):] for key in sync(collect()))
+    return list_keys(group)
 
 
 def _read(group: zarr.Group, key: str) -> bytes:
-    full = f"{group.path}/{key}" if group.path else key
-    buf = sync(group.store.get(full, prototype=default_buffer_prototype()))
-    if buf is None:
+    data = get_bytes(group, key)
+    if data is None:
         raise CorruptStoreError(f"object {key} vanished while packing: is a writer still at work?")
-    return buf.to_bytes()
+    return data
 
 
 def _temporary(out: Path, kind: str) -> Path:
@@ -106,8 +66,6 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
     Refuses incomplete stores and an existing `out` unless overwrite. The bundle is checked (every
     shard against its digests) before it takes its name; a damaged source is refused.
     """
-    from .reader import HSKStore
-
     out = Path(out)
     if not is_bundle(str(out)):
         raise StoreError(f"a bundle's name ends in .zip (e.g. {out.name}{BUNDLE_SUFFIX}): got {out}")
@@ -165,10 +123,6 @@ def unpack(bundle: str, out: str | os.PathLike, *, overwrite: bool = False, log=
     one in a hidden sibling and swaps it in (hskstore.outputs.staged_replace): the old store stays whole
     until the new one is, even if the unpack is killed.
     """
-    from .lease import Lease
-    from .outputs import recover_swap, remove_tree, staged_replace
-    from .reader import HSKStore
-
     out = Path(out)
     recover_swap(str(out))
     if out.exists() and not overwrite:

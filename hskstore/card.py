@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 
 import zarr
-from zarr.core.buffer import cpu, default_buffer_prototype
-from zarr.core.sync import sync
 
 from .meta import objective_of
+from .zarr_adapter import get_bytes, set_bytes
 
 CARD_NAME = "README.md"
 
@@ -165,19 +163,13 @@ def store_name(url: str) -> str:
     return match.group(1) if match else name
 
 
-def _key(group: zarr.Group) -> str:
-    return f"{group.path}/{CARD_NAME}" if group.path else CARD_NAME
-
-
 def write_card(group: zarr.Group, text: str) -> str:
     """Write a finished store's card (hskstore.reader.render_card) at the store's root; returns its text."""
-    sync(group.store.set(_key(group), cpu.Buffer.from_bytes(text.encode())))
+    set_bytes(group, CARD_NAME, text.encode())
     return text
 
 
 def read_card(group: zarr.Group) -> str | None:
     """The card stored in a store, or None when it has none (incomplete, or written by an older hsk)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        buf = sync(group.store.get(_key(group), prototype=default_buffer_prototype()))
-    return None if buf is None else buf.to_bytes().decode(errors="replace")
+    data = get_bytes(group, CARD_NAME)
+    return None if data is None else data.decode(errors="replace")

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import fsspec
 
-from .bundle import is_bundle
+from .location import is_bundle, location
 from .meta import objective_of
-from .outputs import LEASE_NAME, is_local, local_path
+from .outputs import LEASE_NAME
 from .reader import store_type
 
 CARD = "README.md"
@@ -89,94 +87,9 @@ def _teacher_matches(query: str, e: Entry) -> bool:
     return _address_matches(query, e.teacher_hash) or (query in (e.teacher or ""))
 
 
-# --- finding roots ----------------------------------------------------------------------------------
-def _local_roots(top: str) -> tuple[list[str], list[str]]:
-    """(store folders, bundle files) under a local folder; never descends into a store or a hidden folder."""
-    top_path = local_path(top)
-    if top_path.is_file():
-        return [], [str(top_path)] if is_bundle(str(top_path)) else []
-    stores, bundles, stack = [], [], [str(top_path)]
-    while stack:
-        folder = stack.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        if any(e.name in ("zarr.json", LEASE_NAME) for e in entries):
-            stores.append(folder)
-            continue
-        folders, found = _children([(e.name, e.path, e.is_dir(follow_symlinks=False)) for e in entries
-                                    if e.is_dir(follow_symlinks=False) or e.is_file()])
-        stack += folders
-        bundles += found
-    return sorted(stores), sorted(bundles)
-
-
-def _ls(fs, folder: str) -> list[dict]:
-    try:
-        return fs.ls(folder, detail=True)
-    except (FileNotFoundError, OSError):
-        return []
-
-
-def _children(entries: list[tuple[str, str, bool]]) -> tuple[list[str], list[str]]:
-    """(sub-folders, bundles) among a folder's (name, path, is_dir) entries; hidden ones skipped."""
-    folders, bundles = [], []
-    for name, path, is_dir in entries:
-        if name.startswith("."):
-            continue  # staged outputs, leases, editors' files
-        if is_dir:
-            folders.append(path)
-        elif is_bundle(name):
-            bundles.append(path)
-    return folders, bundles
-
-
-def _remote_entries(fs, folder: str) -> list[tuple[str, str, bool]]:
-    return [(e["name"].rstrip("/").rsplit("/", 1)[-1], e["name"].rstrip("/"), e["type"] == "directory")
-            for e in _ls(fs, folder)]
-
-
-def _walk_remote(fs, top: str) -> tuple[dict[str, bytes | None], list[str]]:
-    """({store folder: its zarr.json or None for a lease only}, bundles) under a prefix, one folder level at a
-    time: a level's zarr.json objects are fetched in one concurrent batch, and only the folders without one
-    are listed (concurrently) to descend. Round trips grow with the depth, not with the number of stores."""
-    roots: dict[str, bytes | None] = {}
-    bundles, level = [], [top.rstrip("/")]
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        while level:
-            got = fs.cat([f"{d}/zarr.json" for d in level], on_error="return")
-            found = {d: got.get(f"{d}/zarr.json") for d in level}
-            roots.update({d: v for d, v in found.items() if isinstance(v, bytes)})
-            rest = [d for d, v in found.items() if not isinstance(v, bytes)]
-            level = []
-            for folder, listing in zip(rest, pool.map(lambda d: _remote_entries(fs, d), rest)):
-                if any(name == LEASE_NAME for name, _, _ in listing):
-                    roots[folder] = None  # a store whose creation stopped before its zarr.json
-                    continue
-                folders, found_bundles = _children(listing)
-                level += folders
-                bundles += found_bundles
-    return roots, sorted(bundles)
-
-
 def _needs_card(root: bytes | None, cards: bool) -> bool:
     """The card is read when asked for, or for the bytes of a store written before `stored_bytes` was recorded."""
     return root is not None and (cards or b'"stored_bytes"' not in root)
-
-
-def _remote_scan(fs, protocol: str, top: str, cards: bool) -> list[Entry]:
-    roots, bundles = _walk_remote(fs, top)
-    wanted = [f"{d}/{CARD}" for d, root in roots.items() if _needs_card(root, cards)]
-    got = fs.cat(wanted, on_error="return") if wanted else {}
-    entries = [entry_from(f"{protocol}://{d}", "store", root, _bytes_or_none(got.get(f"{d}/{CARD}")), root is None)
-               for d, root in roots.items()]
-    entries += [_read_bundle(f"{protocol}://{b}", cards) for b in bundles]
-    return [e for e in entries if e is not None]
-
-
-def _bytes_or_none(value) -> bytes | None:
-    return value if isinstance(value, bytes) else None
 
 
 # --- reading one root ------------------------------------------------------------------------------
@@ -245,37 +158,20 @@ def _read_bundle(url: str, cards: bool = False) -> Entry | None:
     return entry_from(url, "bundle", root, card)
 
 
-def _read_local_store(folder: str, cards: bool) -> Entry | None:
-    def read(name: str) -> bytes | None:
-        try:
-            with open(os.path.join(folder, name), "rb") as f:
-                return f.read()
-        except OSError:
-            return None
-
-    root = read("zarr.json")
-    card = read(CARD) if _needs_card(root, cards) else None
-    return entry_from(folder, "store", root, card, os.path.exists(os.path.join(folder, LEASE_NAME)))
-
-
-def scan(location: str, cards: bool = False) -> list[Entry]:
+def scan(location_url: str, cards: bool = False) -> list[Entry]:
     """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included).
     `cards`: also read each store's card (for the HTML page); otherwise only zarr.json is read."""
-    if is_local(location):
-        if not local_path(location).exists():
-            raise FileNotFoundError(location)
-        stores, bundles = _local_roots(location)
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            entries = list(pool.map(lambda f: _read_local_store(f, cards), stores))
-        entries += [_read_bundle(b, cards) for b in bundles]
-        return [e for e in entries if e is not None]
-    fs, top = fsspec.core.url_to_fs(location)
-    protocol = location.split("://", 1)[0]
-    if is_bundle(top) and fs.isfile(top):
-        return [e for e in [_read_bundle(location, cards)] if e is not None]
-    if not fs.exists(top):
-        raise FileNotFoundError(location)
-    return _remote_scan(fs, protocol, top, cards)
+    top = location(location_url)
+    if not top.exists():
+        raise FileNotFoundError(location_url)
+    if top.is_file():  # a bundle named itself
+        bundles, roots = ([location_url] if is_bundle(location_url) else []), []
+    else:
+        roots, bundles = top.find_roots("zarr.json", LEASE_NAME, is_bundle)
+    got = top.read_many([r.name_under(CARD) for r in roots if _needs_card(r.head, cards)])
+    entries = [entry_from(r.url, "store", r.head, got.get(r.name_under(CARD)), r.marked) for r in roots]
+    entries += [_read_bundle(b, cards) for b in bundles]
+    return [e for e in entries if e is not None]
 
 
 def catalog(locations: list[str], filters: Filters = Filters(), cards: bool = False) -> list[Entry]:

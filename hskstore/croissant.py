@@ -23,18 +23,16 @@ point at the array files as their source; readers use hskstore or zarr (see the 
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import zarr
-from zarr.core.buffer import cpu, default_buffer_prototype
-from zarr.core.sync import sync
 
 from .card import front_matter, store_name, stored_bytes
 from .digest import fingerprint
 from .reader import HSKStore, store_type
 from .schema import ArraySpec, array_specs
+from .zarr_adapter import get_bytes, set_bytes
 
 CROISSANT_NAME = "croissant.json"
 CONFORMS_TO = "http://mlcommons.org/croissant/1.1"
@@ -225,19 +223,14 @@ def _based_on(meta: dict) -> list[str]:
 
 
 def _get(group: zarr.Group, key: str) -> bytes | None:
-    full = f"{group.path}/{key}" if group.path else key
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        buf = sync(group.store.get(full, prototype=default_buffer_prototype()))
-    return None if buf is None else buf.to_bytes()
+    return get_bytes(group, key)
 
 
 def write_croissant(group: zarr.Group, meta: dict, names: list[str], url: str) -> dict:
     """Render the croissant.json of a finished store (after its zarr.json) and write it at the root."""
     root = _get(group, "zarr.json") or b""
     doc = render_croissant(meta, stored_bytes(group, names), store_name(url), fingerprint(root).removeprefix("sha256:"))
-    key = f"{group.path}/{CROISSANT_NAME}" if group.path else CROISSANT_NAME
-    sync(group.store.set(key, cpu.Buffer.from_bytes(dumps(doc).encode())))
+    set_bytes(group, CROISSANT_NAME, dumps(doc).encode())
     return doc
 
 

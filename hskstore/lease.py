@@ -25,10 +25,9 @@ import threading
 import time
 import uuid
 
-import fsspec
-
 from .errors import StoreError
-from .outputs import LEASE_NAME, is_local, local_path
+from .location import Location, location
+from .outputs import LEASE_NAME
 
 STALE_AFTER_S = 600.0
 REFRESH_S = 30.0
@@ -109,13 +108,13 @@ class Lease:
     def path(self) -> str:
         return f"{self.url}/{LEASE_NAME}"
 
+    @property
+    def _file(self) -> Location:
+        return location(self.url).child(LEASE_NAME)
+
     def _read(self) -> dict | None:
         try:
-            if is_local(self.url):
-                text = local_path(self.path).read_text()
-            else:
-                fs, p = fsspec.core.url_to_fs(self.path)
-                text = fs.cat_file(p).decode()
+            text = self._file.read_bytes().decode()
         except (FileNotFoundError, KeyError):
             return None
         except (IsADirectoryError, NotADirectoryError):
@@ -133,49 +132,14 @@ class Lease:
 
     def _modified(self) -> float | None:
         """When the lease file was last written (None when that cannot be told)."""
-        try:
-            if is_local(self.url):
-                return local_path(self.path).stat().st_mtime
-            fs, p = fsspec.core.url_to_fs(self.path)
-            stamp = fs.modified(p)
-        except (OSError, NotImplementedError, ValueError):
-            return None
-        return stamp.timestamp()
+        return self._file.modified()
 
     def _create(self, text: str) -> bool:
-        """Create the lease object only if none exists; False when one does."""
-        if is_local(self.url):
-            local_path(self.url).mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(local_path(self.path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            return True
-        fs, p = fsspec.core.url_to_fs(self.path)
-        try:
-            with fs.open(p, "xb") as f:
-                f.write(text.encode())
-        except FileExistsError:
-            return False
-        except OSError:
-            # s3fs reports a failed conditional create (HTTP 412, If-None-Match) as a plain OSError
-            if fs.exists(p):
-                return False
-            raise
-        return True
+        """Create the lease object only if none exists; False when one does (see the module docstring)."""
+        return self._file.create_exclusive(text.encode())
 
     def _replace(self, text: str) -> None:
-        if is_local(self.url):
-            tmp = local_path(self.url) / f"{LEASE_NAME}.{os.getpid()}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, local_path(self.path))
-            return
-        fs, p = fsspec.core.url_to_fs(self.path)
-        fs.pipe_file(p, text.encode())
+        self._file.write_atomic(text.encode())
 
     def _document(self) -> str:
         now = _now()
@@ -215,26 +179,14 @@ class Lease:
                 f"finish, or stop that process; a lease not refreshed for {STALE_AFTER_S:.0f}s is taken over")
 
     def _take_over(self, stale: dict) -> bool:
-        """Replace the stale lease with ours, unless someone else replaced it first."""
-        if is_local(self.url):
-            import fcntl  # the holder's file is locked while it is checked and replaced: one taker wins
-
-            try:
-                fd = os.open(local_path(self.path), os.O_RDONLY)
-            except FileNotFoundError:
+        """Replace the stale lease with ours, unless someone else replaced it first. On a local disk the
+        holder's file is flock'ed while it is checked and replaced, so one taker wins; on an object store
+        this is best effort (see the module docstring)."""
+        with self._file.locked() as still_there:
+            if not still_there or self._read() != stale:
                 return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if self._read() != stale:
-                    return False
-                self._replace(self._document())
-                return True
-            finally:
-                os.close(fd)
-        if self._read() != stale:  # object stores: best effort (see the module docstring)
-            return False
-        self._replace(self._document())
-        return True
+            self._replace(self._document())
+            return True
 
     def _start_refreshing(self) -> None:
         self._stop.clear()
@@ -270,11 +222,7 @@ class Lease:
             try:
                 if (self._read() or {}).get("token") != self.token:
                     return
-                if is_local(self.url):
-                    local_path(self.path).unlink(missing_ok=True)
-                else:
-                    fs, p = fsspec.core.url_to_fs(self.path)
-                    fs.rm_file(p)
+                self._file.remove_file()
             except OSError:
                 pass
 

@@ -20,9 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 
-import fsspec
-
-from .outputs import is_local, local_path
+from .location import location
 
 _FILE_SOURCES = ("glue_data", "file", "text", "table")
 
@@ -62,12 +60,7 @@ class Ancestor:
 def _root_meta(url: str) -> dict | None:
     """The hsk attributes of the store at url from its root zarr.json alone; None when there is none."""
     try:
-        if is_local(url):
-            with open(local_path(url) / "zarr.json", "rb") as f:
-                doc = json.load(f)
-        else:
-            with fsspec.open(f"{url.rstrip('/')}/zarr.json", "rb") as f:
-                doc = json.load(f)
+        doc = json.loads(location(url).child("zarr.json").read_bytes())
     except Exception:  # missing, unreadable or not JSON: not reachable here
         return None
     meta = (doc.get("attributes") or {}).get("hsk") if isinstance(doc, dict) else None

@@ -9,13 +9,13 @@ import numpy as np
 import zarr
 
 from . import card, codec, info
-from .bundle import zarr_location
 from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
+from .location import url_problem, zarr_location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
-from .outputs import is_local, local_path, recover_swap, url_problem
+from .outputs import recover_swap
 from .schema import (
     DIGEST_BYTES,
     MANIFEST_SINCE,
@@ -82,8 +82,7 @@ def open_group(url: str) -> tuple[zarr.Group, dict]:
     problem = url_problem(url)
     if problem:
         raise StoreError(problem)
-    if is_local(url) and not local_path(url).exists():
-        recover_swap(url)  # an --overwrite killed between its renames: the old store comes back
+    recover_swap(url, only_if_missing=True)  # an --overwrite killed between its renames: the old store is back
     location = zarr_location(url)  # a folder or URL as it is; a bundle through its zip reader
     try:
         group = zarr.open_group(location, mode="r")

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 import zarr
 
@@ -43,6 +40,7 @@ from .digest import array_checksum, fingerprint, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease
 from .lineage import data_origin
+from .location import location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .outputs import (
     LEASE_NAME,
@@ -51,8 +49,6 @@ from .outputs import (
     STORE_ENTRIES,
     claim_output,
     fault,
-    is_local,
-    local_path,
     output_kind,
     staged_replace,
 )
@@ -184,21 +180,7 @@ def _resume_notes(url: str, existing: dict, meta: dict) -> list[str]:
 
 def remove_partials(url: str) -> list[str]:
     """Delete zarr's `*.<uuid>.partial` temporaries of interrupted writes under a store (that pattern only)."""
-    if is_local(url):
-        found = [
-            os.path.join(root, name)
-            for root, _, files in os.walk(local_path(url))
-            for name in files
-            if PARTIAL_FILE.search(name)
-        ]
-        for path in found:
-            os.remove(path)
-        return found
-    fs, root = fsspec.core.url_to_fs(url)
-    found = [p for p in fs.find(root) if PARTIAL_FILE.search(p.rsplit("/", 1)[-1])]
-    for path in found:
-        fs.rm_file(path)
-    return found
+    return location(url).remove_files(lambda name: bool(PARTIAL_FILE.search(name)))
 
 
 def _has_written_shards(url: str) -> bool:
@@ -216,20 +198,10 @@ def write_store_card(group: zarr.Group, meta: dict, names: list[str], url: str) 
 
 def _clear_structure(url: str) -> None:
     """Delete the zarr nodes a store's structure is made of (known names only; the lease stays)."""
-    names = sorted(STORE_ENTRIES - {LEASE_NAME})
-    if is_local(url):
-        for name in names:
-            path = local_path(url) / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-        remove_partials(url)
-        return
-    fs, root = fsspec.core.url_to_fs(url)
-    for name in names:
-        if fs.exists(f"{root}/{name}"):
-            fs.rm(f"{root}/{name}", recursive=True)
+    store = location(url)
+    for name in sorted(STORE_ENTRIES - {LEASE_NAME}):
+        store.child(name).remove()
+    remove_partials(url)
 
 
 def _create_structure(url: str, meta: dict) -> None:
@@ -263,7 +235,11 @@ def _structure_complete(url: str, meta: dict) -> bool:
 
 
 class StoreWriter:
-    """Writes the shards of one store; safe to use from several processes on disjoint shards."""
+    """Writes the shards of one store; safe to use from several processes on disjoint shards.
+
+    A context manager: leaving it (or `close()`) shuts down the thread pool shards are written with.
+    `writing()` closes the writers it yields; code that makes its own closes them itself.
+    """
 
     def __init__(self, url: str, meta: dict, io_threads: int = 8):
         self.url = url
@@ -271,9 +247,28 @@ class StoreWriter:
         self.group = zarr.open_group(url, mode="r+")
         self.specs = array_specs(meta)
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
-        # Arrays of a shard are encoded and written concurrently: Blosc releases the GIL.
-        self._pool = ThreadPoolExecutor(max_workers=io_threads)
+        # Arrays of a shard are encoded and written concurrently (Blosc releases the GIL), by a pool
+        # started at the first shard written (a complete store opened for its card starts none).
+        self._io_threads = io_threads
+        self._pool: ThreadPoolExecutor | None = None
         self.lease: Lease | None = None  # set by `writing`
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the write pool down, once the writes in flight are done (a later write starts a new one)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._io_threads, thread_name_prefix="hsk-write")
+        return self._pool
 
     @classmethod
     def open(
@@ -380,7 +375,7 @@ class StoreWriter:
             self._arrays[name][start:stop] = data[name]
             return shard_digest(data[name])
 
-        digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._pool.map(write, list(data))])
+        digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._executor().map(write, list(data))])
         self.group[PROGRESS_DIGESTS][shard] = digests
         self.group[PROGRESS_DONE][shard] = 1
         _fault("after-shard-written")
@@ -436,16 +431,16 @@ def writing(
     _fault("after-lease")
     try:
         if status != "replace":
-            writer = StoreWriter.open(url, meta, software_version=software_version, log=log)
-            writer.lease = lease
-            yield writer
+            with StoreWriter.open(url, meta, software_version=software_version, log=log) as writer:
+                writer.lease = lease
+                yield writer
             return
         with staged_replace(url) as staged:
             staged_lease = Lease(staged, log=log).acquire()
             try:
-                writer = StoreWriter.open(staged, meta, software_version=software_version, log=log)
-                writer.lease = staged_lease
-                yield writer
+                with StoreWriter.open(staged, meta, software_version=software_version, log=log) as writer:
+                    writer.lease = staged_lease
+                    yield writer
                 if not writer.complete:
                     raise CorruptStoreError(f"the new store for {url} was not finalized: the old one is kept")
                 _fault("before-swap")

@@ -12,12 +12,13 @@ from hskstore.config import HSKConfig
 from hskstore.info import format_report, storage_report
 from hskstore.outputs import claim_output, mark_output
 from hskstore.reader import open_store
+from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.distill import train
 from pipelines.train.options import TrainOptions
 
-OUTPUT_KIND = "quickstart"
+OUTPUT_KIND = QUICKSTART.name
 
 
 def quickstart(

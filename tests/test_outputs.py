@@ -175,3 +175,18 @@ def test_overwrite_replaces_a_store_with_a_store(tmp_path, source_store, capsys)
                  "--overwrite"]) == 0
     assert open_store(str(out)).meta["selection"]["config"] == "2,2,0.25"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]  # nothing staged is left behind
+
+
+def test_output_kinds_of_the_commands(tmp_path):
+    """pipelines.core.output_kinds: a run resumes; a teacher is built whole, so a rerun needs --overwrite."""
+    from pipelines.core.output_kinds import RUN, TEACHER
+
+    mark_output(str(tmp_path / "run"), RUN.name)
+    mark_output(str(tmp_path / "teacher"), TEACHER.name)
+    assert RUN.claim(str(tmp_path / "run"), overwrite=False) == "resume"
+    assert TEACHER.claim(str(tmp_path / "new"), overwrite=False) == "new"
+    assert TEACHER.claim(str(tmp_path / "teacher"), overwrite=True) == "replace"
+    with pytest.raises(OutputError, match="already holds a teacher: pass --overwrite"):
+        TEACHER.claim(str(tmp_path / "teacher"), overwrite=False)
+    with pytest.raises(OutputError, match="holds a train-run, not a teacher"):
+        TEACHER.claim(str(tmp_path / "run"), overwrite=True)

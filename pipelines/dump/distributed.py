@@ -126,6 +126,8 @@ def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
 def _writer(url: str, meta: dict) -> StoreWriter:
     key = (url, StoreMeta.parse(meta).identity)
     if key not in _WRITERS:
+        for old in _WRITERS.values():
+            old.close()
         _WRITERS.clear()
         _WRITERS[key] = StoreWriter(url, meta)  # no lease: the driver holds it for the whole dump
     return _WRITERS[key]

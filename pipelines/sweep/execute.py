@@ -50,6 +50,7 @@ import torch
 
 from hskstore.config import ConfigError
 from hskstore.outputs import claim_output, mark_output
+from pipelines.core.output_kinds import SWEEP
 from pipelines.sweep.plan import PlannedRun, plan_runs, run_dir, train_options
 from pipelines.sweep.results import append_results, read_results, rows_to_table
 from pipelines.sweep.runlog import no_progress_bars, run_log
@@ -57,7 +58,7 @@ from pipelines.sweep.spec import SweepSpec
 from pipelines.sweep.stores import StoreSize, ensure_store, store_size
 from pipelines.train.distill import RUN_KIND, train
 
-SWEEP_KIND = "sweep"  # the output kind of a sweep's work_dir (hskstore.outputs)
+SWEEP_KIND = SWEEP.name  # the output kind of a sweep's work_dir (pipelines.core.output_kinds)
 
 Log = Callable[[str], Any]
 Failures = list[tuple[PlannedRun, BaseException]]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 from matplotlib.figure import Figure
 
-from hskstore.outputs import claim_whole_output, mark_output, staged_replace
+from hskstore.outputs import mark_output, staged_replace
+from pipelines.core.output_kinds import REPORT
 from pipelines.sweep.results import ResultsError, conform, read_results
 
 REFERENCE_KINDS = ("pred_only", "full", "no_kd")
@@ -396,7 +397,7 @@ def _several_tables_md(paths: Sequence[str | os.PathLike], labels: list[str], ta
     return "\n".join(parts)
 
 
-OUTPUT_KIND = "report"  # hskstore.outputs: what `hsk report --out` holds
+OUTPUT_KIND = REPORT.name  # what `hsk report --out` holds (pipelines.core.output_kinds)
 
 
 def report(results_path: str | os.PathLike | Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
@@ -410,7 +411,7 @@ def report(results_path: str | os.PathLike | Sequence[str | os.PathLike], out_di
     """
     paths = [results_path] if isinstance(results_path, (str, os.PathLike)) else list(results_path)
     out_dir = Path(out_dir)
-    claim_whole_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite)
+    REPORT.claim(str(out_dir), overwrite=overwrite)
     tables = [read_results(p) for p in paths]
     with staged_replace(str(out_dir)) as staged:
         mark_output(staged, OUTPUT_KIND, results=", ".join(str(p) for p in paths))

@@ -35,6 +35,7 @@ import torch
 from hskstore.config import ConfigError
 from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
+from pipelines.core.output_kinds import RUN
 from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
@@ -60,7 +61,7 @@ logger = logging.getLogger("hsk.train")
 
 __all__ = ["RUN_KIND", "TrainOptions", "train"]
 
-RUN_KIND = "train-run"  # the output kind of a run folder (hskstore.outputs)
+RUN_KIND = RUN.name  # the output kind of a run folder (pipelines.core.output_kinds)
 _TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store teacher's first layers
 
 

@@ -29,14 +29,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from hskstore.config import ConfigError
-from hskstore.outputs import claim_whole_output
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
+from pipelines.core.output_kinds import TEACHER
 from pipelines.core.run_state import atomic_save, rng_state, set_rng_state
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
-from pipelines.train.teacher import OUTPUT_KIND, check_numbers, publish_teacher, work_dir
+from pipelines.train.teacher import check_numbers, publish_teacher, work_dir
 
 STATE_FILE = "mlm-state.pt"
 
@@ -175,7 +175,7 @@ def train_mlm_teacher(
     """
     out = Path(out)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
-    claim_whole_output(str(out), OUTPUT_KIND, overwrite=overwrite)
+    TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()
     tokenizer = load_tokenizer(base)
     torch.manual_seed(seed)  # the fresh head is drawn from this

@@ -39,7 +39,7 @@ from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
 from hskstore.config import ConfigError
-from hskstore.outputs import claim_whole_output, mark_output, staged_replace
+from hskstore.outputs import mark_output, staged_replace
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, load_examples
 from pipelines.core.models import (
@@ -52,13 +52,14 @@ from pipelines.core.models import (
     vocab_hash,
     weights_hash,
 )
+from pipelines.core.output_kinds import STUDENT
 from pipelines.core.pruned_bert import HskBertConfig, HskBertForSequenceClassification
 from pipelines.core.tasks import get_task
 from pipelines.core.tokenize import encode
 
 PLAIN_DIR = "plain"  # inside the build folder: the export plain transformers loads
 SUMMARY_FILE = "hsk_rosita.json"
-OUTPUT_KIND = "student"  # hskstore.outputs: what `hsk student build --out` holds
+OUTPUT_KIND = STUDENT.name  # what `hsk student build --out` holds (pipelines.core.output_kinds)
 _LAYER = "bert.encoder.layer.{}."
 
 
@@ -356,7 +357,7 @@ def build_rosita(
     started = time.perf_counter()
     task_ = get_task(task)
     out = Path(out)
-    claim_whole_output(str(out), OUTPUT_KIND, overwrite=overwrite)
+    STUDENT.claim(str(out), overwrite=overwrite)
     _check_teacher(teacher, shape)
     model = load_classifier(teacher, num_labels=task_.num_labels, device=device)
     train = load_examples(task_, "train", data_dir=data_dir, data_file=data_file, limit=train_limit)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hskstore.config import ConfigError
-from hskstore.outputs import claim_whole_output, mark_output, staged_replace
+from hskstore.outputs import mark_output, staged_replace
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.models import (
     load_classifier,
@@ -39,6 +39,7 @@ from pipelines.core.models import (
     vocab_hash,
     weights_hash,
 )
+from pipelines.core.output_kinds import TEACHER
 from pipelines.core.run_state import MetricsLog
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
@@ -49,7 +50,7 @@ from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
 
 SUMMARY_FILE = "hsk_teacher.json"
-OUTPUT_KIND = "teacher"  # hskstore.outputs: what `hsk teacher --out` holds
+OUTPUT_KIND = TEACHER.name  # what `hsk teacher --out` holds (pipelines.core.output_kinds)
 
 
 def _readable_by_others(folder: Path) -> None:
@@ -220,7 +221,7 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    train_limit=train_limit, eval_limit=eval_limit)
-    claim_whole_output(str(out_dir), OUTPUT_KIND, overwrite=overwrite)
+    TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
     options = TrainOptions(method="finetune", batch_size=batch_size, weight_decay=weight_decay,

@@ -1,0 +1,72 @@
+"""hskstore.zarr_adapter holds every private zarr name hsk uses: this fails when zarr renames or removes one."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import zipfile
+
+import fsspec
+import numpy as np
+import zarr
+
+from hskstore import zarr_adapter
+
+
+def _resolve(dotted: str):
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(dotted)
+
+
+def test_private_names_still_exist_in_zarr():
+    for dotted in zarr_adapter.PRIVATE_NAMES:
+        assert _resolve(dotted) is not None, dotted
+    # the override must replace zarr's own method of that name, with the same signature
+    original = zarr.storage.ZipStore.__dict__["_sync_open"]
+    assert list(inspect.signature(original).parameters) == ["self"]
+
+
+def test_zipstore_fields_the_remote_store_sets_are_zarrs(tmp_path):
+    path = tmp_path / "g.zip"
+    with zarr.storage.ZipStore(str(path), mode="w") as store:
+        zarr.create_group(store, attributes={"a": 1})
+    store = zarr.storage.ZipStore(str(path), mode="r", read_only=True)
+    store._sync_open()
+    for field in zarr_adapter.ZIPSTORE_FIELDS:
+        assert hasattr(store, field), field
+    assert store._is_open and isinstance(store._zf, zipfile.ZipFile)
+    store.close()
+
+
+def test_raw_objects_round_trip_and_list():
+    group = zarr.create_group(zarr.storage.MemoryStore(), attributes={"x": 1})
+    sub = group.create_group("sub")
+    zarr_adapter.set_bytes(sub, "NOTE.md", b"hello")
+    assert zarr_adapter.get_bytes(sub, "NOTE.md") == b"hello"
+    assert zarr_adapter.get_bytes(sub, "absent") is None
+    sub.create_array("a", shape=(4,), dtype="int32", chunks=(4,))[:] = np.arange(4)
+    keys = zarr_adapter.list_keys(sub)
+    assert "NOTE.md" in keys and "a/zarr.json" in keys and keys == sorted(keys)
+
+
+def test_remote_zip_store_reads_a_zip_behind_a_url(tmp_path):
+    path = tmp_path / "g.zip"
+    with zarr.storage.ZipStore(str(path), mode="w") as store:
+        group = zarr.create_group(store, attributes={"hsk": {"n": 3}})
+        group.create_array("v", shape=(3,), dtype="float32", chunks=(3,))[:] = [1, 2, 3]
+    url = f"memory://zarr-adapter-{id(path)}/g.zip"
+    with fsspec.open(url, "wb") as f:
+        f.write(path.read_bytes())
+    opened = zarr.open_group(zarr_adapter.RemoteZipStore(url), mode="r")
+    assert opened.attrs["hsk"] == {"n": 3}
+    assert list(opened["v"][:]) == [1, 2, 3]
+    local = zarr.open_group(zarr_adapter.zip_store(str(path)), mode="r")
+    assert local.attrs["hsk"] == {"n": 3}
