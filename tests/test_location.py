@@ -6,7 +6,6 @@ hskstore/zarr_adapter.py, and a store writer's thread pool is shut down when its
 
 from __future__ import annotations
 
-import ast
 import os
 import threading
 import uuid
@@ -92,48 +91,6 @@ def test_local_only_checks(tmp_path, monkeypatch):
     assert [loc.url for loc in location(str(tmp_path / "real")).leftovers("old")] == [str(dead)]
     remote = location("memory://x/real")
     assert not remote.is_link() and not remote.holds_cwd() and remote.leftovers("old") == []
-
-
-def _hskstore_imports(root: Path = ROOT) -> dict[str, set[str]]:
-    """module -> the hskstore modules it imports ("__init__" for the package itself), lazy imports included."""
-    files = {path.stem for path in (root / "hskstore").glob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in files}
-    for name in files:
-        for node in ast.walk(ast.parse((root / "hskstore" / f"{name}.py").read_text())):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            module = node.module or ""
-            if node.level == 1 or module.startswith("hskstore"):
-                parts = module.split(".")[1:] if module.startswith("hskstore") else module.split(".")
-                heads = [parts[0]] if parts and parts[0] else [a.name for a in node.names]
-                graph[name] |= {h if h in files else "__init__" for h in heads}
-    return graph
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    seen: dict[str, int] = {}  # 1 on the current path, 2 done
-
-    def visit(name: str, path: list[str]) -> list[str] | None:
-        seen[name] = 1
-        for target in sorted(graph.get(name, ())):
-            if seen.get(target) == 1:
-                return path + [name, target]
-            found = None if target in seen else visit(target, path + [name])
-            if found:
-                return found
-        seen[name] = 2
-        return None
-
-    for name in sorted(graph):
-        found = None if name in seen else visit(name, [])
-        if found:
-            return found
-    return None
-
-
-def test_hskstore_files_import_one_way():
-    assert _cycle(_hskstore_imports()) is None
-    assert _cycle({"__init__": {"lease"}, "lease": {"outputs"}, "outputs": {"__init__"}}) is not None
 
 
 def test_private_zarr_names_only_in_the_adapter():
