@@ -6,23 +6,47 @@
     dense = store.dense(shard, store.layers[0])   # [n, N^L, d] zero-filled teacher vectors
 """
 
-from .config import ConfigError, HSKConfig, Selection
-from .errors import (
-    CorruptStoreError,
-    IncompleteStoreError,
-    ProvenanceError,
-    StoreError,
-    StoreExistsError,
-    UnverifiedStoreError,
-)
-from .lease import LeaseHeldError
-from .outputs import OutputError
-from .reader import HSKStore, KeptLayer, open_store
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .version import __version__
 
+# Names resolved on first use (PEP 562), so `import hskstore.errors` or `hskstore.config` does not load
+# zarr: the CLI imports those to parse arguments and refuse bad ones before anything heavy loads.
+_EXPORTS = {
+    "ConfigError": "config", "HSKConfig": "config", "Selection": "config",
+    "CorruptStoreError": "errors", "IncompleteStoreError": "errors", "ProvenanceError": "errors",
+    "StoreError": "errors", "StoreExistsError": "errors", "UnverifiedStoreError": "errors", "UserError": "errors",
+    "LeaseHeldError": "lease", "OutputError": "outputs",
+    "HSKStore": "reader", "KeptLayer": "reader", "MLMStore": "reader", "TaskStore": "reader", "open_store": "reader",
+    "StoreMeta": "meta",
+}
+
+if TYPE_CHECKING:
+    from .config import ConfigError, HSKConfig, Selection
+    from .errors import (
+        CorruptStoreError,
+        IncompleteStoreError,
+        ProvenanceError,
+        StoreError,
+        StoreExistsError,
+        UnverifiedStoreError,
+        UserError,
+    )
+    from .lease import LeaseHeldError
+    from .meta import StoreMeta
+    from .outputs import OutputError
+    from .reader import HSKStore, KeptLayer, MLMStore, TaskStore, open_store
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hskstore' has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
 __all__ = [
-    "ConfigError", "CorruptStoreError", "HSKConfig", "HSKStore", "IncompleteStoreError", "KeptLayer",
-    "LeaseHeldError", "OutputError", "ProvenanceError", "Selection", "StoreError", "StoreExistsError", "open_store",
-    "UnverifiedStoreError",
-    "__version__",
+    "ConfigError", "CorruptStoreError", "HSKConfig", "HSKStore", "IncompleteStoreError", "KeptLayer", "LeaseHeldError",
+    "MLMStore", "OutputError", "ProvenanceError", "Selection", "StoreError", "StoreExistsError", "StoreMeta",
+    "TaskStore", "UnverifiedStoreError", "UserError", "__version__", "open_store",
 ]
