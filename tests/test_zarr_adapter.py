@@ -70,3 +70,20 @@ def test_remote_zip_store_reads_a_zip_behind_a_url(tmp_path):
     assert list(opened["v"][:]) == [1, 2, 3]
     local = zarr.open_group(zarr_adapter.zip_store(str(path)), mode="r")
     assert local.attrs["hsk"] == {"n": 3}
+
+
+def test_read_many_reads_what_zarrs_own_indexing_reads_and_returns_each_arrays_error():
+    group = zarr.group(zarr.storage.MemoryStore())
+    a = group.create_array("a", shape=(100, 3), chunks=(10, 3), dtype="f4")
+    a[:] = np.arange(300, dtype="f4").reshape(100, 3)
+    b = group.create_array("b", shape=(100,), chunks=(10,), dtype="i4")
+    b[:] = np.arange(100)
+    for field in zarr_adapter.ARRAY_FIELDS:
+        assert hasattr(a, field), field
+    rows = np.array([1, 5, 17, 99])
+    for index, expect in ((slice(10, 30), lambda x: x[10:30]), (rows, lambda x: x.oindex[rows]), (7, lambda x: x[7])):
+        got = zarr_adapter.read_many([a, b], index)
+        assert all(np.array_equal(g, expect(x)) for g, x in zip(got, (a, b)))
+    short = group.create_array("short", shape=(10,), chunks=(10,), dtype="i4")
+    got = zarr_adapter.read_many([a, short], 50)  # row 50 exists in a, not in short: short's error comes back
+    assert np.array_equal(got[0], a[50]) and isinstance(got[1], IndexError)
