@@ -514,8 +514,8 @@ def run_one(run: Run, spec: SweepSpec) -> dict:
     if not spec.keep_checkpoints:
         shutil.rmtree(out / "checkpoint", ignore_errors=True)  # only resumes need it; runs add up to GBs
     storage = store_storage(spec, store_url)
-    stages = summary.get("stages") or {}
-    score = summary.get("score")
+    stages = summary.stages or {}
+    score = summary.score
     return {
         "run_id": run.run_id,
         "source_store": store_url,
@@ -528,17 +528,17 @@ def run_one(run: Run, spec: SweepSpec) -> dict:
         "student": run.student,
         "seed": run.seed,
         "method": run.method,
-        "method_options": json.dumps(summary.get("method_options"), sort_keys=True, default=str),
+        "method_options": json.dumps(summary.method_options, sort_keys=True, default=str),
         "stages": "+".join(stages) or "+".join(run.stages),
         "epochs_hsk": (stages.get("hsk") or {}).get("epochs"),
         "epochs_pred": (stages.get("pred") or {}).get("epochs"),
         # Offline runs read every row of their store: the source's dump decides the training subset.
         "train_limit": int(storage["rows"]),
-        "metric_name": summary.get("metric"),
+        "metric_name": summary.metric,
         "metric": None if score is None or (isinstance(score, float) and math.isnan(score)) else float(score),
-        "metrics_json": json.dumps(summary.get("dev"), sort_keys=True, default=str),
-        "train_seconds": summary.get("train_seconds"),
-        "examples_per_s": summary.get("examples_per_s"),
+        "metrics_json": json.dumps(summary.dev, sort_keys=True, default=str),
+        "train_seconds": summary.train_seconds,
+        "examples_per_s": summary.examples_per_s,
     }
 
 
