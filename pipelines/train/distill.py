@@ -438,26 +438,34 @@ def _store_bytes(source: Any, names: list[str]) -> dict:
 
 
 def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSummary:
-    pos, best, source = run.position, run.keeper.best or {}, parts.source
-    pairs = [p for stage_pairs in run.pairs for p in stage_pairs]
+    pos, source = run.position, parts.source
     offline = source.mode == "offline"
     return RunSummary(
-        task=run.task.name if run.task else None, mode=source.mode, source=str(source.store.url),
+        mode=source.mode, source=str(source.store.url),
         store_content_address=getattr(source.store, "content_address", None),
-        stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}]
-        if offline else [],
+        stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}] if offline
+        else [],
         method=parts.method.name, method_options=asdict(parts.method_options),
         plan=[stage.describe() for stage in run.stages], student=run.student.info.describe(),
         student_init=run.student.info.init, stages=run.stage_results, steps=pos.global_step, examples=pos.examples_seen,
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
-        metric=run.task.metric if run.task else None, score=best.get("score"), best_step=best.get("step"),
-        dev=best.get("metrics"), dev_data=parts.dev.describe() if parts.dev else None,
-        eval_on_training_split=bool(parts.dev and parts.dev.on_training_split), model_dir=str(out / "best"),
-        layer_pairs=[p.describe() for p in pairs],
-        layer_map=[{"kept_layer": p.kept, "student_entry": p.student_layer, "teacher_layer": p.teacher_layer}
-                   for p in dict.fromkeys(pairs)],
-        store_bytes=_store_bytes(source, run.names_read()),
-        config=str(source.selection.config) if source.selection is not None else None,
-        batch_size=run.batch_size, world_size=run.ranks.world_size, warnings=warnings,
+        model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
+        world_size=run.ranks.world_size, warnings=warnings, **_task_fields(run, parts),
     )
+
+
+def _task_fields(run: Run, parts: RunParts) -> dict[str, Any]:
+    """The summary's fields a task run has (a masked-LM run leaves them at their defaults)."""
+    if run.task is None:
+        return {}
+    best, pairs = run.keeper.best or {}, [p for stage_pairs in run.pairs for p in stage_pairs]
+    return {
+        "task": run.task.name, "metric": run.task.metric, "score": best.get("score"), "best_step": best.get("step"),
+        "dev": best.get("metrics"), "dev_data": parts.dev.describe(),
+        "eval_on_training_split": parts.dev.on_training_split,
+        "layer_pairs": [p.describe() for p in pairs],
+        "layer_map": [{"kept_layer": p.kept, "student_entry": p.student_layer, "teacher_layer": p.teacher_layer}
+                      for p in dict.fromkeys(pairs)],
+        "config": str(parts.source.selection.config),
+    }

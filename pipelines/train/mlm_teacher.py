@@ -215,10 +215,13 @@ def _history(metrics_file: Path) -> list[dict]:
     """Per epoch: its last step, mean train loss and the held-out evaluation at its end (metrics.jsonl)."""
     records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     evals = {r["step"]: r["metrics"].get("held_out", {}) for r in records if r["type"] == "eval"}
+    epochs: dict[int, list[dict]] = {}
+    for r in records:
+        if r["type"] == "train":
+            epochs.setdefault(r["epoch"], []).append(r)
     history = []
-    for epoch in sorted({r["epoch"] for r in records if r["type"] == "train"}):
-        steps = [r for r in records if r["type"] == "train" and r["epoch"] == epoch]
-        last = max(r["step"] for r in steps)
+    for epoch, steps in sorted(epochs.items()):
+        last = steps[-1]["step"]
         history.append({"epoch": epoch + 1, "step": last, "train_loss": _finite(np.mean([r["loss"] for r in steps])),
                         "dev": evals.get(last, {})})
     return history
