@@ -4,7 +4,9 @@ This module sets a run up and checks everything before the first step: the sourc
 teacher), the method's stages against the store (pipelines.methods), the student, its tokenizer
 against the store's, the layer pairs of every stage (pipelines.train.pairs), the dev data
 (pipelines.train.dev) and a checkpoint to resume. The one loop (pipelines.train.loop) then runs
-the stages.
+the stages. What a run needs is prepared according to the store its method distils from
+(`Method.objective`): a task store here (`_prepare_task`), a masked-LM store in
+pipelines.train.lightpaff_pretrain; the run folder, checkpoints, resume and summary are the same.
 
 Offline and online runs share everything but where the targets come from. Online mode builds an
 in-memory source with the store's layout (same rows, same shards) and streams it with the same

@@ -1,11 +1,15 @@
 """The one training loop: runs the stages of any method (pipelines.methods) on a student.
 
-Each stage: an AdamW optimiser over what it trains, its LR schedule, a stream of store batches (or
-of teacher-computed batches online), the student's forward with the outputs it needs, the weighted
-sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint selection when
-the stage asks for it. A checkpoint records the stage index and the step inside the stage
-explicitly, with the stream's position and the RNG state, so a rerun resumes mid-stage and computes
-the very same losses as an uninterrupted run.
+Every training the product does runs here: the task methods (`hsk train`), LightPAFF pre-training
+on a masked-LM store, `hsk teacher` and the MLM teacher. Each stage: an AdamW optimiser over what
+it trains, its LR schedule, a stream of batches (a `Feed` says which arrays the stage streams and
+how its batches are made: a task store, a live teacher online, rows in memory, a masked-LM store),
+the student's forward through an adapter with fixed output keys (pipelines.train.adapter), the
+weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint
+selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
+stage index and the step inside the stage explicitly, with the stream's position and the RNG
+state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
+older layout is refused in one line.
 """
 
 from __future__ import annotations

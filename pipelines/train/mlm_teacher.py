@@ -42,7 +42,7 @@ from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.methods.base import Stage, Term
 from pipelines.train.adapter import masked_lm_outputs
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Keeper, Run, Student, run_stages, work_state
+from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
 from pipelines.train.options import TrainOptions
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -113,6 +113,16 @@ class RowsInMemory:
         return {n: self.arrays[n][start:stop] for n in (names or list(self.arrays))}
 
 
+def bucketed(data: _Data, batch_size: int, seed: int, url: str) -> RowsInMemory:
+    """The training rows laid out in batches of similar length, one batch a shard, the short batch last:
+    the stream (one shard a window) then shuffles whole batches each epoch and pads little, as the
+    length-bucketed batches of the dump do (SST-2 sentences are short: random batches pad ~3x more)."""
+    batches = length_bucketed_batches(data.train["length"], batch_size, shuffle_seed=seed)
+    order = np.concatenate(sorted(batches, key=lambda b: len(b) < batch_size))  # stable: the short one last
+    arrays = {"row": data.rows[order], **{k: data.train[k][order] for k in ROWS[1:]}}
+    return RowsInMemory(arrays, url, shard_rows=batch_size)
+
+
 class _MaskingMaker:
     def __init__(self, stream: StoreStream, tokenizer: Any, seed: int, device: str):
         self.stream, self.tokenizer, self.seed, self.device = stream, tokenizer, seed, device
@@ -171,8 +181,7 @@ class HeldOut:
                              "tokens": count}}
 
     def score(self, metrics: dict | None) -> float:
-        value = (metrics or {}).get("held_out", {}).get(self.metric)
-        return float("nan") if value is None else float(value)
+        return first_split_score(metrics, self.metric)
 
 
 def _finite(x: float) -> float | None:
@@ -304,11 +313,12 @@ def _run(model: Any, tokenizer: Any, data: _Data, records: tuple[Checkpoints, Me
          log: Callable[[str], Any], on_step: Callable[[int], Any] | None) -> Run:
     """The loop's run: the whole model is the student (only the unfrozen parameters train), head mlm."""
     options = TrainOptions(method="mlm-teacher", batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
-                           seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress)
+                           seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress,
+                           buffer_shards=1)  # a shard is a batch of similar lengths (`bucketed`)
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
                        vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
-    rows = RowsInMemory({"row": data.rows, **{k: data.train[k] for k in ROWS[1:]}}, f"memory:{corpus.source}")
+    rows = bucketed(data, batch_size, seed, f"memory:{corpus.source}")
     return Run(options=options, feed=MaskingFeed(rows, tokenizer, seed), task=None,
                student=Student(model, info, None, Heads(model, "mlm")), stages=[_stage(epochs, lr)], pairs=[[]],
                device=str(device), batch_size=batch_size,
