@@ -282,3 +282,8 @@ def test_an_older_checkpoint_is_refused_in_one_line_then_started_over(mlm_store,
     assert main([*args, "--no-resume"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
     assert torch.load(path, weights_only=False)["version"] == CHECKPOINT_VERSION
+    # a finished run is judged by its summary, whatever its checkpoint's layout: rerunning says it is done
+    torch.save({**torch.load(path, weights_only=False), "version": 2}, path)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out

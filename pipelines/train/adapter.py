@@ -15,6 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -67,6 +68,20 @@ def masked_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
     gathered = hidden.gather(1, positions.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
     logits = model.cls(gathered[batch["used"]])
     return StudentOutputs(logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
+
+
+def masked_lm_batch(input_ids: Any, token_type_ids: Any, length: Any, positions: Any, labels: Any,
+                    device: str) -> dict[str, torch.Tensor]:
+    """What a masked-LM batch holds for the adapter and the loss terms (numpy in, tensors out): the inputs,
+    the masked slots (positions [B, M], -1 = unused; used) and the original token of every used slot."""
+    ids = torch.as_tensor(input_ids.astype(np.int64), device=device)
+    lengths = torch.as_tensor(length.astype(np.int64), device=device)
+    positions = torch.as_tensor(positions.astype(np.int64), device=device)
+    used = positions >= 0
+    return {"input_ids": ids, "token_type_ids": torch.as_tensor(token_type_ids.astype(np.int64), device=device),
+            "attention_mask": (torch.arange(ids.shape[1], device=device)[None, :] < lengths[:, None]).long(),
+            "positions": positions, "used": used,
+            "mlm_labels": torch.as_tensor(labels.astype(np.int64), device=device)[used]}
 
 
 ADAPTERS = {"mlm": masked_lm_outputs}  # head -> adapter; every other head is a classifier's

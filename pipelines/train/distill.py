@@ -280,8 +280,9 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
     except (OSError, ValueError):
         return False
     options = json.loads(json.dumps(asdict(method_options), default=str))
+    named = done.get("student") or {}  # a dict (StudentInfo.describe); a name in older pre-training summaries
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
-            and (done.get("student") or {}).get("name") == student
+            and (named.get("name") if isinstance(named, dict) else named) == student
             and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
 
 

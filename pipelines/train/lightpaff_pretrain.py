@@ -26,6 +26,7 @@ from hskstore import open_store
 from hskstore.config import ConfigError
 from pipelines.methods import Context, get_method
 from pipelines.methods.base import Stage
+from pipelines.train.adapter import masked_lm_batch
 from pipelines.train.ddp import Ranks
 from pipelines.train.heads import Heads
 from pipelines.train.loop import RunParts, Student
@@ -84,21 +85,13 @@ def _check_student(model: nn.Module, tokenizer: Any, meta: dict) -> None:
 
 
 def mlm_batch(raw: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
-    """Student inputs (input_ids, token_type_ids, attention_mask), the masked slots (positions [B, M],
-    -1 = unused; used) and, per used slot (flattened), the targets the loss terms read."""
-    ids = torch.as_tensor(raw["input_ids"].astype(np.int64), device=device)
-    lengths = torch.as_tensor(raw["length"].astype(np.int64), device=device)
-    positions = torch.as_tensor(raw["mlm/positions"].astype(np.int64), device=device)
-    used = positions >= 0
-    return {
-        "input_ids": ids, "token_type_ids": torch.as_tensor(raw["token_type_ids"].astype(np.int64), device=device),
-        "attention_mask": (torch.arange(ids.shape[1], device=device)[None, :] < lengths[:, None]).long(),
-        "positions": positions, "used": used,
-        "mlm_labels": torch.as_tensor(raw["mlm/labels"].astype(np.int64), device=device)[used],
-        "topk_ids": torch.as_tensor(raw["mlm/topk_ids"].astype(np.int64), device=device)[used],
-        "topk_logits": torch.as_tensor(raw["mlm/topk_logits"], device=device)[used],
-        "lse": torch.as_tensor(raw["mlm/lse"], device=device)[used],
-    }
+    """The masked-LM batch (adapter.masked_lm_batch) and, per used slot, the teacher's stored top-k targets."""
+    batch = masked_lm_batch(raw["input_ids"], raw["token_type_ids"], raw["length"], raw["mlm/positions"],
+                            raw["mlm/labels"], device)
+    used = batch["used"]
+    return {**batch, "topk_ids": torch.as_tensor(raw["mlm/topk_ids"].astype(np.int64), device=device)[used],
+            "topk_logits": torch.as_tensor(raw["mlm/topk_logits"], device=device)[used],
+            "lse": torch.as_tensor(raw["mlm/lse"], device=device)[used]}
 
 
 @dataclass

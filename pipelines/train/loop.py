@@ -279,7 +279,9 @@ class Checkpoints:
                 log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
             return None
         state = self.load()
-        if state is not None and state.get("older") is not None and not finished:
+        if state is not None and state.get("older") is not None:
+            if finished:  # a finished run is judged by its summary (distill: the same run, or refused)
+                return None
             raise ConfigError(
                 f"{out} holds a checkpoint of an older hsk (checkpoint version {state['older']}; this hsk "
                 f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "

@@ -40,7 +40,7 @@ from pipelines.core.run_state import MetricsLog
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.methods.base import Stage, Term
-from pipelines.train.adapter import masked_lm_outputs
+from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
 from pipelines.train.options import TrainOptions
@@ -68,19 +68,6 @@ def _trainable(model: Any, train_layers: int) -> list[torch.nn.Parameter]:
 def epoch_masking(seed: int, epoch: int) -> Masking:
     """BERT's masking, drawn anew each epoch: its seed is a function of the run's seed and the epoch."""
     return Masking(mask_seed=int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
-
-
-def masked_batch(arrays: dict[str, np.ndarray], masked: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
-    """The student's inputs (masked ids), its masked slots and their original tokens, as the loss terms read."""
-    ids = torch.as_tensor(masked["input_ids"].astype(np.int64), device=device)
-    lengths = torch.as_tensor(arrays["length"].astype(np.int64), device=device)
-    positions = torch.as_tensor(masked["mlm/positions"].astype(np.int64), device=device)
-    used = positions >= 0
-    types = torch.as_tensor(arrays["token_type_ids"].astype(np.int64), device=device)
-    return {"input_ids": ids, "token_type_ids": types,
-            "attention_mask": (torch.arange(ids.shape[1], device=device)[None, :] < lengths[:, None]).long(),
-            "positions": positions, "used": used,
-            "mlm_labels": torch.as_tensor(masked["mlm/labels"].astype(np.int64), device=device)[used]}
 
 
 @dataclass(frozen=True)
@@ -129,7 +116,9 @@ class _MaskingMaker:
 
     def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         masking = epoch_masking(self.seed, self.stream.epoch)  # the epoch this batch belongs to
-        return masked_batch(raw, mask_rows(raw, raw["row"], masking, self.tokenizer), self.device)
+        masked = mask_rows(raw, raw["row"], masking, self.tokenizer)
+        return masked_lm_batch(masked["input_ids"], raw["token_type_ids"], raw["length"], masked["mlm/positions"],
+                               masked["mlm/labels"], self.device)
 
     def close(self) -> None:
         pass
