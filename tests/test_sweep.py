@@ -27,6 +27,7 @@ from pipelines.sweep.run import (
     run_sweep,
     store_path,
 )
+from pipelines.train.summary import RunSummary
 
 SOURCE_CONFIG = "2,4,0.5"
 TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred=1, workers=1, buffer_shards=2)
@@ -69,8 +70,8 @@ class Trainer:
                 raise exc
         if self.fake:
             stages = {s: {"epochs": 1.0, "steps": 2} for s in options.method_options.get("stages", ("kd",))}
-            return {"stages": stages, "metric": "accuracy", "score": 0.5, "dev": {"dev": {"accuracy": 0.5, "n": 16}},
-                    "train_seconds": 0.01, "examples_per_s": 100.0}
+            return RunSummary(stages=stages, metric="accuracy", score=0.5, dev={"dev": {"accuracy": 0.5, "n": 16}},
+                              train_seconds=0.01, examples_per_s=100.0)
         return self.real(options, **kw)
 
 
