@@ -173,8 +173,8 @@ class Stage:
 class Context:
     """What a method may look at when it builds its stages: the task and the store's selection."""
 
-    task: Task
-    selection: Selection
+    task: Task | None  # None: a masked-LM store (no task, no layer selection)
+    selection: Selection | None
     meta: Mapping[str, Any]
     warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
     student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
@@ -194,6 +194,7 @@ class Method:
     options: type  # a dataclass; every field has a default, __post_init__ validates
     build: Callable[[Any, Context], list[Stage]]
     check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
+    objective: str = "task"  # the store it distils from: "task" | "mlm" (a masked-LM store, `hsk dump --objective mlm`)
 
     def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""

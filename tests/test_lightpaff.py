@@ -240,3 +240,50 @@ def test_rows_without_labels_train_on_kl_only(task_stores, tmp_path):
     c = _curve(task_stores["mixed"], tmp_path / "m1", "0.2")
     d = _curve(task_stores["mixed"], tmp_path / "m2", "0.9")
     assert c[0] != pytest.approx(d[0], rel=1e-3)
+
+
+def test_an_older_checkpoint_is_refused_in_one_line_then_started_over(mlm_store, tmp_path, capsys):
+    """A checkpoint of an older layout (version 2: LightPAFF pre-training had its own) is not resumed: the
+    command says what to do in one line and leaves the folder as it was; --no-resume starts over."""
+    from pipelines.train.distill import train
+    from pipelines.train.loop import CHECKPOINT_VERSION
+    from pipelines.train.options import TrainOptions
+
+    out = tmp_path / "run"
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(record: dict) -> None:
+        if record["step"] == 3:
+            raise Stop
+
+    opts = TrainOptions(method="lightpaff-pretrain", max_steps=4, batch_size=8, checkpoint_every=2, workers=0,
+                        progress=False)
+    with pytest.raises(Stop):
+        train(opts, student="bert2", out_dir=str(out), store=str(mlm_store), log=lambda *_: None, on_step=interrupt)
+    path = out / "checkpoint" / "state.pt"
+    state = torch.load(path, weights_only=False)
+    assert state["version"] == CHECKPOINT_VERSION and state["position"]["stage_step"] == 2
+    old = {"version": 2, "identity": state["identity"], "progress": {"step": 2, "seconds": 0.0, "last": {}},
+           "model": state["model"], "optimizer": state["optimizer"], "scheduler": state["scheduler"],
+           "stream": state["stream"], "rng": state["rng"]}  # the layout lightpaff_pretrain wrote before
+    torch.save(old, path)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    args = ["train", "--store", str(mlm_store), "--student", "bert2", "--method", "lightpaff-pretrain",
+            "--max-steps", "4", "--batch-size", "8", "--checkpoint-every", "2", "--device", "cpu", "--workers", "0",
+            "--no-progress", "--out", str(out)]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hsk: error:")
+    assert "older hsk (checkpoint version 2" in err and "--no-resume" in err
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main([*args, "--no-resume"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    assert torch.load(path, weights_only=False)["version"] == CHECKPOINT_VERSION
+    # a finished run is judged by its summary, whatever its checkpoint's layout: rerunning says it is done
+    torch.save({**torch.load(path, weights_only=False), "version": 2}, path)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from conftest import make_tiny_bert, save_tiny_teacher
 
 from hskstore.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
+from pipelines.train.adapter import StudentOutputs
 from pipelines.train.attention import ScoreRecorder, attention_mse, score_rows
 from pipelines.train.distill import train
 from pipelines.train.losses import LOSS_TERMS, TermInputs
@@ -94,7 +95,7 @@ def test_attention_terms_by_hand():
     with pytest.raises(ConfigError, match="heads=mean"):
         attention_mse(rows, teacher.expand(1, 2, 2, 4), valid, keys)
     # the term: pairs above the embeddings only; student layer s reads recorded call s - 1
-    outputs = SimpleNamespace(attention_qk=[(q, k, 1)])
+    outputs = StudentOutputs(attention_scores=[(q, k, 1)])
     batch = {"attention_0": teacher, "positions_0": torch.tensor([[1, 0]]), "valid_0": valid, "attention_mask": keys}
     pairs = [LayerPair(0, 0, "tokens", "x", 1.0, None, 5), LayerPair(2, 1, "tokens", "x", 1.0, None, 0)]
     assert LOSS_TERMS["attention_mse"](TermInputs(outputs, batch, pairs, None)).item() == pytest.approx(want)

@@ -25,6 +25,7 @@ from pipelines.sweep.plan import plan_runs
 from pipelines.sweep.results import read_results
 from pipelines.sweep.spec import SweepSpec
 from pipelines.sweep.stores import store_path
+from pipelines.train.summary import RunSummary
 
 SOURCE_CONFIG = "2,4,0.5"
 TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred=1, workers=1, buffer_shards=2)
@@ -67,8 +68,8 @@ class Trainer:
                 raise exc
         if self.fake:
             stages = {s: {"epochs": 1.0, "steps": 2} for s in options.method_options.get("stages", ("kd",))}
-            return {"stages": stages, "metric": "accuracy", "score": 0.5, "dev": {"dev": {"accuracy": 0.5, "n": 16}},
-                    "train_seconds": 0.01, "examples_per_s": 100.0}
+            return RunSummary(stages=stages, metric="accuracy", score=0.5, dev={"dev": {"accuracy": 0.5, "n": 16}},
+                              train_seconds=0.01, examples_per_s=100.0)
         return self.real(options, **kw)
 
 

@@ -178,7 +178,7 @@ def train(
     )
     if env_rank() != 0:  # under torchrun rank 0 reports
         return
-    if summary.get("student_init") == "random":
+    if summary.student_init == "random":
         typer.echo("WARNING: the student was randomly initialised (see the warnings above)", err=True)
     typer.echo(f"summary: {out}/summary.json")
 

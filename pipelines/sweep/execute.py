@@ -57,6 +57,7 @@ from pipelines.sweep.runlog import no_progress_bars, run_log
 from pipelines.sweep.spec import SweepSpec
 from pipelines.sweep.stores import StoreSize, ensure_store, store_size
 from pipelines.train.distill import RUN_KIND, train
+from pipelines.train.summary import RunSummary
 
 SWEEP_KIND = SWEEP.name  # the output kind of a sweep's work_dir (pipelines.core.output_kinds)
 
@@ -92,10 +93,10 @@ def run_one(run: PlannedRun, spec: SweepSpec) -> dict:
     return results_row(run, store_url, store_size(spec, store_url), summary)
 
 
-def results_row(run: PlannedRun, store_url: str, size: StoreSize, summary: dict) -> dict:
+def results_row(run: PlannedRun, store_url: str, size: StoreSize, summary: RunSummary) -> dict:
     """The run's row of the results table (pipelines.sweep.results.RESULTS_SCHEMA)."""
-    stages = summary.get("stages") or {}
-    score = summary.get("score")
+    stages = summary.stages or {}
+    score = summary.score
     return {
         "run_id": run.run_id,
         "source_store": store_url,
@@ -108,17 +109,17 @@ def results_row(run: PlannedRun, store_url: str, size: StoreSize, summary: dict)
         "student": run.student,
         "seed": run.seed,
         "method": run.method,
-        "method_options": json.dumps(summary.get("method_options"), sort_keys=True, default=str),
+        "method_options": json.dumps(summary.method_options, sort_keys=True, default=str),
         "stages": "+".join(stages) or "+".join(run.stages),
         "epochs_hsk": (stages.get("hsk") or {}).get("epochs"),
         "epochs_pred": (stages.get("pred") or {}).get("epochs"),
         # Offline runs read every row of their store: the source's dump decides the training subset.
         "train_limit": size.rows,
-        "metric_name": summary.get("metric"),
+        "metric_name": summary.metric,
         "metric": None if score is None or (isinstance(score, float) and math.isnan(score)) else float(score),
-        "metrics_json": json.dumps(summary.get("dev"), sort_keys=True, default=str),
-        "train_seconds": summary.get("train_seconds"),
-        "examples_per_s": summary.get("examples_per_s"),
+        "metrics_json": json.dumps(summary.dev, sort_keys=True, default=str),
+        "train_seconds": summary.train_seconds,
+        "examples_per_s": summary.examples_per_s,
     }
 
 

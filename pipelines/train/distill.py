@@ -4,7 +4,9 @@ This module sets a run up and checks everything before the first step: the sourc
 teacher), the method's stages against the store (pipelines.methods), the student, its tokenizer
 against the store's, the layer pairs of every stage (pipelines.train.pairs), the dev data
 (pipelines.train.dev) and a checkpoint to resume. The one loop (pipelines.train.loop) then runs
-the stages.
+the stages. What a run needs is prepared according to the store its method distils from
+(`Method.objective`): a task store here (`_prepare_task`), a masked-LM store in
+pipelines.train.lightpaff_pretrain; the run folder, checkpoints, resume and summary are the same.
 
 Offline and online runs share everything but where the targets come from. Online mode builds an
 in-memory source with the store's layout (same rows, same shards) and streams it with the same
@@ -40,9 +42,10 @@ from pipelines.core.run_state import MetricsLog, write_json
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
 from pipelines.train.ddp import Ranks, SilentLog
-from pipelines.train.dev import DevData, find_dev
+from pipelines.train.dev import find_dev
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, run_stages
+from pipelines.train.lightpaff_pretrain import prepare_pretraining
+from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.sources import (
@@ -56,10 +59,11 @@ from pipelines.train.sources import (
     student_encoding,
 )
 from pipelines.train.students import StudentInfo, build_student, student_depth
+from pipelines.train.summary import RunSummary
 
 logger = logging.getLogger("hsk.train")
 
-__all__ = ["RUN_KIND", "TrainOptions", "train"]
+__all__ = ["RUN_KIND", "RunSummary", "TrainOptions", "train"]
 
 RUN_KIND = RUN.name  # the output kind of a run folder (pipelines.core.output_kinds)
 _TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store teacher's first layers
@@ -226,7 +230,7 @@ def train(
     data_dir: str | None = None,
     log: Callable[[str], Any] = print,
     on_step: Callable[[dict], Any] | None = None,
-) -> dict:
+) -> RunSummary:
     """Train `student` with `options.method` and return the run summary (also out_dir/summary.json).
 
     Offline: `store` (a path or fsspec URL); `options.teacher` may name the store's teacher when it
@@ -255,7 +259,7 @@ def _quiet(*_: Any) -> None:
     pass
 
 
-def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> dict:
+def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> RunSummary:
     """--overwrite: train afresh in a hidden sibling and swap it in once it is complete (the output rule:
     a killed overwrite leaves the old run as it was). Rank 0 alone writes; the other ranks write nothing."""
     fresh = dataclasses.replace(options, resume=False)  # overwrite stays: the old run is no obstacle
@@ -263,8 +267,8 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> di
         return _train(fresh, ranks, out_dir=out_dir, **run)
     with staged_replace(out_dir) as staged:
         summary = _train(fresh, ranks, out_dir=staged, **run)
-        summary["model_dir"] = str(Path(out_dir) / "best")
-        write_json(Path(staged) / "summary.json", summary)
+        summary = dataclasses.replace(summary, model_dir=str(Path(out_dir) / "best"))
+        write_json(Path(staged) / "summary.json", summary.to_json())
     run["log"](f"{out_dir}: replaced by this run (--overwrite)")
     return summary
 
@@ -277,8 +281,9 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
     except (OSError, ValueError):
         return False
     options = json.loads(json.dumps(asdict(method_options), default=str))
+    named = done.get("student") or {}  # a dict (StudentInfo.describe); a name in older pre-training summaries
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
-            and (done.get("student") or {}).get("name") == student
+            and (named.get("name") if isinstance(named, dict) else named) == student
             and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
 
 
@@ -320,14 +325,6 @@ def _open_source(options: TrainOptions, store: str | None, teacher: str | None, 
     return source
 
 
-def _restore(run: Run, state: dict, checkpoints: Checkpoints, log: Callable[[str], Any]) -> None:
-    run.restore(state)
-    position = run.position
-    name = run.stages[min(position.stage_index, len(run.stages) - 1)].name
-    log(f"resuming from {checkpoints.path}: stage {name}, step {position.stage_step} of the stage "
-        f"(global step {position.global_step})")
-
-
 def _train(
     options: TrainOptions,
     ranks: Ranks,
@@ -341,74 +338,92 @@ def _train(
     data_dir: str | None,
     log: Callable[[str], Any],
     on_step: Callable[[dict], Any] | None,
-) -> dict:
+) -> RunSummary:
     if (store is None) == (teacher is None):
         raise ConfigError("give either --store (offline) or --teacher with --task and --config (online)")
-    if options.method.strip().lower() == "lightpaff-pretrain":  # a masked-LM store: no task, dev set or classifier
-        from pipelines.train.lightpaff_pretrain import pretrain
-
-        if store is None:
-            raise ConfigError("--method lightpaff-pretrain distils from a masked-LM store: give --store")
-        return pretrain(options, student=student, out_dir=out_dir, store=store, log=log, on_step=on_step)
-    if teacher is not None and task is None:
-        raise ConfigError("online training (--teacher) needs --task")
+    prepare = PREPARE[get_method(options.method).objective]  # what the method distils from: a task or MLM store
     claim_output(out_dir, RUN_KIND, overwrite=False)  # refuse a foreign --out before anything else
-    data_dir = data_dir or options.data_dir
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
+    parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
+                    data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
+    checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity)
+    state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
+        out, student, parts.source, parts.method, parts.method_options), len(parts.stages))
+    if ranks.main:
+        mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
+    ranks.barrier()
+    if already_done:
+        log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
+        return RunSummary.read(out / "summary.json")
+    if ranks.distributed:  # the same initial weights (DDP broadcasts rank 0's), but each rank its own dropout
+        torch.manual_seed(options.seed + ranks.rank)
+    run = Run(
+        options=options, feed=parts.feed, task=parts.source.task, student=parts.student, stages=parts.stages,
+        pairs=parts.pairs, device=device, batch_size=parts.batch_size, evaluator=parts.evaluator,
+        keeper=Keeper(out, parts.source.task, str(parts.source.store.url)), checkpoints=checkpoints,
+        metrics_log=(MetricsLog(out / "metrics.jsonl", state["progress"]["step"] if state else None)
+                     if ranks.main else SilentLog()),
+        log=log, on_step=on_step, ranks=ranks,
+    )
+    if state is not None:
+        run.restore(state)
+    try:
+        run_stages(run, state)
+    finally:
+        if parts.source.teacher is not None:
+            parts.source.teacher.to("cpu")
+    summary = _summary(run, parts, notes.items, out)
+    if ranks.main:
+        write_json(out / "summary.json", summary.to_json())
+    _log_done(summary, parts, log)
+    return summary
+
+
+def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], Any]) -> None:
+    if summary.metric is None:
+        losses = {name: stage["final_loss"] for name, stage in summary.stages.items()}
+        log(f"done: {summary.steps} steps, final loss {losses}; student in {summary.model_dir} ({parts.done_note})")
+        return
+    log(f"done: {summary.metric} {summary.score} (best student in {summary.model_dir}); "
+        f"{summary.examples_per_s:.1f} examples/s")
+
+
+def _prepare_task(options: TrainOptions, *, student: str, store: str | None, teacher: str | None, task: str | None,
+                  config: str | None, data_dir: str | None, ranks: Ranks, device: str, log: Callable[[str], Any],
+                  notes: _Notes) -> RunParts:
+    """A run from a task store (or a live teacher): the method's plan, the student, its layer pairs, dev data."""
+    if teacher is not None and task is None:
+        raise ConfigError("online training (--teacher) needs --task")
     source = _open_source(options, store, teacher, task, config, data_dir, log)
     _check_run(student, options, source)
     method, method_options, stages = _plan(options, source, notes, student)
     dev = find_dev(source.task, source.metadata, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
     model, info = _student(student, options, source, stages, notes)
     pairs = _pairs(stages, source, info, log)
-    token_level = any(p.feature == "tokens" for stage_pairs in pairs for p in stage_pairs)
-    student_inputs = None
-    if not check_provenance(source, info, token_level=token_level, log=log):
-        notes.items.append("student tokenizer differs from the store's: logits-only KD on re-tokenized texts")
-        student_inputs = student_encoding(source, info.tokenizer, data_dir, log)
-
+    student_inputs = _student_inputs(source, info, pairs, data_dir, notes, log)
     batch_size = options.batch_size or source.task.batch_size
     _check_ranks(ranks, batch_size, source)
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt",
-                              _identity(options, student, source, batch_size, method, method_options))
-    state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, source, method, method_options), len(stages))
-    if ranks.main:
-        mark_output(str(out), RUN_KIND, method=method.name)  # everything is checked: now the folder is ours
-    ranks.barrier()
-    if already_done:
-        log(f"{out}: this run already finished; its summary is in {out / 'summary.json'}")
-        return json.loads((out / "summary.json").read_text())
-    model.to(device)
-    if ranks.distributed:  # the same initial weights (DDP broadcasts rank 0's), but each rank its own dropout
-        torch.manual_seed(options.seed + ranks.rank)
     projection = info.projection.to(device) if info.projection is not None else None
-    run = Run(
-        options=options, source=source, task=source.task,
-        student=Student(model, info, projection, Heads(model)), stages=stages, pairs=pairs, device=device,
-        batch_size=batch_size,
-        evaluator=Evaluator(source.task, dev.examples, info.tokenizer, source.metadata.max_length,
-                            options.eval_batch_size, device, progress=options.progress and ranks.main),
-        keeper=Keeper(out, source.task, str(source.store.url)), checkpoints=checkpoints,
-        metrics_log=(MetricsLog(out / "metrics.jsonl", state["position"]["global_step"] if state else None)
-                     if ranks.main else SilentLog()),
-        log=log, on_step=on_step, student_inputs=student_inputs, ranks=ranks,
-    )
-    if state is not None:
-        _restore(run, state, checkpoints, log)
-    try:
-        run_stages(run, state)
-    finally:
-        if source.teacher is not None:
-            source.teacher.to("cpu")
-    summary = _summary(run, method, method_options, dev, notes.items, out)
-    if ranks.main:
-        write_json(out / "summary.json", summary)
-    log(f"done: {summary['metric']} {summary['score']} (best student in {summary['model_dir']}); "
-        f"{summary['examples_per_s']:.1f} examples/s")
-    return summary
+    evaluator = Evaluator(source.task, dev.examples, info.tokenizer, source.metadata.max_length,
+                          options.eval_batch_size, device, progress=options.progress and ranks.main)
+    return RunParts(source, method, method_options, stages, Student(model.to(device), info, projection, Heads(model)),
+                    pairs, TaskFeed(source, options.pad_to_max_length, student_inputs), evaluator, batch_size,
+                    _identity(options, student, source, batch_size, method, method_options), dev)
+
+
+def _student_inputs(source: Source, info: StudentInfo, pairs: list[list[LayerPair]], data_dir: str | None,
+                    notes: _Notes, log: Callable[[str], Any]) -> dict | None:
+    """The student's own encoding of the rows when its tokenizer is not the store's (logits-only KD)."""
+    token_level = any(p.feature == "tokens" for stage_pairs in pairs for p in stage_pairs)
+    if check_provenance(source, info, token_level=token_level, log=log):
+        return None
+    notes.items.append("student tokenizer differs from the store's: logits-only KD on re-tokenized texts")
+    return student_encoding(source, info.tokenizer, data_dir, log)
+
+
+PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining}
 
 
 def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:
@@ -419,48 +434,42 @@ def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:
                           f"{ranks.world_size} ranks: dump it with smaller --shard-rows, or use fewer ranks")
 
 
-def _store_bytes(source: Source, names: list[str]) -> dict:
+def _store_bytes(source: Any, names: list[str]) -> dict:
     if source.mode != "offline":
         return {"total": 0, "read": 0}
     sizes = {n: int(source.store.group[n].nbytes_stored()) for n in source.store.specs}
     return {"total": sum(sizes.values()), "read": sum(sizes[n] for n in names if n in sizes)}
 
 
-def _summary(run: Run, method, method_options, dev: DevData, warnings: list[str], out: Path) -> dict:
-    pos, best = run.position, run.keeper.best or {}
-    source = run.source
-    pairs = [p for stage_pairs in run.pairs for p in stage_pairs]
+def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSummary:
+    pos, source = run.position, parts.source
+    offline = source.mode == "offline"
+    return RunSummary(
+        mode=source.mode, source=str(source.store.url),
+        store_content_address=getattr(source.store, "content_address", None),
+        stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}] if offline
+        else [],
+        method=parts.method.name, method_options=asdict(parts.method_options),
+        plan=[stage.describe() for stage in run.stages], student=run.student.info.describe(),
+        student_init=run.student.info.init, stages=run.stage_results, steps=pos.global_step, examples=pos.examples_seen,
+        train_seconds=pos.train_seconds,
+        examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
+        model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
+        world_size=run.ranks.world_size, warnings=warnings, **_task_fields(run, parts),
+    )
+
+
+def _task_fields(run: Run, parts: RunParts) -> dict[str, Any]:
+    """The summary's fields a task run has (a masked-LM run leaves them at their defaults)."""
+    if run.task is None:
+        return {}
+    best, pairs = run.keeper.best or {}, [p for stage_pairs in run.pairs for p in stage_pairs]
     return {
-        "task": run.task.name,
-        "mode": source.mode,
-        "source": str(source.store.url),
-        "store_content_address": getattr(source.store, "content_address", None),
-        # lineage: every store this run read, by content address (`hsk catalog --json` lists them)
-        "stores_read": [{"url": str(source.store.url), "content_address": source.store.content_address}]
-        if source.mode == "offline" else [],
-        "method": method.name,
-        "method_options": asdict(method_options),
-        "plan": [stage.describe() for stage in run.stages],
-        "student": run.student.info.describe(),
-        "student_init": run.student.info.init,
-        "stages": run.stage_results,
-        "steps": pos.global_step,
-        "examples": pos.examples_seen,
-        "train_seconds": pos.train_seconds,
-        "examples_per_s": pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
-        "metric": run.task.metric,
-        "score": best.get("score"),
-        "best_step": best.get("step"),
-        "dev": best.get("metrics"),
-        "dev_data": dev.describe(),
-        "eval_on_training_split": dev.on_training_split,
-        "model_dir": str(out / "best"),
+        "task": run.task.name, "metric": run.task.metric, "score": best.get("score"), "best_step": best.get("step"),
+        "dev": best.get("metrics"), "dev_data": parts.dev.describe(),
+        "eval_on_training_split": parts.dev.on_training_split,
         "layer_pairs": [p.describe() for p in pairs],
         "layer_map": [{"kept_layer": p.kept, "student_entry": p.student_layer, "teacher_layer": p.teacher_layer}
                       for p in dict.fromkeys(pairs)],
-        "store_bytes": _store_bytes(source, run.names_read()),
-        "config": str(source.selection.config),
-        "batch_size": run.batch_size,
-        "world_size": run.ranks.world_size,  # torchrun ranks; batch_size is the global batch
-        "warnings": warnings,
+        "config": str(parts.source.selection.config),
     }

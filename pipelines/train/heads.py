@@ -20,9 +20,10 @@ HEAD_SIZES: dict[str, int] = {"ptp4": 4}  # head name -> number of outputs (besi
 class Heads:
     """The heads of one student; `use(name)` puts that head on the model."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, own: str = "task"):
         self.model = model
-        self.current = "task"
+        self.own = own  # the head the model comes with: "task" (a classifier), "mlm" (a BertForMaskedLM)
+        self.current = own
         self.aside: dict[str, nn.Module] = {}
 
     def _classifier(self) -> nn.Linear:
@@ -37,8 +38,8 @@ class Heads:
     def use(self, name: str) -> None:
         if name == self.current:
             return
-        if name != "task" and name not in HEAD_SIZES:
-            raise ConfigError(f"unknown head {name!r}; known: task, {', '.join(HEAD_SIZES)}")
+        if name != self.own and name not in HEAD_SIZES:
+            raise ConfigError(f"unknown head {name!r}; known: {self.own}, {', '.join(HEAD_SIZES)}")
         head = self._classifier()
         self.aside[self.current] = head
         new = self.aside.pop(name, None)
@@ -72,7 +73,7 @@ class Heads:
     def load_state_dict(self, state: dict) -> None:
         """Recreate the heads of a checkpoint (before loading the model's own state)."""
         for name in state["aside"]:
-            if name != "task":
+            if name != self.own:
                 self.use(name)
         self.use(state["current"])
         for name, weights in state["aside"].items():

@@ -1,25 +1,28 @@
 """The one training loop: runs the stages of any method (pipelines.methods) on a student.
 
-Each stage: an AdamW optimiser over what it trains, its LR schedule, a stream of store batches (or
-of teacher-computed batches online), the student's forward with the outputs it needs, the weighted
-sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint selection when
-the stage asks for it. A checkpoint records the stage index and the step inside the stage
-explicitly, with the stream's position and the RNG state, so a rerun resumes mid-stage and computes
-the very same losses as an uninterrupted run.
+Every training the product does runs here: the task methods (`hsk train`), LightPAFF pre-training
+on a masked-LM store, `hsk teacher` and the MLM teacher. Each stage: an AdamW optimiser over what
+it trains, its LR schedule, a stream of batches (a `Feed` says which arrays the stage streams and
+how its batches are made: a task store, a live teacher online, rows in memory, a masked-LM store),
+the student's forward through an adapter with fixed output keys (pipelines.train.adapter), the
+weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint
+selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
+stage index and the step inside the stage explicitly, with the stream's position and the RNG
+state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
+older layout is refused in one line.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,6 +39,7 @@ from pipelines.core.run_state import (
 )
 from pipelines.core.tasks import Task
 from pipelines.registry import Stage
+from pipelines.train.adapter import StudentOutputs, adapter_for
 from pipelines.train.ddp import Ranks
 from pipelines.train.heads import Heads
 from pipelines.train.losses import TermInputs, weighted_sum
@@ -45,7 +49,9 @@ from pipelines.train.sources import BatchMaker, Source, stream_names
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
 
-CHECKPOINT_VERSION = 2
+# 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
+# "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
+CHECKPOINT_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,7 +92,7 @@ def schedule_factor(schedule: str, total_steps: int, warmup_ratio: float = 0.0) 
 
 @dataclass
 class Student:
-    """The model being trained, its projection W and its heads."""
+    """The model being trained, its projection W and its heads; `forward` gives fixed output keys."""
 
     model: nn.Module
     info: StudentInfo
@@ -100,24 +106,8 @@ class Student:
             out.append(self.projection)
         return out
 
-    def forward(self, batch: dict, outputs: tuple[str, ...]):
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        if "token_type_ids" in self._accepted and getattr(self.model.config, "type_vocab_size", 0):
-            kwargs["token_type_ids"] = batch["token_type_ids"]
-        if "attentions" in outputs:
-            kwargs["output_attentions"] = True
-        if "attention_scores" in outputs:  # TinyBERT: the loss term reads out.attention_qk
-            from pipelines.train.attention import ScoreRecorder
-
-            with ScoreRecorder(self.model) as calls:
-                out = (self.runner or self.model)(**kwargs, output_hidden_states="hidden_states" in outputs)
-            out.attention_qk = list(calls)
-            return out
-        return (self.runner or self.model)(**kwargs, output_hidden_states="hidden_states" in outputs)
-
-    @property
-    def _accepted(self) -> set[str]:
-        return set(inspect.signature(self.model.forward).parameters)
+    def forward(self, batch: dict, outputs: tuple[str, ...]) -> StudentOutputs:
+        return adapter_for(self.heads.current)(self.model, self.runner, batch, outputs)
 
     def state_dict(self) -> dict:
         return {
@@ -159,9 +149,26 @@ class Position:
         self.stage_step = self.stage_examples = 0
         self.stage_seconds = 0.0
 
+    def to_state(self) -> dict:
+        """The checkpoint's "position" (where in the plan) and "progress" (how far, in all)."""
+        return {"position": {"stage_index": self.stage_index, "stage_step": self.stage_step},
+                "progress": {"step": self.global_step, "examples": self.examples_seen, "seconds": self.train_seconds,
+                             "stage_examples": self.stage_examples, "stage_seconds": self.stage_seconds}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> Position:
+        progress = state["progress"]
+        return cls(state["position"]["stage_index"], state["position"]["stage_step"], progress["step"],
+                   progress["examples"], progress["seconds"], progress["stage_examples"], progress["stage_seconds"])
+
 
 class Evaluator:
-    """Dev metrics of the student, tokenized once with its tokenizer at the store's length."""
+    """Dev metrics of the student, tokenized once with its tokenizer at the store's length.
+
+    Any evaluator (the MLM teacher's held-out masked tokens too) gives {split: {metric: value}} for the
+    head it judges (`head`), and `metric`, the one model selection reads."""
+
+    head = "task"
 
     def __init__(self, task: Task, dev: dict, tokenizer, max_length: int, batch_size: int, device: str,
                  progress: bool = False):
@@ -188,11 +195,20 @@ class Evaluator:
         model.train()
         return metrics
 
+    @property
+    def metric(self) -> str:
+        return self.task.metric
+
     def score(self, metrics: dict | None) -> float:
         """The metric model selection uses: the primary metric of the first dev split."""
-        if not metrics:
-            return float("nan")
-        return float(next(iter(metrics.values())).get(self.task.metric, float("nan")))
+        return first_split_score(metrics, self.metric)
+
+
+def first_split_score(metrics: dict | None, metric: str) -> float:
+    if not metrics:
+        return float("nan")
+    value = next(iter(metrics.values())).get(metric)
+    return float("nan") if value is None else float(value)
 
 
 @dataclass
@@ -200,7 +216,7 @@ class Keeper:
     """The best dev result so far and the saved student (out/best, plain transformers format)."""
 
     out: Path
-    task: Task
+    task: Task | None  # None: a masked-LM run (no task)
     source_url: str
     best: dict | None = None  # {"step", "stage", "metrics", "score", "saved"}
     last_eval: dict | None = None
@@ -208,8 +224,8 @@ class Keeper:
     def save(self, student: Student, step: int, reason: str) -> None:
         target, tmp = self.out / "best", self.out / "best.tmp"
         save_model_folder(student.model, student.info.tokenizer, tmp)  # a full disk: one line, rerun resumes
-        card = {"reason": reason, "step": step, "task": self.task.name, "student": student.info.describe(),
-                "source": self.source_url, "best": self.best}
+        card = {"reason": reason, "step": step, "task": self.task.name if self.task else None,
+                "student": student.info.describe(), "source": self.source_url, "best": self.best}
         (tmp / "hsk_student.json").write_text(json.dumps(card, indent=2, default=json_default))
         if target.exists():
             shutil.rmtree(target)
@@ -233,7 +249,7 @@ class Checkpoints:
         state = {
             "version": CHECKPOINT_VERSION,
             "identity": self.identity,
-            "position": asdict(position),
+            **position.to_state(),
             **student.state_dict(),
             **keeper.state(),
             "stage_results": stage_results,
@@ -249,7 +265,9 @@ class Checkpoints:
         if not self.path.exists():
             return None
         state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state.get("version") != CHECKPOINT_VERSION or state.get("identity") != self.identity:
+        if state.get("version") != CHECKPOINT_VERSION:
+            return {"foreign": True, "older": state.get("version", 1)}
+        if state.get("identity") != self.identity:
             return {"foreign": True}
         return state
 
@@ -261,6 +279,14 @@ class Checkpoints:
                 log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
             return None
         state = self.load()
+        if state is not None and state.get("older") is not None:
+            if finished:  # a finished run is judged by its summary (distill: the same run, or refused)
+                return None
+            raise ConfigError(
+                f"{out} holds a checkpoint of an older hsk (checkpoint version {state['older']}; this hsk "
+                f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
+                "to start over"
+            )
         if state is not None and state.get("foreign"):
             fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
             raise ConfigError(
@@ -270,32 +296,82 @@ class Checkpoints:
         return state
 
 
+class Maker(Protocol):
+    """Raw stream batch (numpy) -> the dict of device tensors the student and the loss terms read."""
+
+    def __call__(self, raw: dict) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class Feed(Protocol):
+    """What differs between kinds of training data: the arrays a stage streams and how its batches are made.
+    `store` is what the StoreStream reads (a store, or rows in memory laid out as one)."""
+
+    store: Any
+
+    def names(self, stage: Stage, kept: list[int]) -> list[str]: ...
+
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> Maker: ...
+
+
+@dataclass
+class TaskFeed:
+    """A task store, a live teacher standing in for one (online), or labelled rows in memory (`hsk teacher`)."""
+
+    source: Source
+    pad_to_max_length: bool = False  # pad every batch to the store's max length (benchmarks)
+    student_inputs: dict | None = None  # the student's own encoding of the rows (another tokenizer)
+
+    @property
+    def store(self) -> Any:
+        return self.source.store
+
+    def names(self, stage: Stage, kept: list[int]) -> list[str]:
+        return stream_names(self.source, stage.reads, kept)
+
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> Maker:
+        meta = self.source.metadata
+        pad_to = meta.max_length if self.pad_to_max_length else None
+        return BatchMaker(self.source, [f"layers/{i}" for i in kept], device, pad_to, self.student_inputs,
+                          meta.tokenizer.pad_id or 0)
+
+
+def work_state(checkpoints: Checkpoints, log: Callable[[str], Any]) -> dict | None:
+    """The checkpoint of a work folder (`hsk teacher`'s hidden sibling): resumed when it is this run's;
+    another run's (or an older hsk's) is started over, as the folder is the command's own."""
+    state = checkpoints.load()
+    if state is not None and state.get("foreign"):
+        log(f"{checkpoints.path} is another run's checkpoint: starting over")
+        return None
+    return state
+
+
 @dataclass
 class Run:
     """A run's fixed inputs and its small mutable parts; `run_stages` drives it."""
 
     options: TrainOptions
-    source: Source
-    task: Task
+    feed: Feed
+    task: Task | None  # None: no task (masked-LM training)
     student: Student
     stages: list[Stage]
     pairs: list[list[LayerPair]]  # per stage
     device: str
     batch_size: int
-    evaluator: Evaluator
+    evaluator: Evaluator | None
     keeper: Keeper
     checkpoints: Checkpoints
     metrics_log: MetricsLog
     log: Callable[[str], Any]
     on_step: Callable[[dict], Any] | None = None
-    student_inputs: dict | None = None
     position: Position = field(default_factory=Position)
     stage_results: dict = field(default_factory=dict)
     ranks: Ranks = field(default_factory=Ranks)
 
     def restore(self, state: dict) -> None:
         self.student.load_state_dict(state)
-        self.position = Position(**state["position"])
+        self.position = Position.from_state(state)
         self.keeper.best, self.keeper.last_eval = state["best"], state.get("last_eval")
         self.stage_results = state["stage_results"]
 
@@ -303,12 +379,12 @@ class Run:
         """Every store array the plan reads (all stages, whichever of them ran in this process)."""
         names: set[str] = set()
         for stage, pairs in zip(self.stages, self.pairs):
-            names.update(stream_names(self.source, stage.reads, sorted({p.kept for p in pairs})))
+            names.update(self.feed.names(stage, sorted({p.kept for p in pairs})))
         return sorted(names)
 
     def evaluate(self, stage: Stage) -> None:
         """Dev metrics now; the best so far is saved to out/best. Rank 0 alone; the others wait for it."""
-        if not self.evaluator or stage.head != "task":
+        if not self.evaluator or stage.head != self.evaluator.head:
             return
         if self.ranks.main:
             self._evaluate(stage)
@@ -326,12 +402,31 @@ class Run:
         keeper.last_eval = {"step": step, "metrics": metrics, "score": score}
         self.metrics_log.write({"type": "eval", "stage": stage.name, "step": step, "metrics": metrics,
                                 "score": score, "best": is_best})
-        metric = self.task.metric
+        metric = self.evaluator.metric
         shown = ", ".join(f"{split} {metric} {m[metric]:.4f}" for split, m in metrics.items())
         self.log(f"eval at step {step}: {shown}{' (best so far)' if is_best else ''}")
         if is_best or keeper.best is None:
             keeper.best = {"step": step, "stage": stage.name, "metrics": metrics, "score": score}
             keeper.save(self.student, step, "best dev score")
+
+
+@dataclass
+class RunParts:
+    """What one kind of training prepares for the loop (distill's task runs; LightPAFF pre-training), every
+    check done: the rest of a run (its folder, checkpoints, resume, summary) is the same for all."""
+
+    source: Any  # a sources.Source (store, online teacher) or a lightpaff_pretrain.MaskedLMSource
+    method: Any  # pipelines.methods.base.Method
+    method_options: Any
+    stages: list[Stage]
+    student: Student
+    pairs: list[list[LayerPair]]  # per stage
+    feed: Feed
+    evaluator: Evaluator | None  # None: no dev evaluation (the last model is kept)
+    batch_size: int
+    identity: dict  # what a checkpoint must share with the run that resumes it
+    dev: Any = None  # pipelines.train.dev.DevData of a task run
+    done_note: str = ""  # said after the run's last line
 
 
 # --------------------------------------------------------------------------------------------------
@@ -361,11 +456,11 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
         run.student.heads.reset(seed=opts.seed + index)
     kept = sorted({p.kept for p in pairs})
     ranks = run.ranks
-    stream = StoreStream(run.source.store, batch_size=ranks.local_batch(run.batch_size), seed=opts.seed,
+    stream = StoreStream(run.feed.store, batch_size=ranks.local_batch(run.batch_size), seed=opts.seed,
                          shuffle=True, buffer_shards=opts.buffer_shards, workers=opts.workers,
                          read_ahead=opts.read_ahead, rank=ranks.rank, world_size=ranks.world_size,
                          drop_last=ranks.distributed,
-                         names=stream_names(run.source, stage.reads, kept))
+                         names=run.feed.names(stage, kept))
     total = math.ceil(stage.epochs * len(stream))
     if opts.max_steps is not None:
         total = min(total, opts.max_steps)
@@ -380,9 +475,7 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             stream.load_state_dict(state["stream"])
         if ranks.main:  # the checkpoint holds rank 0's RNG; the others keep their own seed's
             set_rng_state(state["rng"])
-    pad_id = run.source.metadata.tokenizer.pad_id or 0
-    pad_to = run.source.metadata.max_length if opts.pad_to_max_length else None
-    maker = BatchMaker(run.source, [f"layers/{i}" for i in kept], run.device, pad_to, run.student_inputs, pad_id)
+    maker = run.feed.maker(stage, kept, run.device, stream)
     run.student.runner = ranks.wrap(run.student.model) if "student" in stage.trains else None
     return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker)
 
@@ -443,6 +536,9 @@ def _epoch(run: Run, sr: _StageRun, bar) -> bool:
 def run_stage(run: Run, index: int, state: dict | None) -> None:
     sr = _open_stage(run, index, state)
     stage, pos = sr.stage, run.position
+    if state is not None:
+        run.log(f"resuming from {run.checkpoints.path}: stage {stage.name}, step {pos.stage_step} of the stage "
+                f"(step {pos.stage_step} of {sr.total}; global step {pos.global_step})")
     if pos.stage_step == 0:
         schedule = {"constant": "constant", "linear": "linear decay"}.get(stage.schedule, "warmup + linear decay")
         terms = " + ".join(f"{t.weight:g} {t.name}" for t in stage.terms)
@@ -478,7 +574,7 @@ def _end_stage(run: Run, index: int, sr: _StageRun) -> None:
     run.metrics_log.write({"type": "stage_end", "stage": stage.name, "step": pos.global_step,
                            **run.stage_results[stage.name]})
     if index == len(run.stages) - 1:
-        run.student.heads.use("task")
+        run.student.heads.use(run.student.heads.own)
         if not (run.keeper.best and run.keeper.best.get("saved")) and run.ranks.main:
             run.keeper.save(run.student, pos.global_step, "final model (no dev evaluation chose a best one)")
     pos.next_stage()

@@ -277,7 +277,7 @@ def term_teacher_mse(x: TermInputs) -> torch.Tensor:
 @loss_term("attention_mse")
 def term_attention_mse(x: TermInputs, heads: str = "same") -> torch.Tensor:
     """Sum over the layer pairs above the embeddings of attention_mse(student rows, stored teacher rows)."""
-    calls = getattr(x.outputs, "attention_qk", None)
+    calls = x.outputs.attention_scores
     if calls is None:
         raise ValueError("attention_mse needs the stage to ask for the student's 'attention_scores' output")
     loss = None

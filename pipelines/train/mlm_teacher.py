@@ -3,42 +3,54 @@
 The MiniLM package ships an encoder without its MLM head. This puts BERT's head on it (dense +
 GELU + LayerNorm, then a decoder tied to the word embeddings, as BERT does, plus a bias) and trains
 the head, and optionally the top `train_layers` encoder layers, with BERT's masking on in-domain
-raw text; everything else stays frozen. Masking is drawn anew each epoch (seeded). The result is
-a plain `BertForMaskedLM` checkpoint, which `hsk dump --objective mlm` reads.
+raw text; everything else stays frozen. The one training loop (pipelines.train.loop) runs it: the
+rows are tokenized once and held in memory, laid out as a store's shards (`RowsInMemory`), and
+masked per batch (`MaskingFeed`), anew each epoch (a function of the seed, the epoch and the row,
+so a resumed run masks as an uninterrupted one). The held-out tenth is evaluated at every epoch's
+end (`HeldOut`). The result is a plain `BertForMaskedLM` checkpoint, which `hsk dump --objective mlm`
+reads.
 
 The output rule is `hsk teacher`'s (pipelines/train/teacher.py): `--out` must be new, or a teacher
 folder with `--overwrite`; training runs in the hidden sibling `.OUT.hsk-train`, checkpointed every
-`checkpoint_every` steps and at each epoch's end, so a rerun of the same command resumes (RNG state
-included: the resumed run takes the same steps as an uninterrupted one); the teacher folder is
-built in a staged sibling and swapped in whole.
+`checkpoint_every` steps (mlm-state.pt, the loop's checkpoint), so a rerun of the same command resumes
+(RNG state included: the resumed run takes the same steps as an uninterrupted one); the teacher folder
+is built in a staged sibling and swapped in whole.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from hskstore.config import ConfigError
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.run_state import atomic_save, rng_state, set_rng_state
+from pipelines.core.run_state import MetricsLog
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
+from pipelines.registry import Stage, Term
+from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
+from pipelines.train.heads import Heads
+from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
+from pipelines.train.options import TrainOptions
+from pipelines.train.stream import StoreStream
+from pipelines.train.students import StudentInfo
 from pipelines.train.teacher import check_numbers, publish_teacher, work_dir
 
 STATE_FILE = "mlm-state.pt"
+ROWS = ["row", "input_ids", "token_type_ids", "length"]
 
 
 def _trainable(model: Any, train_layers: int) -> list[torch.nn.Parameter]:
@@ -54,47 +66,117 @@ def _trainable(model: Any, train_layers: int) -> list[torch.nn.Parameter]:
     return params
 
 
-def _mlm_loss(model: Any, inputs: dict, arrays: dict, batch: np.ndarray, device: str) -> tuple[torch.Tensor, int, int]:
-    """Mean cross-entropy over the batch's masked positions; (loss, correct, count)."""
-    hidden = model.bert(**inputs).last_hidden_state
-    pos = torch.as_tensor(arrays["mlm/positions"][batch].astype(np.int64), device=device)
-    used = pos >= 0
-    gathered = hidden.gather(1, pos.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
-    logits = model.cls(gathered[used])
-    target = torch.as_tensor(arrays["mlm/labels"][batch].astype(np.int64), device=device)[used]
-    correct = int((logits.argmax(-1) == target).sum())
-    return F.cross_entropy(logits.float(), target), correct, int(used.sum())
+def epoch_masking(seed: int, epoch: int) -> Masking:
+    """BERT's masking, drawn anew each epoch: its seed is a function of the run's seed and the epoch."""
+    return Masking(mask_seed=int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
 
 
-def _epoch_arrays(enc: dict, rows: np.ndarray, seed: int, epoch: int, tokenizer: Any) -> dict:
-    masking = Masking(mask_seed=int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
-    return mask_rows(enc, rows, masking, tokenizer)
+@dataclass(frozen=True)
+class _Spec:
+    dtype: np.dtype
+    shape: tuple[int, ...]
 
 
-def _evaluate(model: Any, enc: dict, arrays: dict, batch_size: int, device: str) -> dict:
-    model.eval()
-    total, correct, count = 0.0, 0, 0
-    masked = {**enc, "input_ids": arrays["input_ids"]}
-    with torch.no_grad():
-        for batch in length_bucketed_batches(enc["length"], batch_size):
-            loss, c, n = _mlm_loss(model, batch_inputs(masked, batch, device), arrays, batch, device)
-            total, correct, count = total + float(loss) * n, correct + c, count + n
-    return {"loss": _finite(total / max(count, 1)), "accuracy": round(correct / max(count, 1), 6), "tokens": count}
+class RowsInMemory:
+    """Tokenized rows laid out as a store's shards, for the StoreStream (nothing is written)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], url: str, shard_rows: int = 1024):
+        self.url, self.arrays = url, arrays
+        self.meta = {"complete": True, "layout": {"n_rows": len(arrays["row"]), "shard_rows": shard_rows}}
+        self.specs = {name: _Spec(a.dtype, a.shape) for name, a in arrays.items()}
+
+    @property
+    def n_shards(self) -> int:
+        return -(-len(self) // self.meta["layout"]["shard_rows"])
+
+    def __len__(self) -> int:
+        return self.meta["layout"]["n_rows"]
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]:
+        rows = self.meta["layout"]["shard_rows"]
+        return shard * rows, min((shard + 1) * rows, len(self))
+
+    def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
+        start, stop = self.shard_bounds(shard)
+        return {n: self.arrays[n][start:stop] for n in (names or list(self.arrays))}
+
+
+def bucketed(data: _Data, batch_size: int, seed: int, url: str) -> RowsInMemory:
+    """The training rows laid out in batches of similar length, one batch a shard, the short batch last:
+    the stream (one shard a window) then shuffles whole batches each epoch and pads little, as the
+    length-bucketed batches of the dump do (SST-2 sentences are short: random batches pad ~3x more)."""
+    batches = length_bucketed_batches(data.train["length"], batch_size, shuffle_seed=seed)
+    order = np.concatenate(sorted(batches, key=lambda b: len(b) < batch_size))  # stable: the short one last
+    arrays = {"row": data.rows[order], **{k: data.train[k][order] for k in ROWS[1:]}}
+    return RowsInMemory(arrays, url, shard_rows=batch_size)
+
+
+class _MaskingMaker:
+    def __init__(self, stream: StoreStream, tokenizer: Any, seed: int, device: str):
+        self.stream, self.tokenizer, self.seed, self.device = stream, tokenizer, seed, device
+
+    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        masking = epoch_masking(self.seed, self.stream.epoch)  # the epoch this batch belongs to
+        masked = mask_rows(raw, raw["row"], masking, self.tokenizer)
+        return masked_lm_batch(masked["input_ids"], raw["token_type_ids"], raw["length"], masked["mlm/positions"],
+                               masked["mlm/labels"], self.device)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class MaskingFeed:
+    """Rows in memory, masked per batch: a stage reads the masked inputs and the original tokens."""
+
+    store: RowsInMemory
+    tokenizer: Any
+    seed: int
+
+    def names(self, stage: Stage, kept: list[int]) -> list[str]:
+        return list(ROWS)
+
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _MaskingMaker:
+        return _MaskingMaker(stream, self.tokenizer, self.seed, device)
+
+
+class HeldOut:
+    """Loss and accuracy of the MLM head on the held-out rows' masked tokens (masked once, with the seed)."""
+
+    head, metric = "mlm", "accuracy"
+
+    def __init__(self, enc: dict, arrays: dict | None, batch_size: int, device: str):
+        self.enc, self.arrays, self.batch_size, self.device = enc, arrays, batch_size, device
+
+    def __bool__(self) -> bool:
+        return self.arrays is not None
+
+    def __call__(self, model: Any) -> dict:
+        model.eval()
+        total, correct, count = 0.0, 0, 0
+        masked = {**self.enc, "input_ids": self.arrays["input_ids"]}
+        with torch.no_grad():
+            for rows in length_bucketed_batches(self.enc["length"], self.batch_size):
+                batch = batch_inputs(masked, rows, self.device)
+                positions = torch.as_tensor(self.arrays["mlm/positions"][rows].astype(np.int64), device=self.device)
+                logits = masked_lm_outputs(model, None, {**batch, "positions": positions, "used": positions >= 0},
+                                           ()).logits
+                target = torch.as_tensor(self.arrays["mlm/labels"][rows].astype(np.int64), device=self.device)
+                target = target[positions >= 0]
+                n = int(target.numel())
+                total += float(F.cross_entropy(logits.float(), target)) * n
+                correct, count = correct + int((logits.argmax(-1) == target).sum()), count + n
+        model.train()
+        return {"held_out": {"loss": _finite(total / max(count, 1)), "accuracy": round(correct / max(count, 1), 6),
+                             "tokens": count}}
+
+    def score(self, metrics: dict | None) -> float:
+        return first_split_score(metrics, self.metric)
 
 
 def _finite(x: float) -> float | None:
     """Rounded for the summary; None for a diverged (nan/inf) loss, which JSON cannot hold."""
     return round(float(x), 6) if math.isfinite(x) else None
-
-
-@dataclass
-class _Progress:
-    """Where training stands: epochs finished, optimizer steps taken, this epoch's losses so far."""
-
-    epoch: int = 0
-    step: int = 0
-    losses: list[float] = field(default_factory=list)
-    history: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -128,26 +210,27 @@ def _split(corpus: Examples, tokenizer: Any, max_length: int, seed: int) -> _Dat
     return _Data({k: v[:split] for k, v in enc.items()}, corpus.rows[:split], dev, dev_arrays)
 
 
-def _restore(path: Path, identity: dict, model: Any, optimizer: Any, log: Callable[[str], Any]) -> _Progress:
-    """The progress of an interrupted run of this very command (another run's state is ignored)."""
-    if not path.exists():
-        return _Progress()
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("identity") != identity:
-        log(f"{path} is another run's checkpoint: starting over")
-        return _Progress()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"])
-    progress = _Progress(**state["progress"])
-    log(f"resuming the MLM head's training from {path} (step {progress.step})")
-    return progress
+def _history(metrics_file: Path) -> list[dict]:
+    """Per epoch: its last step, mean train loss and the held-out evaluation at its end (metrics.jsonl)."""
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    evals = {r["step"]: r["metrics"].get("held_out", {}) for r in records if r["type"] == "eval"}
+    epochs: dict[int, list[dict]] = {}
+    for r in records:
+        if r["type"] == "train":
+            epochs.setdefault(r["epoch"], []).append(r)
+    history = []
+    for epoch, steps in sorted(epochs.items()):
+        last = steps[-1]["step"]
+        history.append({"epoch": epoch + 1, "step": last, "train_loss": _finite(np.mean([r["loss"] for r in steps])),
+                        "dev": evals.get(last, {})})
+    return history
 
 
-def _save(path: Path, identity: dict, model: Any, optimizer: Any, progress: _Progress) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save({"identity": identity, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "rng": rng_state(), "progress": asdict(progress)}, path)
+def _stage(epochs: float, lr: float) -> Stage:
+    import pipelines.methods  # noqa: F401  registers the mlm_mle loss term (pipelines.methods.lightpaff)
+
+    return Stage(name="mlm", epochs=epochs, lr=lr, terms=(Term("mle", "mlm_mle"),), schedule="constant", head="mlm",
+                 select_best=True)  # select_best: the held-out rows are evaluated at every epoch's end
 
 
 def train_mlm_teacher(
@@ -180,59 +263,56 @@ def train_mlm_teacher(
     tokenizer = load_tokenizer(base)
     torch.manual_seed(seed)  # the fresh head is drawn from this
     model = _load_model(base, train_layers, device)
+    _trainable(model, train_layers)
     data = _split(corpus, tokenizer, max_length, seed)
-    optimizer = torch.optim.AdamW(_trainable(model, train_layers), lr=lr, weight_decay=0.01)
-    total_steps = max(1, math.ceil(epochs * math.ceil(len(data.rows) / batch_size)))
     identity = {"objective": "mlm", "base": base, "corpus": corpus.fingerprint, "train_layers": train_layers,
                 "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": max_length, "seed": seed}
-    state_path = work_dir(out) / STATE_FILE
-    done = _restore(state_path, identity, model, optimizer, log)
-    while done.step < total_steps or done.losses:  # losses left: the last epoch's end was not recorded yet
-        _train_epoch(model, optimizer, data, done, tokenizer, total_steps, batch_size, seed, device, progress,
-                     lambda: _save(state_path, identity, model, optimizer, done), checkpoint_every, on_step)
-        dev = _evaluate(model, data.dev, data.dev_arrays, batch_size, device) if data.dev_arrays else {}
-        done.history.append({"epoch": done.epoch + 1, "step": done.step,
-                             "train_loss": _finite(np.mean(done.losses)), "dev": dev})
-        log(f"epoch {done.epoch + 1}: train loss {done.history[-1]['train_loss']}; held-out masked tokens {dev}")
-        done.epoch, done.losses = done.epoch + 1, []
-        _save(state_path, identity, model, optimizer, done)
+    work = work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpoints(work / STATE_FILE, identity)
+    state = work_state(checkpoints, log)
+    metrics_log = MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None)
+    run = _run(model, tokenizer, data, (checkpoints, metrics_log), base, corpus, epochs, lr, batch_size, seed, device,
+               checkpoint_every, progress, log, on_step)
+    if state is not None:
+        run.restore(state)
+    run_stages(run, state)
+    history = _history(work / "metrics.jsonl")
+    for h in history:
+        log(f"epoch {h['epoch']}: train loss {h['train_loss']}; held-out masked tokens {h['dev']}")
     summary = {
         "format": "hsk-teacher/1", "objective": "mlm", "base": base, "base_resolved": resolve_model(base),
         "train_layers": train_layers, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
         "max_length": max_length, "train_rows": len(data.rows), "held_out_rows": len(corpus) - len(data.rows),
-        "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint, "history": done.history,
-        "dev_metrics": done.history[-1]["dev"], "steps": done.step, "weights_hash": weights_hash(model),
+        "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint, "history": history,
+        "dev_metrics": history[-1]["dev"], "steps": run.position.global_step, "weights_hash": weights_hash(model),
         "vocab_hash": vocab_hash(tokenizer), "train_seconds": round(time.perf_counter() - started, 2),
     }
 
-    def fill(folder: Path) -> None:
+    def fill(folder: Path) -> None:  # the last model (the held-out evaluation chooses nothing)
         model.eval().save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
     publish_teacher(out, fill, summary, objective="mlm")
-    shutil.rmtree(work_dir(out), ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     return summary
 
 
-def _train_epoch(model: Any, optimizer: Any, data: _Data, done: _Progress, tokenizer: Any, total_steps: int,
-                 batch_size: int, seed: int, device: str, progress: bool, save: Callable[[], None],
-                 checkpoint_every: int, on_step: Callable[[int], Any] | None) -> None:
-    """Run the rest of epoch `done.epoch` (masking and order are functions of the seed and the epoch,
-    so the batches already taken are skipped, not redrawn)."""
-    arrays = _epoch_arrays(data.train, data.rows, seed, done.epoch, tokenizer)
-    masked = {**data.train, "input_ids": arrays["input_ids"]}
-    batches = length_bucketed_batches(data.train["length"], batch_size, shuffle_seed=seed * 1000 + done.epoch)
-    first, stop = len(done.losses), total_steps - (done.step - len(done.losses))
-    model.train()
-    for batch in tqdm(batches[first:stop], desc=f"mlm epoch {done.epoch + 1}", disable=not progress or None,
-                      initial=first, total=min(stop, len(batches))):
-        loss, _, _ = _mlm_loss(model, batch_inputs(masked, batch, device), arrays, batch, device)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        done.losses.append(float(loss.detach()))
-        done.step += 1
-        if done.step % checkpoint_every == 0:
-            save()
-        if on_step is not None:
-            on_step(done.step)
+def _run(model: Any, tokenizer: Any, data: _Data, records: tuple[Checkpoints, MetricsLog], base: str, corpus: Examples,
+         epochs: float, lr: float, batch_size: int, seed: int, device: str, checkpoint_every: int, progress: bool,
+         log: Callable[[str], Any], on_step: Callable[[int], Any] | None) -> Run:
+    """The loop's run: the whole model is the student (only the unfrozen parameters train), head mlm."""
+    options = TrainOptions(method="mlm-teacher", batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
+                           seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress,
+                           buffer_shards=1)  # a shard is a batch of similar lengths (`bucketed`)
+    info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
+                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
+                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
+    rows = bucketed(data, batch_size, seed, f"memory:{corpus.source}")
+    return Run(options=options, feed=MaskingFeed(rows, tokenizer, seed), task=None,
+               student=Student(model, info, None, Heads(model, "mlm")), stages=[_stage(epochs, lr)], pairs=[[]],
+               device=str(device), batch_size=batch_size,
+               evaluator=HeldOut(data.dev, data.dev_arrays, batch_size, str(device)),
+               keeper=Keeper(records[0].path.parent, None, rows.url), checkpoints=records[0], metrics_log=records[1],
+               log=log,
+               on_step=(lambda record: on_step(record["step"])) if on_step else None)

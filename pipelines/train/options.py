@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hskstore.config import ConfigError, check_at_least
+
+if TYPE_CHECKING:  # the dump's options (torch-side); training options do not need them at runtime
+    from pipelines.dump.stage import DumpOptions
 
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
@@ -43,7 +46,8 @@ class TrainOptions:
     checkpoint_every: int = field(default=500, metadata=_NO)
     eval_batch_size: int = field(default=64, metadata=_NO)
     data_dir: str | None = field(default=None, metadata=_NO)  # glue_data folder (else HSK_DATA_DIR, else hub)
-    online: Any = field(default=None, metadata=_NO)  # online mode: a pipelines.dump.stage.DumpOptions
+    # online mode: the dump's choices the teacher computes targets with (None: logits only); not a training option
+    online: DumpOptions | None = field(default=None, metadata=_NO)
     resume: bool = field(default=True, metadata=_NO)  # False: restart an unfinished run (never a finished one)
     overwrite: bool = field(default=False, metadata=_NO)  # replace a finished run, once the new one is complete
     progress: bool = field(default=True, metadata=_NO)

@@ -44,7 +44,7 @@ from pipelines.core.run_state import MetricsLog
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, run_stages
+from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, TaskFeed, run_stages, work_state
 from pipelines.train.options import TrainOptions
 from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
@@ -245,17 +245,15 @@ def fine_tune_teacher(
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
                 "batch_size": batch_size, "seed": seed, "max_length": max_length}
     checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity)
-    state = checkpoints.load()
-    state = None if state is not None and state.get("foreign") else state
-    run = Run(options=options, source=source, task=task, student=Student(model, info, None, Heads(model)),
+    state = work_state(checkpoints, log)
+    run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
               stages=stages, pairs=[[]], device=str(device), batch_size=batch_size,
               evaluator=Evaluator(task, dev_sets, tokenizer, max_length, batch_size * 2, str(device)),
               keeper=Keeper(work, task, source.store.url), checkpoints=checkpoints,
-              metrics_log=MetricsLog(work / "metrics.jsonl", state["position"]["global_step"] if state else None),
+              metrics_log=MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None),
               log=log)
     if state is not None:
         run.restore(state)
-        log(f"resuming the fine-tuning from {checkpoints.path} (step {run.position.global_step})")
     run_stages(run, state)
     steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
     history = _history(work, steps_per_epoch)
