@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hskstore.config import ConfigError
+from hskstore.meta import Layout
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
@@ -77,24 +78,31 @@ class _Spec:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class _RowsMeta:
+    """The part of a store's metadata the StoreStream reads: complete, and the layout."""
+
+    layout: Layout
+    complete: bool = True
+
+
 class RowsInMemory:
     """Tokenized rows laid out as a store's shards, for the StoreStream (nothing is written)."""
 
     def __init__(self, arrays: dict[str, np.ndarray], url: str, shard_rows: int = 1024):
         self.url, self.arrays = url, arrays
-        self.meta = {"complete": True, "layout": {"n_rows": len(arrays["row"]), "shard_rows": shard_rows}}
+        self.metadata = _RowsMeta(Layout(len(arrays["row"]), shard_rows, chunk_rows=shard_rows, n_width=0))
         self.specs = {name: _Spec(a.dtype, a.shape) for name, a in arrays.items()}
 
     @property
     def n_shards(self) -> int:
-        return -(-len(self) // self.meta["layout"]["shard_rows"])
+        return self.metadata.layout.n_shards
 
     def __len__(self) -> int:
-        return self.meta["layout"]["n_rows"]
+        return self.metadata.layout.n_rows
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
-        rows = self.meta["layout"]["shard_rows"]
-        return shard * rows, min((shard + 1) * rows, len(self))
+        return self.metadata.layout.shard_bounds(shard)
 
     def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
         start, stop = self.shard_bounds(shard)
