@@ -48,12 +48,14 @@ def dump_stores(teacher: str, args, work: Path) -> dict[str, Path]:
 
 
 def train_command(student: str, method: str, seed: int, store: Path, out: Path, args) -> list[str]:
-    if method == "pea":  # PTP then KD, half of the epochs each, the same LR
+    if method.startswith("pea"):  # PTP then KD, half of the epochs each, the same LR
         half = str(args.epochs / 2)
         schedule = ["--epochs", half, "--set", f"ptp_epochs={half}", "--set", f"ptp_lr={args.lr}"]
+        if method == "pea-kept":  # the KD stage goes on with the head PTP trained (kd_head=kept)
+            schedule += ["--set", "kd_head=kept"]
     else:
         schedule = ["--epochs", str(args.epochs)]
-    return ["hsk", "train", "--method", method, "--store", str(store), "--student", student, *schedule,
+    return ["hsk", "train", "--method", method.split("-")[0], "--store", str(store), "--student", student, *schedule,
             "--lr", str(args.lr), "--seed", str(seed), "--batch-size", "32", "--data-dir", args.data_dir,
             "--no-progress", "--out", str(out)]
 
@@ -67,7 +69,7 @@ def teacher_dev(teacher: str) -> float | None:
 
 def run_one(key: dict, teacher: str, stores: dict[str, Path], work: Path, args) -> dict:
     student, method, seed = key["student"], key["method"], key["seed"]
-    store = stores["cls" if method == "pea" else "logits"]
+    store = stores["cls" if method.startswith("pea") else "logits"]
     out = work / f"{method}-{student}-s{seed}"
     command = train_command(student, method, seed, store, out, args)
     load_before, start = os.getloadavg(), time.time()
@@ -80,7 +82,7 @@ def run_one(key: dict, teacher: str, stores: dict[str, Path], work: Path, args) 
             "dev_accuracy": summary["score"], "best_step": summary["best_step"], "steps": summary["steps"],
             "wall_s": None if finished else round(time.time() - start, 1),
             "load_before": None if finished else load_before, "load_after": None if finished else os.getloadavg(),
-            "pea_options": summary["method_options"] if method == "pea" else None,
+            "pea_options": summary["method_options"] if method.startswith("pea") else None,
             "ptp_term": ptp, "command": " ".join(command)}
 
 
@@ -125,7 +127,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--arms", default=",".join(f"{m}@{s}" for s, m in ARMS), help="METHOD@STUDENT,...")
+    ap.add_argument("--arms", default=",".join(f"{m}@{s}" for s, m in ARMS),
+                    help="METHOD@STUDENT,... (METHOD: kd, pea, or pea-kept: pea with --set kd_head=kept)")
     ap.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
     ap.add_argument("--work", default="runs/pea_strength")
     ap.add_argument("--results", default="benchmarks/results/pea_strength.json")

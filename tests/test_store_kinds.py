@@ -4,8 +4,6 @@ parsing its metadata once into hskstore.meta records; the entry list comes from 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -92,12 +90,3 @@ def test_damaged_metadata_is_refused_by_the_parser():
     meta = _stored_meta(VECTORS / "int8.hsk.zip")
     with pytest.raises(KeyError):
         StoreMeta.parse({k: v for k, v in meta.items() if k != "teacher"})
-
-
-def test_hskstore_imports_without_torch():
-    """The store format package and its typed metadata need numpy and zarr only."""
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import hskstore, hskstore.meta, hskstore.reader, hskstore.writer, hskstore.derive, hskstore.catalog\n"
-            "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr

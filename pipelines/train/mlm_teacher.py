@@ -46,6 +46,7 @@ from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
 from pipelines.train.options import TrainOptions
+from pipelines.train.sources import ShardedRows
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
 from pipelines.train.teacher import check_numbers, publish_teacher, work_dir
@@ -86,27 +87,13 @@ class _RowsMeta:
     complete: bool = True
 
 
-class RowsInMemory:
+class RowsInMemory(ShardedRows):
     """Tokenized rows laid out as a store's shards, for the StoreStream (nothing is written)."""
 
     def __init__(self, arrays: dict[str, np.ndarray], url: str, shard_rows: int = 1024):
-        self.url, self.arrays = url, arrays
-        self.metadata = _RowsMeta(Layout(len(arrays["row"]), shard_rows, chunk_rows=shard_rows, n_width=0))
+        layout = Layout(len(arrays["row"]), shard_rows, chunk_rows=shard_rows, n_width=0)
+        super().__init__(_RowsMeta(layout), arrays, url)
         self.specs = {name: _Spec(a.dtype, a.shape) for name, a in arrays.items()}
-
-    @property
-    def n_shards(self) -> int:
-        return self.metadata.layout.n_shards
-
-    def __len__(self) -> int:
-        return self.metadata.layout.n_rows
-
-    def shard_bounds(self, shard: int) -> tuple[int, int]:
-        return self.metadata.layout.shard_bounds(shard)
-
-    def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
-        start, stop = self.shard_bounds(shard)
-        return {n: self.arrays[n][start:stop] for n in (names or list(self.arrays))}
 
 
 def bucketed(data: _Data, batch_size: int, seed: int, url: str) -> RowsInMemory:

@@ -36,19 +36,13 @@ INPUT_NAMES = ["row", "text_hash", "label", "input_ids", "token_type_ids", "leng
 # Sources of training rows
 
 
-class OnlineSource:
-    """The parts of an HSKStore a StoreStream reads, holding only the tokenized inputs in memory.
+class ShardedRows:
+    """Arrays held in memory, read shard by shard the way a StoreStream reads a store (nothing is written).
 
-    Same metadata, layout and array dtypes as the store a dump of the same data would write, so the
-    stream plans the very same batches; the teacher targets are computed per batch instead.
-    """
+    `metadata` needs what the stream reads of a store's: `complete` and `layout` (rows, shard rows)."""
 
-    def __init__(self, meta: dict, inputs: dict[str, np.ndarray], url: str):
-        self.url = url
-        self.meta = meta
-        self.metadata = StoreMeta.parse(meta)
-        self.specs = {s.name: s for s in array_specs(meta)}
-        self._inputs = {name: inputs[name].astype(self.specs[name].dtype) for name in INPUT_NAMES}
+    def __init__(self, metadata: Any, arrays: dict[str, np.ndarray], url: str):
+        self.metadata, self.arrays, self.url = metadata, arrays, url
 
     @property
     def n_shards(self) -> int:
@@ -62,7 +56,21 @@ class OnlineSource:
 
     def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict:
         start, stop = self.shard_bounds(shard)
-        return {n: self._inputs[n][start:stop] for n in (names or INPUT_NAMES)}
+        return {n: self.arrays[n][start:stop] for n in (names or list(self.arrays))}
+
+
+class OnlineSource(ShardedRows):
+    """The parts of an HSKStore a StoreStream reads, holding only the tokenized inputs in memory.
+
+    Same metadata, layout and array dtypes as the store a dump of the same data would write, so the
+    stream plans the very same batches; the teacher targets are computed per batch instead.
+    """
+
+    def __init__(self, meta: dict, inputs: dict[str, np.ndarray], url: str):
+        self.meta = meta
+        self.specs = {s.name: s for s in array_specs(meta)}
+        arrays = {name: inputs[name].astype(self.specs[name].dtype) for name in INPUT_NAMES}
+        super().__init__(StoreMeta.parse(meta), arrays, url)
 
 
 @dataclass
