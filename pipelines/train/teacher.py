@@ -180,6 +180,68 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
     shutil.rmtree(work)
 
 
+def _run(work: Path, identity: dict, options: TrainOptions, source: Any, stages: list, base: str, model: Any,
+         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any]) -> Run:
+    """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
+    task = source.task
+    info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
+                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
+                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
+    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity)
+    state = work_state(checkpoints, log)
+    run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
+              stages=stages, pairs=[[]], device=device, batch_size=options.batch_size,
+              evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
+              keeper=Keeper(work, task, source.store.url), checkpoints=checkpoints,
+              metrics_log=MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None),
+              log=log)
+    if state is not None:
+        run.restore(state)
+    run_stages(run, state)
+    return run
+
+
+def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work: Path, train: Examples,
+          dev_sets: dict, settings: dict, log: Callable[[str], Any]) -> dict:
+    """hsk_teacher.json of a finished fine-tuning run (without its time fields), from the kept weights."""
+    steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
+    history = _history(work, steps_per_epoch)
+    for h in history:
+        shown = "".join(f"; {s}: " + ", ".join(f"{k} {v}" for k, v in m.items()) for s, m in h["dev"].items())
+        log(f"epoch {h['epoch']}: train loss {h['train_loss']}{shown}")
+    best = run.keeper.best or {}
+    best_dev = {s: {k: v for k, v in m.items() if k != "n"} for s, m in (best.get("metrics") or {}).items()}
+    best_epoch = math.ceil(best["step"] / max(steps_per_epoch, 1)) if best else len(history)
+    model = load_classifier(str(work / "best"))  # the kept weights, not the last step's
+    return {
+        "format": "hsk-teacher/1",
+        "task": task.name,
+        "labels": list(task.labels) if task.labels is not None else None,
+        "metric": task.metric,
+        "base": base,
+        "base_resolved": resolve_model(base),
+        "base_revision": model_revision(base),
+        "base_weights_hash": base_hash,
+        "weights_hash": weights_hash(model),
+        "vocab_hash": vocab_hash(tokenizer),
+        "dev_metrics": {split: _clean(m) for split, m in best_dev.items()},
+        "best_epoch": best_epoch,
+        "history": history,
+        "epochs": settings["epochs"],
+        "steps": run.position.global_step,
+        **{k: settings[k] for k in ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
+                                   "device", "max_length")},
+        "train_examples": len(train),
+        "train_source": train.source,
+        "train_fingerprint": train.fingerprint,
+        "dev_data": {
+            s: {"source": ex.source, "examples": len(ex), "fingerprint": ex.fingerprint}
+            for s, ex in dev_sets.items()
+        },
+        "software": _software(),
+    }
+
+
 def fine_tune_teacher(
     task: Task | str,
     base: str,
@@ -239,66 +301,15 @@ def fine_tune_teacher(
     stages = method.stages(method_options, Context(task, source.selection, source.meta))
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
-                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
-                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
                 "batch_size": batch_size, "seed": seed, "max_length": max_length}
-    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity)
-    state = work_state(checkpoints, log)
-    run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
-              stages=stages, pairs=[[]], device=str(device), batch_size=batch_size,
-              evaluator=Evaluator(task, dev_sets, tokenizer, max_length, batch_size * 2, str(device)),
-              keeper=Keeper(work, task, source.store.url), checkpoints=checkpoints,
-              metrics_log=MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None),
-              log=log)
-    if state is not None:
-        run.restore(state)
-    run_stages(run, state)
-    steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
-    history = _history(work, steps_per_epoch)
-    for h in history:
-        shown = "".join(f"; {s}: " + ", ".join(f"{k} {v}" for k, v in m.items()) for s, m in h["dev"].items())
-        log(f"epoch {h['epoch']}: train loss {h['train_loss']}{shown}")
-    best = run.keeper.best or {}
-    best_dev = {s: {k: v for k, v in m.items() if k != "n"} for s, m in (best.get("metrics") or {}).items()}
-    best_epoch = math.ceil(best["step"] / max(steps_per_epoch, 1)) if best else len(history)
-    model = load_classifier(str(work / "best"))  # the kept weights, not the last step's
-    summary = {
-        "format": "hsk-teacher/1",
-        "task": task.name,
-        "labels": list(task.labels) if task.labels is not None else None,
-        "metric": task.metric,
-        "base": base,
-        "base_resolved": resolve_model(base),
-        "base_revision": model_revision(base),
-        "base_weights_hash": base_hash,
-        "weights_hash": weights_hash(model),
-        "vocab_hash": vocab_hash(tokenizer),
-        "dev_metrics": {split: _clean(m) for split, m in best_dev.items()},
-        "best_epoch": best_epoch,
-        "history": history,
-        "epochs": epochs,
-        "steps": run.position.global_step,
-        "lr": lr,
-        "batch_size": batch_size,
-        "warmup_ratio": warmup_ratio,
-        "weight_decay": weight_decay,
-        "max_grad_norm": max_grad_norm,
-        "seed": seed,
-        "device": str(device),
-        "max_length": max_length,
-        "train_examples": len(train),
-        "train_source": train.source,
-        "train_fingerprint": train.fingerprint,
-        "dev_data": {
-            s: {"source": ex.source, "examples": len(ex), "fingerprint": ex.fingerprint}
-            for s, ex in dev_sets.items()
-        },
-        "software": _software(),
-        "train_seconds": round(time.perf_counter() - started, 2),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
+    settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
+                "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
+                "max_length": max_length}
+    summary = _card(task, base, base_hash, tokenizer, run, work, train, dev_sets, settings, log)
+    summary["train_seconds"] = round(time.perf_counter() - started, 2)
+    summary["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     _save_teacher(work, out, summary)
-    log(f"teacher saved to {out} (best epoch {best_epoch}: {summary['dev_metrics'] or 'no dev data'})")
+    log(f"teacher saved to {out} (best epoch {summary['best_epoch']}: {summary['dev_metrics'] or 'no dev data'})")
     return summary
