@@ -89,6 +89,16 @@ def test_each_rank_reads_about_1_over_n_of_the_store(wide_store, window):
     assert three == steps(wide_store, 1, 12, 0, window=4)[0] and max(len(s) for s in shards) > wide_store.n_shards / 3
 
 
+def test_a_rank_holds_its_share_of_the_window(wide_store):
+    for world in (1, 2, 4):
+        for rank in range(world):
+            stream = StoreStream(wide_store, batch_size=16 // world, rank=rank, world_size=world, buffer_shards=4,
+                                 workers=1, names=["row"])
+            n_rows = sum(len(b["row"]) for b in stream)
+            assert n_rows == (525 if world == 1 else 525 // 16 * 16 // world)  # N ranks drop the partial batch
+            assert stream.stats.peak_buffer_shards == 4 // world, (world, rank)
+
+
 def test_a_state_saved_with_other_canonical_streams_is_refused(rows_store):
     stream = StoreStream(rows_store, batch_size=8, seed=2, canonical=4, names=["row"])
     other = StoreStream(rows_store, batch_size=8, seed=2, canonical=2, names=["row"])

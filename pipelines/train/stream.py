@@ -21,7 +21,9 @@ the shares of its c/N streams, so it reads only their shards, 1/N of the store (
 of the last batches) and holds W/N shards; otherwise the batch sorted by row id cut in N parts.
 Each shard is read at most once per epoch; rows a later batch needs stay in memory. A resumed
 stream skips shards without reading them. C is part of the order: state_dict records it and a
-state with another C is refused.
+state with another C is refused. Unlike MosaicML's num_canonical_nodes, which defaults to the first
+run's physical nodes, C is a constant here, so no run's machines ever shape the order; and the
+window is split over the streams (W/c shards each), so W bounds memory whatever C is.
 
 Background threads (not processes: zarr 3 runs its I/O on an event loop that does not survive a
 fork, and blosc/zstd/blake2 release the GIL) prefetch the next shards in that fixed order.
