@@ -2,13 +2,14 @@
 
     python benchmarks/shuffle_quality.py                  # 64 shards of 1024 rows, global batch 32
 
-The training order (pipelines/train/stream.py global_plan) permutes the shards, then the rows of
-each window of W shards. Computed from the plan alone (no store is read), on a store whose rows are
+The training order (pipelines/train/stream.py global_plan) permutes the shards, deals them to
+c = min(C, W) canonical streams, and permutes each stream's windows (W/c shards each); a global
+batch is every stream's share. Computed from the plan alone (no store is read), on a store whose rows are
 sorted by label (the worst case: a dump of a label-sorted file; half label 0, then half label 1):
   - label imbalance: mean over global batches of |fraction of label 1 in the batch - 0.5|; a full
     random permutation gives about 0.07 at batch 32 (binomial), a sorted order 0.5;
-  - consecutive distance: median |original position of row i+1 - of row i| / n_rows over the epoch
-    (full permutation: about 0.29);
+  - consecutive distance: median |original position of row i+1 - of row i| / n_rows over the epoch,
+    each batch's rows taken in a random order (full permutation: about 0.29);
   - memory: the window's shards, in rows and in bytes for a d 768 store at --config;
   - reads: under N ranks, the fraction of the store's shards each rank reads per epoch (the
     trade-off of the window: a rank's slices of a wide window's batches touch more shards).
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hskstore.schema import array_specs
-from pipelines.train.stream import global_plan, rank_slice
+from pipelines.train.stream import CANONICAL_STREAMS, global_plan, rank_slice
 
 
 class Layout:
@@ -46,16 +47,19 @@ def bytes_per_row(config: str) -> int:
 def quality(batches: list[np.ndarray], n_rows: int) -> dict:
     label = lambda rows: rows >= n_rows // 2  # noqa: E731 - rows sorted by label
     imbalance = float(np.mean([abs(label(b).mean() - 0.5) for b in batches if len(b)]))
-    seq = np.concatenate(batches)
+    # a batch is a set to the gradient, and the canonical order lists it stream by stream: measure the
+    # distance in a random order within each batch, so the statistic compares mixing, not listing
+    rng = np.random.default_rng(0)
+    seq = np.concatenate([rng.permutation(b) for b in batches])
     distance = float(np.median(np.abs(np.diff(seq))) / n_rows)
     return {"label_imbalance": round(imbalance, 4), "median_consecutive_distance": round(distance, 4)}
 
 
-def rank_reads(batches: list[np.ndarray], layout: Layout, world: int) -> float:
-    """Mean over ranks of the fraction of the store's shards a rank reads in the epoch."""
-    fractions = [len(np.unique(np.concatenate([rank_slice(b, r, world) for b in batches]) // layout.shard_rows))
-                 / layout.n_shards for r in range(world)]
-    return round(float(np.mean(fractions)), 3)
+def rank_reads(batches: list[np.ndarray], layout: Layout, world: int, canonical: int) -> list[float]:
+    """The fraction of the store's shards each rank reads in the epoch."""
+    fractions = [len(np.unique(np.concatenate([rank_slice(b, r, world, canonical) for b in batches])
+                               // layout.shard_rows)) / layout.n_shards for r in range(world)]
+    return fractions
 
 
 def reference(n: int, batch_size: int, epochs: int) -> dict:
@@ -70,17 +74,19 @@ def reference(n: int, batch_size: int, epochs: int) -> dict:
 def window_row(layout: Layout, args, window: int, row_bytes: int) -> dict:
     per_epoch, reads = [], {2: [], 4: []}
     for epoch in range(args.epochs):
-        plan = global_plan(layout, args.batch_size, epoch, seed=0, window=window, drop_last=True)
-        batches = [g.pool_rows[slots] for g in plan for slots in g.batches]
-        per_epoch.append(quality(batches, layout.n_rows))
+        plan = global_plan(layout, args.batch_size, epoch, seed=0, window=window, drop_last=True,
+                           canonical=args.canonical)
+        per_epoch.append(quality(plan.batches, layout.n_rows))
         for world in reads:
-            reads[world].append(rank_reads(batches, layout, world))
+            reads[world].extend(rank_reads(plan.batches, layout, world, plan.canonical))
     return {
         "window": window,
+        "canonical_streams": min(args.canonical, window, layout.n_shards, args.batch_size),
         **{k: round(float(np.mean([q[k] for q in per_epoch])), 4) for k in per_epoch[0]},
         "window_rows": window * args.shard_rows,
         "window_mib": round(window * args.shard_rows * row_bytes / 2**20, 1),
         **{f"shards_read_per_rank_{w}_ranks": round(float(np.mean(v)), 3) for w, v in reads.items()},
+        **{f"shards_read_max_rank_{w}_ranks": round(float(np.max(v)), 3) for w, v in reads.items()},
     }
 
 
@@ -92,6 +98,7 @@ def main() -> None:
     ap.add_argument("--windows", default="1,4,16,64")
     ap.add_argument("--config", default="3,8,0.2")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--canonical", type=int, default=CANONICAL_STREAMS, help="C, canonical streams")
     ap.add_argument("--out", default="benchmarks/results/shuffle_quality.json")
     args = ap.parse_args()
     layout = Layout(args.shards * args.shard_rows, args.shard_rows)
@@ -102,7 +109,8 @@ def main() -> None:
     for r in rows:
         print(json.dumps(r))
     result = {"shards": args.shards, "shard_rows": args.shard_rows, "global_batch": args.batch_size,
-              "config": args.config, "bytes_per_row": row_bytes, "epochs": args.epochs, "rows": rows,
+              "config": args.config, "canonical": args.canonical, "bytes_per_row": row_bytes, "epochs": args.epochs,
+              "rows": rows,
               "load_average": os.getloadavg()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -127,7 +127,7 @@ def test_a_stopped_two_rank_run_resumes_to_the_same_weights(store, glue_dir, one
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
     # the global position only: no rank count, so any number of ranks may resume it (tests/test_order.py)
     assert state["position"]["stage_step"] == 2 and "world_size" not in state["identity"]
-    assert state["stream"] == {"epoch": 1, "batches_done": 1, "seed": 5}  # global batches of the epoch done
+    assert state["stream"] == {"epoch": 1, "batches_done": 1, "seed": 5, "canonical": 8}  # global batches done, C
     resumed = torchrun("-m", "pipelines.cli", "train", "--store", store, "--student", "bert2", "--out", str(out),
                        "--data-dir", str(glue_dir), *ARGS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -69,6 +69,49 @@ def test_each_rank_reads_only_the_shards_of_its_slices(tmp_path):
         assert all(len(s) < 16 for s in shards), window
 
 
+@pytest.fixture(scope="module")
+def wide_store(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("wide") / "s.zarr", n_rows=525, shard_rows=8)  # 66 shards, the last 5 rows
+
+
+@pytest.mark.parametrize("window", [4, 8])
+def test_each_rank_reads_about_1_over_n_of_the_store(wide_store, window):
+    """Ranks that divide the canonical streams read only their streams' shards: 1/N of the store, plus
+    a few shards for the epoch's last batches (the rows the longer streams have left)."""
+    for epoch in (0, 1):
+        for world in (1, 2, 4):
+            _, shards = steps(wide_store, world, 16, epoch, window=window)
+            n = wide_store.n_shards
+            assert len(set().union(*shards)) >= n - 1  # all but, maybe, one whose rows fell in the dropped batch
+            assert all(len(s) / n <= 1 / world + 4 / n for s in shards), (world, [len(s) for s in shards])
+    # ranks that do not divide the streams (3 of 4) still share the batches, reading more of the store
+    three, shards = steps(wide_store, 3, 12, 0, window=4)
+    assert three == steps(wide_store, 1, 12, 0, window=4)[0] and max(len(s) for s in shards) > wide_store.n_shards / 3
+
+
+def test_a_rank_holds_its_share_of_the_window(wide_store):
+    for world in (1, 2, 4):
+        for rank in range(world):
+            stream = StoreStream(wide_store, batch_size=16 // world, rank=rank, world_size=world, buffer_shards=4,
+                                 workers=1, names=["row"])
+            n_rows = sum(len(b["row"]) for b in stream)
+            assert n_rows == (525 if world == 1 else 525 // 16 * 16 // world)  # N ranks drop the partial batch
+            assert stream.stats.peak_buffer_shards == 4 // world, (world, rank)
+
+
+def test_a_state_saved_with_other_canonical_streams_is_refused(rows_store):
+    stream = StoreStream(rows_store, batch_size=8, seed=2, canonical=4, names=["row"])
+    other = StoreStream(rows_store, batch_size=8, seed=2, canonical=2, names=["row"])
+    assert [b["row"].tolist() for b in stream] != [b["row"].tolist() for b in other]  # C is part of the order
+    state = {**stream.state_dict(), "batches_done": 1}
+    assert state["canonical"] == 4
+    with pytest.raises(ValueError) as refused:
+        other.load_state_dict(state)
+    assert str(refused.value) == ("the checkpoint's data order has 4 canonical streams, this run's 2: "
+                                  "resume with the same number")
+    assert other.batches_done == 0  # nothing moved
+
+
 def test_a_resumed_rank_continues_its_slices(rows_store):
     full = StoreStream(rows_store, batch_size=4, rank=1, world_size=4, seed=2, buffer_shards=3, names=["row"])
     expected = [b["row"].tolist() for b in full]

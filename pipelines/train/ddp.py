@@ -6,12 +6,12 @@ group (nccl on CUDA, gloo on CPU); without them a run is the one process it alwa
 
 What each rank does (the rest of the trainer asks `run.ranks`): it streams its slice of every global
 batch of the epoch's one order (StoreStream's rank/world_size; the order does not depend on N, so a
-checkpoint made under N ranks resumes under M), a local batch of global batch / N, reading only the
-shards that hold its slices, through the student wrapped in DistributedDataParallel, whose
-backward averages the gradients of the ranks, so one step is the step of one process on the whole
-global batch (the losses are means over examples). Only rank 0 evaluates, saves, logs, writes
-checkpoints and the summary; the others wait for it at a barrier. Every rank resumes from the same
-checkpoint.
+checkpoint made under N ranks resumes under M), a local batch of global batch / N: the shares of its
+canonical streams when N divides them (stream.py), so it reads 1/N of the store, through the
+student wrapped in DistributedDataParallel, whose backward averages the gradients of the ranks, so
+one step is the step of one process on the whole global batch (the losses are means over examples).
+Only rank 0 evaluates, saves, logs, writes checkpoints and the summary; the others wait for it at a
+barrier. Every rank resumes from the same checkpoint.
 """
 
 from __future__ import annotations

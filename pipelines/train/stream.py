@@ -7,15 +7,23 @@
         for batch in stream:                    # dict of numpy arrays, one row per example
             t = decode_batch(batch, store.layers, store.hidden_size, "cuda")
 
-An epoch's order is global (`global_plan`): the shard order is permuted (seeded by seed and epoch),
-the shards are taken `buffer_shards` (the shuffle window, W) at a time, and each window's rows, with
-the rows the previous window left over (fewer than a batch), are permuted and cut into global
-batches, so every batch is full but the last and every example is visited exactly once per epoch.
-The plan is a pure function of the store's layout, seed, epoch, global batch and window: not of the
-number of ranks, nor of thread timing, nor of where the store lives. A data-parallel rank takes its
-slice of every global batch (`rank_slice`: the batch sorted by row id, cut in N equal parts) and reads
-only the shards that hold its slices, each at most once per epoch; rows carried into a later window
-stay in memory. A resumed stream skips shards without reading them.
+An epoch's order is global (`global_plan`), after MosaicML streaming's canonical nodes: the shard
+order is permuted (seeded by seed and epoch) and dealt round-robin to c = min(C, W, shards, global
+batch) canonical streams (C = `canonical`, default 8; W = `buffer_shards`, the shuffle window). Each
+stream mixes its shards W/c at a time (the window split evenly over the streams), each run's rows
+permuted; global batch t is, stream by stream, each stream's next share (the batch split evenly),
+while every stream has rows; the rows the longer streams have left form the epoch's last batches.
+So every batch is full but the last and every example is visited exactly once per epoch, and a
+batch mixes the rows of W shards. The plan is a pure function of the store's layout, seed, epoch,
+global batch, W and C: not of the number of ranks, nor of thread timing, nor of where the store
+lives. A data-parallel rank takes its slice of every global batch (`rank_slice`): when N divides c,
+the shares of its c/N streams, so it reads only their shards, 1/N of the store (plus a few shards
+of the last batches) and holds W/N shards; otherwise the batch sorted by row id cut in N parts.
+Each shard is read at most once per epoch; rows a later batch needs stay in memory. A resumed
+stream skips shards without reading them. C is part of the order: state_dict records it and a
+state with another C is refused. Unlike MosaicML's num_canonical_nodes, which defaults to the first
+run's physical nodes, C is a constant here, so no run's machines ever shape the order; and the
+window is split over the streams (W/c shards each), so W bounds memory whatever C is.
 
 Background threads (not processes: zarr 3 runs its I/O on an event loop that does not survive a
 fork, and blosc/zstd/blake2 release the GIL) prefetch the next shards in that fixed order.
@@ -48,20 +56,23 @@ class StreamStats:
     peak_resident_shards: int = 0  # buffer + read ahead by the workers
 
 
-@dataclass
-class _Group:
-    """One window of the epoch's global order: carried rows first, then the rows of `shards` in order."""
+CANONICAL_STREAMS = 8  # C: the most ranks that each read only their share of the store (part of the order)
 
-    shards: list[int]
-    pool_rows: np.ndarray  # global row of each window slot
-    n_carry: int  # the first n_carry slots are rows carried over from earlier windows
-    batches: list[np.ndarray]  # window slots of each global batch this window emits
-    carry_out: np.ndarray  # window slots carried into the next window
+
+@dataclass
+class Plan:
+    """An epoch's global order: its global batches (row ids, each the canonical streams' shares in
+    stream order) and the windows of shards whose rows were permuted together, in order of first use."""
+
+    batches: list[np.ndarray]
+    windows: list[list[int]]
+    canonical: int  # streams in use: min(C, window, shards, global batch); 1 without shuffle
 
 
 @dataclass
 class _Part:
-    """One rank's share of a window: its slice (global row ids) of each of the window's global batches."""
+    """One rank's run of batches that start no new window: its slices (global row ids) and the shards of
+    the windows its first slice opens (the read order)."""
 
     shards: list[int]
     batches: list[np.ndarray]
@@ -72,43 +83,68 @@ def _rng(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng([seed, *key])
 
 
-def global_plan(layout, global_batch: int, epoch: int, *, seed: int = 0, shuffle: bool = True, window: int = 4,
-                drop_last: bool = False) -> list[_Group]:
-    """The epoch's global batches, from the store's layout alone (n_shards, shard_bounds): a pure
-    function of (rows and shards of the store, seed, epoch, global batch, window, shuffle, drop_last).
+def _split(total: int, parts: int, i: int) -> int:
+    """Part i of `total` cut in `parts` as evenly as it goes (any run of parts/N parts sums to total/N)."""
+    return (i + 1) * total // parts - i * total // parts
 
-    The shard order is permuted (seeded by seed, epoch); the shards are taken `window` at a time and
-    each window's rows, with the rows the previous window left over (fewer than a batch), are
-    permuted (seeded by seed, epoch, window index) and cut into global batches. The number of ranks
-    plays no part: each rank takes its slice of every global batch (`rank_slice`).
+
+def canonical_streams(layout, global_batch: int, window: int, canonical: int, shuffle: bool = True) -> int:
+    """The canonical streams an order uses: C, but never more than the window's shards (each stream
+    mixes at least one shard), the store's shards or the global batch (each gives a row per batch)."""
+    return min(canonical, window, layout.n_shards, global_batch) if shuffle else 1
+
+
+def _stream_rows(layout, shards: list[int], width: int, key: tuple, shuffle: bool) -> tuple[np.ndarray, list]:
+    """One canonical stream's rows in order: its shards `width` at a time, each window's rows permuted."""
+    seq, windows = [], []
+    for g in range(0, len(shards), width):
+        chunk = shards[g : g + width]
+        rows = np.concatenate([np.arange(*layout.shard_bounds(s)) for s in chunk])
+        seq.append(rows[_rng(*key, g).permutation(len(rows))] if shuffle else rows)
+        windows.append((chunk, len(rows)))
+    return (np.concatenate(seq) if seq else np.empty(0, dtype=np.int64)), windows
+
+
+def global_plan(layout, global_batch: int, epoch: int, *, seed: int = 0, shuffle: bool = True, window: int = 4,
+                drop_last: bool = False, canonical: int = CANONICAL_STREAMS) -> Plan:
+    """The epoch's global batches, from the store's layout alone (n_shards, shard_bounds): a pure
+    function of (rows and shards of the store, seed, epoch, global batch, window, C, shuffle, drop_last).
+
+    The shard order is permuted (seeded by seed, epoch) and dealt round-robin to c = min(C, window,
+    shards, batch) canonical streams; stream i mixes window*i/c-sized runs of its shards (the window
+    split evenly), each run's rows permuted. Global batch t is, stream by stream, the next share of
+    each (the batch split evenly over the streams), while every stream has its share; the rows the
+    longer streams have left then form the last batches, stream by stream. The number of ranks plays
+    no part: each rank takes its slice of every global batch (`rank_slice`).
     """
     n = layout.n_shards
-    order = _rng(seed, epoch).permutation(n) if shuffle else np.arange(n)
-    shards = [int(s) for s in order]
-    groups: list[_Group] = []
-    carried = np.empty(0, dtype=np.int64)
-    chunks = [shards[i : i + window] for i in range(0, len(shards), window)]
-    for g, chunk in enumerate(chunks):
-        rows = np.concatenate([carried] + [np.arange(*layout.shard_bounds(s)) for s in chunk])
-        # key (seed, epoch, 0, g): the rank-0-of-1 key of earlier versions, so one process keeps its order
-        perm = _rng(seed, epoch, 0, g).permutation(len(rows)) if shuffle else np.arange(len(rows))
-        full, rest = divmod(len(rows), global_batch)
-        last = g == len(chunks) - 1
-        emit = full + (1 if last and rest and not drop_last else 0)
-        batches = [perm[i * global_batch : (i + 1) * global_batch] for i in range(emit)]
-        carry_out = perm[full * global_batch :] if not last else np.empty(0, dtype=np.int64)
-        groups.append(_Group(chunk, rows, len(carried), batches, carry_out))
-        carried = rows[carry_out]
-    return groups
+    order = [int(s) for s in (_rng(seed, epoch).permutation(n) if shuffle else np.arange(n))]
+    c = canonical_streams(layout, global_batch, window, canonical, shuffle)
+    shares = [_split(global_batch, c, i) for i in range(c)]
+    seqs, opened = [], []  # opened: (first row of the stream's sequence using it, stream, window shards)
+    for i in range(c):
+        seq, windows = _stream_rows(layout, order[i::c], _split(window, c, i), (seed, epoch, c, i), shuffle)
+        seqs.append(seq)
+        first = 0
+        for chunk, size in windows:
+            opened.append((first // shares[i], i, chunk))
+            first += size
+    steps = min(len(seq) // share for seq, share in zip(seqs, shares))
+    batches = [np.concatenate([seq[t * s : (t + 1) * s] for seq, s in zip(seqs, shares)]) for t in range(steps)]
+    tail = np.concatenate([seq[steps * s :] for seq, s in zip(seqs, shares)])
+    keep = len(tail) if not drop_last else len(tail) // global_batch * global_batch
+    batches += [tail[i : i + global_batch] for i in range(0, keep, global_batch)]
+    return Plan(batches, [chunk for _, _, chunk in sorted(opened, key=lambda o: o[:2])], c)
 
 
-def rank_slice(rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """Rank `rank`'s rows of a global batch: one process keeps the batch's order; N ranks split the
-    batch sorted by row id into N equal parts (a partial last batch as evenly as it goes), so a rank's
-    rows sit in few shards and it reads only those."""
+def rank_slice(rows: np.ndarray, rank: int, world_size: int, canonical: int = 1) -> np.ndarray:
+    """Rank `rank`'s rows of a global batch. One process keeps the batch's order. When the ranks divide
+    the canonical streams, each rank takes its streams' shares (the batch cut in N contiguous parts),
+    so it reads only its streams' shards; otherwise the batch sorted by row id is cut in N parts, so a
+    rank's rows at least sit in few shards. A partial last batch splits as evenly as it goes."""
     if world_size == 1:
         return rows
-    return np.array_split(np.sort(rows), world_size)[rank]
+    return np.array_split(rows if canonical % world_size == 0 else np.sort(rows), world_size)[rank]
 
 
 class _Prefetcher:
@@ -174,15 +210,16 @@ class StoreStream:
         rank: int = 0,
         world_size: int = 1,
         names: list[str] | None = None,
+        canonical: int = CANONICAL_STREAMS,
     ):
         if not store.metadata.complete:  # opened with allow_incomplete: still not trainable
             raise IncompleteStoreError(
                 f"{store.url} is incomplete: finish its dump (rerun the same `hsk dump` command) "
                 "before training"
             )
-        if batch_size < 1 or buffer_shards < 1 or workers < 0 or read_ahead < 0:
-            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0, read_ahead >= 0; got "
-                             f"{batch_size}, {buffer_shards}, {workers}, {read_ahead}")
+        if batch_size < 1 or buffer_shards < 1 or workers < 0 or read_ahead < 0 or canonical < 1:
+            raise ValueError(f"need batch_size >= 1, buffer_shards >= 1, workers >= 0, read_ahead >= 0, canonical >= 1;"
+                             f" got {batch_size}, {buffer_shards}, {workers}, {read_ahead}, {canonical}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if world_size > store.n_shards:
@@ -200,6 +237,7 @@ class StoreStream:
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
+        self.canonical = canonical  # C: canonical streams of the order (recorded in state_dict)
         self.names = self._resolve_names(names)
         self.epoch = 0
         self.batches_done = 0
@@ -225,23 +263,33 @@ class StoreStream:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size
 
-    def _global_plan(self, epoch: int) -> list[_Group]:
+    def _global_plan(self, epoch: int) -> Plan:
         return global_plan(self.store, self.global_batch, epoch, seed=self.seed, shuffle=self.shuffle,
-                           window=self.buffer_shards, drop_last=self.drop_last or self.world_size > 1)
+                           window=self.buffer_shards, drop_last=self.drop_last or self.world_size > 1,
+                           canonical=self.canonical)
 
     def _plan(self, epoch: int) -> tuple[list[_Part], int]:
-        """This rank's slices of the epoch's global batches, grouped by window, and their count."""
+        """This rank's slices of the epoch's global batches, cut where a slice opens a window, and their count."""
         key = (epoch, self.seed)
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1], self._plan_cache[2]
+        plan = self._global_plan(epoch)
+        window_of = np.zeros(self.store.n_shards, dtype=np.int64)
+        for w, shards in enumerate(plan.windows):
+            window_of[shards] = w
+        shard_rows = self.store.metadata.layout.shard_rows
         parts: list[_Part] = []
-        n_batches = 0
-        for group in self._global_plan(epoch):
-            batches = [rank_slice(group.pool_rows[slots], self.rank, self.world_size) for slots in group.batches]
-            parts.append(_Part(group.shards, batches, n_batches))
-            n_batches += len(batches)
-        self._plan_cache = (key, parts, n_batches)
-        return parts, n_batches
+        seen: set[int] = set()
+        for t, rows in enumerate(plan.batches):
+            mine = rank_slice(rows, self.rank, self.world_size, plan.canonical)
+            new = {int(w) for w in np.unique(window_of[mine // shard_rows])} - seen
+            if new or not parts:
+                seen |= new
+                parts.append(_Part([s for w in sorted(new) for s in plan.windows[w]], [mine], t))
+            else:
+                parts[-1].batches.append(mine)
+        self._plan_cache = (key, parts, len(plan.batches))
+        return parts, len(plan.batches)
 
     def __len__(self) -> int:
         """Batches in the current epoch for this rank (all of them, not only those still to come)."""
@@ -256,11 +304,16 @@ class StoreStream:
             self.batches_done = 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches_done": self.batches_done, "seed": self.seed}
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "seed": self.seed, "canonical": self.canonical}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where the saved stream stopped (same store layout, global batch and window;
-        any number of ranks: the position counts global batches)."""
+        any number of ranks: the position counts global batches). A state without `canonical` is taken
+        as this stream's C; one with another C is refused (the order would differ)."""
+        saved = int(state.get("canonical", self.canonical))
+        if saved != self.canonical:
+            raise ConfigError(f"the checkpoint's data order has {saved} canonical streams, this run's "
+                              f"{self.canonical}: resume with the same number")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         done = int(state["batches_done"])
@@ -341,6 +394,8 @@ class StoreStream:
     def _fill(self, k: int, shards: list[int], when: np.ndarray, held: dict[str, np.ndarray], held_rows: np.ndarray,
               reader: _Prefetcher) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Part k's pool: the rows kept from earlier parts, then the rows of its shards used now or later."""
+        if not shards:  # nothing new: the pool is what earlier parts kept
+            return held, held_rows
         pieces, rows = [held], [held_rows]
         for expected in shards:
             shard, data = reader.next()
@@ -376,8 +431,11 @@ class StoreStream:
                 self.batches_done = index + 1  # counted before the yield: a checkpoint taken after
                 yield batch  # the step that consumed this batch must not replay it
             later = when[pool_rows] > k  # rows carried into later windows stay; the rest can go
-            held = {name: arr[later] for name, arr in pool.items()}
-            held_rows = pool_rows[later]
+            if not later.all():
+                held = {name: arr[later] for name, arr in pool.items()}
+                held_rows = pool_rows[later]
+            else:
+                held, held_rows = pool, pool_rows
             del pool
             self._buffer = 0
 
