@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ import torch
 
 from hskstore.config import HSKConfig
 from pipelines.core.tasks import get_task
-from pipelines.dump import stage
+from pipelines.dump import pipeline, stage
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
 
 SIZES = {
@@ -94,9 +95,10 @@ def record_outputs(teacher: str, texts, max_length: int, batch_size: int, n_batc
 
 @dataclass
 class StageClock:
-    """Thread CPU seconds spent in tokenizing and in selection (each runs on one thread)."""
+    """Thread CPU seconds spent in tokenizing (its pieces on several threads) and in selection (one thread)."""
 
     seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "select": 0.0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wrap(self, name: str, fn):
         def timed(*args, **kwargs):
@@ -104,14 +106,16 @@ class StageClock:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] += time.thread_time() - start
+                with self.lock:
+                    self.seconds[name] += time.thread_time() - start
         return timed
 
 
 def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, out: str) -> dict:
     clock = StageClock()
-    saved = stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
-    stage.encode, stage.compute_shard = clock.wrap("tokenize", stage.encode), clock.wrap("select", stage.compute_shard)
+    saved = pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
+    pipeline.encode = clock.wrap("tokenize", pipeline.encode)
+    stage.compute_shard = clock.wrap("select", stage.compute_shard)
     stage.TeacherProbe = lambda *a, **k: replay
     cpu = {"seconds": 0.0}
 
@@ -130,7 +134,7 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)
     finally:
-        stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
+        pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
     n, cpu = result.examples_written, cpu["seconds"]
     shares = {name: s / cpu for name, s in clock.seconds.items()}
     shares["write_and_rest"] = 1.0 - sum(shares.values())
