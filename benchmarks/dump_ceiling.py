@@ -129,7 +129,7 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     stage._write_pending = write_pending
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
                                 shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
-                                overwrite=True)
+                                overwrite=True, write_depth=args.write_depth)
     try:
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)
@@ -184,6 +184,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--shard-rows", type=int, default=1024)
     ap.add_argument("--probe-batches", type=int, default=4, help="Real forward batches recorded and replayed.")
+    ap.add_argument("--write-depth", type=int, default=2,
+                    help="Shards written at once (a dump on a GPU writes 2; on a CPU, 1).")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
     args = ap.parse_args()
     torch.set_num_threads(args.torch_threads)
@@ -195,7 +197,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "rows": args.rows, "task": "qnli/dev", "max_length": args.max_length, "batch_size": args.batch_size,
-        "shard_rows": args.shard_rows, "device": "cpu", "torch_threads": args.torch_threads,
+        "shard_rows": args.shard_rows, "write_depth": args.write_depth, "device": "cpu",
+        "torch_threads": args.torch_threads,
         "cpu_count": os.cpu_count(), "load_average_at_start": started_load, "load_average_at_end": load_average(),
         "torch_ex_per_s": best(runs, "minilm", "3,8,0.2", "torch"),
         "numpy_ex_per_s": best(runs, "minilm", "3,8,0.2", "numpy"),
