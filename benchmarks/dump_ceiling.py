@@ -129,7 +129,8 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     stage._write_pending = write_pending
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
                                 shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
-                                overwrite=True, write_depth=args.write_depth)
+                                overwrite=True, write_depth=args.write_depth,
+                                tokenize_threads=args.tokenize_threads)
     try:
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)
@@ -186,6 +187,8 @@ def main() -> None:
     ap.add_argument("--probe-batches", type=int, default=4, help="Real forward batches recorded and replayed.")
     ap.add_argument("--write-depth", type=int, default=2,
                     help="Shards written at once (a dump on a GPU writes 2; on a CPU, 1).")
+    ap.add_argument("--tokenize-threads", type=int, default=None,
+                    help="Threads a shard is tokenized on (default: the dump's, the cores up to 4).")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
     args = ap.parse_args()
     torch.set_num_threads(args.torch_threads)
