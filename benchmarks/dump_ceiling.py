@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ import torch
 
 from hskstore.config import HSKConfig
 from pipelines.core.tasks import get_task
-from pipelines.dump import stage
+from pipelines.dump import pipeline, stage
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
 
 SIZES = {
@@ -94,9 +95,10 @@ def record_outputs(teacher: str, texts, max_length: int, batch_size: int, n_batc
 
 @dataclass
 class StageClock:
-    """Thread CPU seconds spent in tokenizing and in selection (each runs on one thread)."""
+    """Thread CPU seconds spent in tokenizing (its pieces on several threads) and in selection (one thread)."""
 
     seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "select": 0.0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wrap(self, name: str, fn):
         def timed(*args, **kwargs):
@@ -104,14 +106,16 @@ class StageClock:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] += time.thread_time() - start
+                with self.lock:
+                    self.seconds[name] += time.thread_time() - start
         return timed
 
 
 def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, out: str) -> dict:
     clock = StageClock()
-    saved = stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
-    stage.encode, stage.compute_shard = clock.wrap("tokenize", stage.encode), clock.wrap("select", stage.compute_shard)
+    saved = pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
+    pipeline.encode = clock.wrap("tokenize", pipeline.encode)
+    stage.compute_shard = clock.wrap("select", stage.compute_shard)
     stage.TeacherProbe = lambda *a, **k: replay
     cpu = {"seconds": 0.0}
 
@@ -125,12 +129,13 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     stage._write_pending = write_pending
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
                                 shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
-                                overwrite=True)
+                                overwrite=True, write_depth=args.write_depth,
+                                tokenize_threads=args.tokenize_threads)
     try:
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)
     finally:
-        stage.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
+        pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
     n, cpu = result.examples_written, cpu["seconds"]
     shares = {name: s / cpu for name, s in clock.seconds.items()}
     shares["write_and_rest"] = 1.0 - sum(shares.values())
@@ -180,6 +185,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--shard-rows", type=int, default=1024)
     ap.add_argument("--probe-batches", type=int, default=4, help="Real forward batches recorded and replayed.")
+    ap.add_argument("--write-depth", type=int, default=2,
+                    help="Shards written at once (a dump on a GPU writes 2; on a CPU, 1).")
+    ap.add_argument("--tokenize-threads", type=int, default=None,
+                    help="Threads a shard is tokenized on (default: the dump's, the cores up to 4).")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
     args = ap.parse_args()
     torch.set_num_threads(args.torch_threads)
@@ -191,7 +200,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "rows": args.rows, "task": "qnli/dev", "max_length": args.max_length, "batch_size": args.batch_size,
-        "shard_rows": args.shard_rows, "device": "cpu", "torch_threads": args.torch_threads,
+        "shard_rows": args.shard_rows, "write_depth": args.write_depth, "device": "cpu",
+        "torch_threads": args.torch_threads,
         "cpu_count": os.cpu_count(), "load_average_at_start": started_load, "load_average_at_end": load_average(),
         "torch_ex_per_s": best(runs, "minilm", "3,8,0.2", "torch"),
         "numpy_ex_per_s": best(runs, "minilm", "3,8,0.2", "numpy"),

@@ -170,6 +170,42 @@ def test_overlapped_selection_writes_the_same_bytes(teacher_dir, glue_dir, tmp_p
     assert chunk_bytes(tmp_path / "inline.zarr") == chunk_bytes(tmp_path / "overlap.zarr")
 
 
+def test_pipelined_dump_writes_the_same_bytes_as_depth_one(teacher_dir, glue_dir, tmp_path):
+    """Three shards written at once and each shard tokenized in three pieces on three threads write the
+    store of a serial host pipeline (one shard written at a time, tokenized whole)."""
+    run_dump(teacher_dir, glue_dir, tmp_path / "serial.zarr", limit=88, write_depth=1, tokenize_threads=1)
+    run_dump(teacher_dir, glue_dir, tmp_path / "deep.zarr", limit=88, write_depth=3, tokenize_threads=3)
+    serial, deep = open_store(str(tmp_path / "serial.zarr")), open_store(str(tmp_path / "deep.zarr"))
+    assert serial.meta["checksums"] == deep.meta["checksums"]
+    assert chunk_bytes(tmp_path / "serial.zarr") == chunk_bytes(tmp_path / "deep.zarr")
+
+
+def test_pipelined_dump_stops_at_a_failed_write_and_resumes_to_identical_bytes(
+    teacher_dir, glue_dir, tmp_path, monkeypatch
+):
+    """Two shards in flight: a failed write stops the dump before another shard is submitted; the shard
+    written beside it stays done, and the rerun writes only the missing ones, to the same bytes."""
+    run_dump(teacher_dir, glue_dir, tmp_path / "full.zarr", limit=64, write_depth=1)
+    original = StoreWriter.write_shard
+
+    def dying_write(self, shard, arrays):
+        if shard == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, shard, arrays)
+
+    monkeypatch.setattr(StoreWriter, "write_shard", dying_write)
+    with pytest.raises(OSError):
+        run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2)
+    monkeypatch.setattr(StoreWriter, "write_shard", original)
+    done = zarr.open_group(str(tmp_path / "cut.zarr"), mode="r")[PROGRESS_DONE][:]
+    assert done.tolist() == [1, 0, 1, 0]  # shard 2 was in flight beside the failing 1; 3 never submitted
+    resumed = run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2)
+    assert resumed.examples_written == 32
+    full, cut = open_store(str(tmp_path / "full.zarr")), open_store(str(tmp_path / "cut.zarr"))
+    assert full.meta["checksums"] == cut.meta["checksums"]
+    assert chunk_bytes(tmp_path / "full.zarr") == chunk_bytes(tmp_path / "cut.zarr")
+
+
 def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path):
     args = [
         "dump",

@@ -49,10 +49,11 @@ whole shards; a worker that dies has its shard recomputed by another; the bytes 
 single-process dump with the same torch threads per process (--threads-per-worker). One GPU per
 worker: with --device cuda, dask-cuda's LocalCUDACluster when installed, else worker k uses cuda:k.
 
-Memory: one shard being tokenized, one computed and one written, whatever the number of
-examples. On CPU, glibc's allocator lets the resident set of any long torch forward loop creep
-up (fragmentation); MALLOC_MMAP_THRESHOLD_=131072 keeps it flat, at 30-35% less CPU
-throughput (benchmarks/dump_memory.py measures both).
+Memory: one shard being tokenized, one computed and one written (two at once on a GPU),
+whatever the number of examples. On CPU, glibc's allocator lets the resident set of a long torch
+forward loop creep up (fragmentation): the dump fixes glibc's mmap threshold at 1 MiB (unless
+MALLOC_MMAP_THRESHOLD_ is set) and trims the heap once per shard, which keeps it flat
+(benchmarks/dump_memory.py).
 
 Examples:
 

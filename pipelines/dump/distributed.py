@@ -42,6 +42,7 @@ from hskstore.meta import StoreMeta
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.models import load_classifier, load_tokenizer, weights_hash
 from pipelines.core.tokenize import encode
+from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
 from pipelines.dump.probe import TeacherProbe
 from pipelines.dump.stage import (
     DumpOptions,
@@ -135,6 +136,7 @@ def _writer(url: str, meta: dict) -> StoreWriter:
 
 def dump_shard(job: ShardJob) -> tuple[int, int]:
     """Worker task: compute and write one whole shard; returns (shard, rows)."""
+    pin_mmap_threshold()  # the worker's RSS flat over its shards, as the local dump's (heap.py)
     probe, tokenizer, device = _teacher(job.teacher)
     selection = Selection.from_dict(StoreMeta.parse(job.meta).selection)
     enc = encode(tokenizer, job.texts, job.max_length)
@@ -142,6 +144,7 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
                              engine=job.selection_engine)
     arrays = shard_payload(computed, enc, job.rows, job.text_hash, job.label)
     _writer(job.url, job.meta).write_shard(job.shard, arrays)
+    release_free_memory()
     return job.shard, len(job.rows)
 
 

@@ -2,7 +2,8 @@
 
 Rows are processed shard by shard in source order; inside a shard, batches are length-bucketed
 so padding does not dominate, and results go back to source order before the shard is written.
-A background thread writes shard k while the teacher computes shard k+1.
+Shard k+1 is tokenized and earlier shards written in the background while the teacher computes
+shard k (pipelines/dump/pipeline.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.tasks import Task, check_task_fit, get_task
-from pipelines.core.tokenize import encode
+from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
+from pipelines.dump.pipeline import ShardWrites, Tokenized, default_tokenize_threads, default_write_depth
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
 from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
 from pipelines.dump.targets import encode_batch
@@ -93,6 +95,9 @@ class DumpOptions:
     shard_rows: int = SHARD_ROWS.default
     device: str = "cpu"
     selection_engine: str = ENGINE.default  # torch: on the teacher's device; numpy: the hskstore reference
+    # The host pipeline's depth (pipelines/dump/pipeline.py); the store's bytes never depend on it.
+    write_depth: int | None = None  # shards written at once; None: 2 off the CPU, 1 on it
+    tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: cores, <= 4
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -484,17 +489,19 @@ def _write_pending(
     hashes = examples.text_hashes()
     todo_rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
     bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress or None)
+    pin_mmap_threshold()  # large blocks on mmap, not in a heap that fragments: flat RSS (heap.py)
     started = time.perf_counter()
-    writing, tokenizing = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
+    threads = options.tokenize_threads or default_tokenize_threads()
+    tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hsk-tokenize")
+    writes = ShardWrites(writer, options.write_depth or default_write_depth(options.device))
 
-    def tokenized(shard: int) -> Future:
+    def tokenized(shard: int) -> Tokenized:
         start, stop = writer.shard_bounds(shard)
-        return tokenizing.submit(encode, tokenizer, tuple(col[start:stop] for col in examples.texts), max_length)
+        return Tokenized(tokenizing, tokenizer, tuple(col[start:stop] for col in examples.texts), max_length, threads)
 
-    # Three stages overlap: shard k+1 is tokenized while shard k is computed and shard k-1 written.
+    # Three stages overlap (pipelines/dump/pipeline.py): shard k+1 is tokenized while shard k is computed
+    # and earlier shards are written; each shard's arrays are filled again once it is written.
     next_enc = tokenized(pending[0]) if pending else None
-    in_flight: Future | None = None
-    spare: list[dict[str, np.ndarray]] = [{}, {}]  # two shards' arrays, alternating: one computed, one written
     try:
         for i, shard in enumerate(pending):
             enc = next_enc.result()
@@ -502,18 +509,15 @@ def _write_pending(
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
-                engine=options.selection_engine, buffers=spare[i % 2],  # shard i-2's: written by now
+                engine=options.selection_engine, buffers=writes.spare(),
             )
-            spare[i % 2] = computed
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
-            if in_flight is not None:
-                in_flight.result()  # at most one shard waits in memory
-            in_flight = writing.submit(writer.write_shard, shard, arrays)
-        if in_flight is not None:
-            in_flight.result()
+            writes.submit(shard, arrays, computed)
+            release_free_memory()  # the heap's free pages back to the OS once per shard: flat RSS (heap.py)
+        writes.drain()
     finally:
-        writing.shutdown(wait=True)
+        writes.close()
         tokenizing.shutdown(wait=True, cancel_futures=True)
         probe.close()
         bar.close()
