@@ -508,9 +508,11 @@ class MLMStore(HSKStore):
 STORE_TYPES: dict[str, type[HSKStore]] = {TASK: TaskStore, MLM: MLMStore}
 
 
-def store_type(meta: dict) -> type[HSKStore]:
-    """The store class that metadata describes (an unknown objective: the task store, as older hsk read it)."""
-    return STORE_TYPES.get(objective_of(meta), TaskStore)
+def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
+    """The store class that metadata (typed, or the stored dict) describes (an unknown objective: the task
+    store, as older hsk read it)."""
+    objective = meta.objective if isinstance(meta, StoreMeta) else objective_of(meta)
+    return STORE_TYPES.get(objective, TaskStore)
 
 
 def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:

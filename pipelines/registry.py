@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hskstore.config import ConfigError, Selection
+from hskstore.meta import StoreMeta
 from pipelines.core.tasks import Task
 
 # --------------------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class Context:
 
     task: Task | None  # None: a masked-LM store (no task, no layer selection)
     selection: Selection | None
-    meta: Mapping[str, Any]
+    meta: StoreMeta  # the store's metadata, typed (hskstore.meta)
     warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
     student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
     student_layers: int | None = None  # its depth (effective layers of an SPS student), when known

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hskstore.config import ConfigError, HSKConfig, Selection
 from hskstore.derive import plan_derive
+from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from pipelines.core.models import ModelLoadError
 from pipelines.core.tasks import get_task
@@ -58,7 +59,7 @@ def blocked_runs(spec: SweepSpec, runs: Sequence[PlannedRun]) -> list[Blocked]:
 
 def _problems(source, task, run: PlannedRun, options) -> list[str]:
     selection = _store_selection(source, run.store_config, run.value_dtype)
-    meta = {**source.meta, "selection": selection.to_dict()}
+    meta = StoreMeta.parse({**source.meta, "selection": selection.to_dict()})
     try:
         problems = run_problems(task, selection, meta, student=run.student, method=run.method,
                                 method_options=options.method_options, student_weights=options.student_weights)

@@ -157,7 +157,7 @@ def _method_target(spec: SweepSpec, method: str, meta: StoreMeta) -> Target:
 
     m = get_method(method)
     options = run_options(spec, method, 0).method_options
-    ctx = Context(get_task(meta.task.name), selection(meta), meta.raw)
+    ctx = Context(get_task(meta.task.name), selection(meta), meta)
     stages = m.stages(m.make_options(options), ctx)  # refuses a source that cannot serve the method
     if all(set(st.reads) <= {"logits", "labels"} for st in stages):
         return Target("method", method, "0,0,0", None, method)

@@ -34,11 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hskstore.config import ConfigError
+from hskstore.config import ConfigError, Selection
+from hskstore.meta import StoreMeta
 from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
 from pipelines.core.run_state import MetricsLog, write_json
+from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
 from pipelines.train.ddp import Ranks, SilentLog
@@ -97,7 +99,7 @@ def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) ->
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
-    ctx = Context(source.task, source.selection, source.meta, student=student,
+    ctx = Context(source.task, source.selection, source.metadata, student=student,
                   student_layers=_depth(student, options.student_weights),
                   stored_targets=_stored_targets(source))
     stages = method.stages(method_options, ctx)
@@ -106,8 +108,8 @@ def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) ->
     return method, method_options, stages
 
 
-def run_problems(task, selection, meta, *, student: str, method: str, method_options: dict,
-                 student_weights: str | None = None) -> list[str]:
+def run_problems(task: Task, selection: Selection, meta: StoreMeta, *, student: str, method: str,
+                 method_options: dict, student_weights: str | None = None) -> list[str]:
     """Everything that stops a run on its store, found before anything is built: the method against
     the store (Method.stages: its check) and every stage's layer pairs for the student's depth
     (pairs.layer_pairs), each in the words `hsk train` refuses with. All problems at once, so one
@@ -143,7 +145,7 @@ def _depth(student: str, weights: str | None) -> int | None:
 def _check_run(student: str, options: TrainOptions, source: Source) -> None:
     """Refuse a run its store cannot serve, every problem in one line, before the student is built."""
     try:
-        problems = run_problems(source.task, source.selection, source.meta, student=student, method=options.method,
+        problems = run_problems(source.task, source.selection, source.metadata, student=student, method=options.method,
                                 method_options=options.method_options, student_weights=options.student_weights)
     except ModelLoadError:
         return  # the student cannot be looked up: building it says why, in its own words

@@ -153,7 +153,7 @@ def prepare_pretraining(options: TrainOptions, *, student: str, store: str | Non
     check_expected_store(source, options.expect_store)
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
-    stages = method.stages(method_options, Context(None, None, source.meta))
+    stages = method.stages(method_options, Context(None, None, source.metadata))
     torch.manual_seed(options.seed)
     from pipelines.dump.mlm import load_mlm_teacher
 

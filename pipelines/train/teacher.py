@@ -298,7 +298,7 @@ def fine_tune_teacher(
     model, base_hash = _base_model(task, base, seed, device, log)
     log(f"{task.name}: {len(train)} train examples from {train.source}; max_length {max_length}")
     source = memory_source(task, train, base, model, tokenizer, max_length)
-    stages = method.stages(method_options, Context(task, source.selection, source.meta))
+    stages = method.stages(method_options, Context(task, source.selection, source.metadata))
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
