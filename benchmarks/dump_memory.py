@@ -12,7 +12,7 @@ glibc raises its mmap threshold each time a large block is freed, after which th
 variously sized activations come from the heap and fragment it, so the resident set of even the
 bare forward loop creeps up with run length. A fixed threshold keeps them on mmap (returned to
 the OS when freed) at some CPU throughput cost, which the benchmark also reports. The dump itself
-fixes it at 1 MiB (pipelines/dump/heap.py) unless the environment sets one, and trims the heap once
+fixes it at 512 KiB (pipelines/dump/heap.py) unless the environment sets one, and trims the heap once
 per shard; the bare forward loop runs with glibc's defaults. On a GPU the activations live on the
 device, not in this heap.
 """

@@ -51,7 +51,7 @@ worker: with --device cuda, dask-cuda's LocalCUDACluster when installed, else wo
 
 Memory: one shard being tokenized, one computed and one written (two at once on a GPU),
 whatever the number of examples. On CPU, glibc's allocator lets the resident set of a long torch
-forward loop creep up (fragmentation): the dump fixes glibc's mmap threshold at 1 MiB (unless
+forward loop creep up (fragmentation): the dump fixes glibc's mmap threshold at 512 KiB (unless
 MALLOC_MMAP_THRESHOLD_ is set) and trims the heap once per shard, which keeps it flat
 (benchmarks/dump_memory.py).
 

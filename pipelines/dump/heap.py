@@ -3,8 +3,9 @@
 glibc raises its mmap threshold each time a large block is freed (up to 32 MiB); after that the forward's
 variously sized activations come from the heap, which fragments: its free holes stay resident and grow
 with the dump's length (8000 rows: 816 MiB peak against 690 after the first shard). Pinning the threshold
-at 1 MiB keeps the large activations on mmap, returned to the OS when freed, at no measurable cost here
-(128 KiB, the threshold users set with MALLOC_MMAP_THRESHOLD_, also moves the many mid-sized blocks to
+at 512 KiB keeps the large activations on mmap, returned to the OS when freed, at no measurable cost here
+(2,000 -> 32,000 rows: +5% at 512 KiB, +6.5% at 1 MiB, benchmarks/results/dump_memory_threshold_ab.json;
+128 KiB, the threshold users set with MALLOC_MMAP_THRESHOLD_, also moves the many mid-sized blocks to
 mmap and costs about a third of the throughput). `malloc_trim(0)` once per shard returns the heap's
 remaining free pages. A threshold the user set in the environment is left as it is.
 """
@@ -16,7 +17,7 @@ import ctypes.util
 import functools
 import os
 
-MMAP_THRESHOLD = 1 << 20  # bytes: blocks this large and larger are mmapped, never left in the heap
+MMAP_THRESHOLD = 512 << 10  # bytes: blocks this large and larger are mmapped, never left in the heap
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
