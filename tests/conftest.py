@@ -157,6 +157,33 @@ def save_tiny_teacher(out: str | Path, tokenizer_dir: str | Path, *, num_layers:
     return Path(out)
 
 
+
+def stop_at_step_script(step: int, *, epochs: int, batch_size: int, max_steps: int, workers: int) -> str:
+    """A Python script (argv: store, out, data_dir) that trains `kd` on bert2 and stops after step `step` with
+    its checkpoint written: what a killed run leaves, for resume tests run as a process or under torchrun."""
+    return f"""
+import sys
+from pipelines.train.distill import train
+from pipelines.train.options import TrainOptions
+
+class Stop(Exception):
+    pass
+
+def stop(record):
+    if record["step"] == {step}:
+        raise Stop
+
+store, out, data_dir = sys.argv[1:4]
+options = TrainOptions(method="kd", method_options={{"epochs": {epochs}, "lr": 1e-3}}, batch_size={batch_size},
+                       max_steps={max_steps}, seed=5, eval_limit=16, log_every=1, workers={workers}, progress=False,
+                       checkpoint_every=1)
+try:
+    train(options, student="bert2", out_dir=out, store=store, data_dir=data_dir, on_step=stop)
+except Stop:
+    print("stopped")
+"""
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A SeaweedFS S3 server on loopback for the whole session (tests/s3_server.py); skips with the

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_bert
+from conftest import make_tiny_bert, stop_at_step_script
 
 from hskstore.config import ConfigError, HSKConfig
 from pipelines.cli import main
@@ -96,26 +96,7 @@ def test_two_ranks_reach_the_weights_of_one_process(store, glue_dir, one_process
     assert (out / "best" / "config.json").exists()
 
 
-STOP_AT_STEP_2 = """
-import sys
-from pipelines.train.distill import train
-from pipelines.train.options import TrainOptions
-
-class Stop(Exception):
-    pass
-
-def stop(record):
-    if record["step"] == 2:
-        raise Stop
-
-store, out, data_dir = sys.argv[1:4]
-options = TrainOptions(method="kd", method_options={"epochs": 3, "lr": 1e-3}, batch_size=32, max_steps=3, seed=5,
-                       eval_limit=16, log_every=1, workers=0, progress=False, checkpoint_every=1)
-try:
-    train(options, student="bert2", out_dir=out, store=store, data_dir=data_dir, on_step=stop)
-except Stop:
-    print("stopped")
-"""
+STOP_AT_STEP_2 = stop_at_step_script(step=2, epochs=3, batch_size=32, max_steps=3, workers=0)
 
 
 def test_a_stopped_two_rank_run_resumes_to_the_same_weights(store, glue_dir, one_process, tmp_path, capsys):

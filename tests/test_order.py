@@ -16,6 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import stop_at_step_script
 from test_ddp import REPO, assert_same_weights, store, torchrun, train_records, weights  # noqa: F401
 from test_stream import build
 
@@ -121,26 +122,7 @@ def test_a_resumed_rank_continues_its_slices(rows_store):
     assert len(set(resumed.stats.shards_read)) < rows_store.n_shards
 
 
-STOP_AT_STEP_1 = """
-import sys
-from pipelines.train.distill import train
-from pipelines.train.options import TrainOptions
-
-class Stop(Exception):
-    pass
-
-def stop(record):
-    if record["step"] == 1:
-        raise Stop
-
-store, out, data_dir = sys.argv[1:4]
-options = TrainOptions(method="kd", method_options={"epochs": 2, "lr": 1e-3}, batch_size=16, max_steps=4, seed=5,
-                       eval_limit=16, log_every=1, workers=1, progress=False, checkpoint_every=1)
-try:
-    train(options, student="bert2", out_dir=out, store=store, data_dir=data_dir, on_step=stop)
-except Stop:
-    print("stopped")
-"""
+STOP_AT_STEP_1 = stop_at_step_script(step=1, epochs=2, batch_size=16, max_steps=4, workers=1)
 
 
 def train_args(url: str, out, glue_dir) -> list[str]:

@@ -11,6 +11,7 @@ are called without them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,15 @@ class StudentOutputs:
     attention_scores: list[Any] | None = None  # (q, k, n_heads) per self-attention call
 
 
+@functools.cache
+def _forward_parameters(model_class: type) -> frozenset[str]:
+    """The keyword arguments a model class's forward takes (read once per class, not every step)."""
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
 def _inputs(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
     kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    accepted = set(inspect.signature(model.forward).parameters)
-    if "token_type_ids" in accepted and getattr(model.config, "type_vocab_size", 0):
+    if "token_type_ids" in _forward_parameters(type(model)) and getattr(model.config, "type_vocab_size", 0):
         kwargs["token_type_ids"] = batch["token_type_ids"]
     return kwargs
 
