@@ -22,6 +22,7 @@ META_KEY = "hsk"
 PROGRESS_DONE = "_progress/done"
 PROGRESS_DIGESTS = "_progress/digests"
 DIGEST_BYTES = 16
+MASK_CLEVEL = 5  # zstd level of task stores' masks (level 9 until the dump had to keep up with a GPU)
 
 # The per-row arrays of each store kind, and the groups below the root: the one list of a store's names.
 TASK_ROW_ARRAYS = ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length")
@@ -116,8 +117,9 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
             spec(f"{layer}/positions", (n_tokens,), "int16"),
             spec(f"{layer}/scores", (n_tokens,), "float32"),
             spec(f"{layer}/values", (n_tokens, *values["values"][0]), values["values"][1]),
-            # zstd level 9 finds the mask bits' per-dimension regularities (same decode speed)
-            spec(f"{layer}/masks", (n_tokens, (hidden + 7) // 8), "uint8", clevel=9),
+            # zstd level 5: within 4% of level 9's bytes at W = 0.2 for a twentieth of the CPU
+            # (benchmarks/mask_codecs.py); earlier stores hold level 9, which a reader decodes the same way
+            spec(f"{layer}/masks", (n_tokens, (hidden + 7) // 8), "uint8", clevel=MASK_CLEVEL),
         ]
         if "scale" in values:
             specs.append(spec(f"{layer}/scale", (n_tokens, *values["scale"][0]), values["scale"][1]))
