@@ -63,6 +63,7 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
+from .shard_codec import ShardEncoder, put_shard
 
 # Fields that decide the store's content; a resume must match them exactly.
 IDENTITY_FIELDS = (
@@ -247,6 +248,9 @@ class StoreWriter:
         self.group = zarr.open_group(url, mode="r+")
         self.specs = array_specs(meta)
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
+        # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
+        # (same bytes: hskstore/shard_codec.py); an array laid out otherwise is written through zarr.
+        self._encoders = {name: ShardEncoder.of(array) for name, array in self._arrays.items()}
         # Arrays of a shard are encoded and written concurrently (Blosc releases the GIL), by a pool
         # started at the first shard written (a complete store opened for its card starts none).
         self._io_threads = io_threads
@@ -372,7 +376,11 @@ class StoreWriter:
                 )
 
         def write(name: str) -> bytes:
-            self._arrays[name][start:stop] = data[name]
+            encoder = self._encoders[name]
+            if encoder is None:
+                self._arrays[name][start:stop] = data[name]
+            else:
+                put_shard(self._arrays[name], encoder.key(shard), encoder.encode(shard, data[name]))
             return shard_digest(data[name])
 
         digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._executor().map(write, list(data))])
