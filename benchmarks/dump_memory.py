@@ -1,6 +1,10 @@
 """Peak memory of `hsk dump` against the number of examples, next to a bare teacher forward loop.
 
     python benchmarks/dump_memory.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
+    python benchmarks/dump_memory.py ... --sizes 2000,32000,2000,32000 --same-rows 2000 --no-forward
+
+`--same-rows N` feeds every size the first N SST-2 rows repeated, so a longer dump meets no longer
+sentences: its peak then measures what the dump keeps, not the longest batch it met.
 
 Each measurement is a fresh process whose own peak resident set size (ru_maxrss) is read:
 - `dump`: the real CLI (`hsk dump`), which holds one shard being computed and at most one being
@@ -60,10 +64,12 @@ from pipelines.dump.stage import DumpOptions
 from pipelines.core.models import load_classifier, load_tokenizer
 from pipelines.core.tasks import get_task
 from pipelines.core.tokenize import encode
-teacher, data_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+teacher, data_dir, n, data_file = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] or None
 task = get_task("sst2")
 shard_rows, batch_size = DumpOptions.shard_rows, DumpOptions.batch_size  # the dump's defaults
-examples = load_examples(task, "train", data_dir=data_dir, limit=n)
+examples = load_examples(task, "train", data_dir=data_dir, data_file=data_file, text_columns="sentence",
+                         label_column="label", limit=n) if data_file else load_examples(task, "train",
+                                                                                         data_dir=data_dir, limit=n)
 model, tokenizer = load_classifier(teacher), load_tokenizer(teacher)
 start = time.perf_counter()
 with torch.inference_mode():
@@ -76,6 +82,16 @@ print(f"({{n / (time.perf_counter() - start):.1f}} ex/s)")
 """
 
 
+def repeated_rows(args, work: Path) -> str:
+    """A TSV of SST-2's first `same_rows` training rows, repeated up to the largest size."""
+    lines = (Path(args.data_dir) / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    head, rows = lines[0], lines[1 : args.same_rows + 1]
+    largest = max(int(x) for x in args.sizes.split(","))
+    path = work / "repeated.tsv"
+    path.write_text("\n".join([head, *(rows * -(-largest // len(rows)))]) + "\n", encoding="utf-8")
+    return str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher", required=True)
@@ -86,21 +102,27 @@ def main() -> None:
     ap.add_argument("--allocators", choices=["both", "default"], default="both",
                     help="default: glibc's default allocator only (the dump's own setting).")
     ap.add_argument("--no-forward", action="store_true", help="Measure the dump only, not the bare forward loop.")
+    ap.add_argument("--same-rows", type=int, default=0, metavar="N",
+                    help="Feed every size SST-2's first N training rows, repeated: the same lengths at every size "
+                         "(a longer slice of SST-2 holds longer sentences, whose batches alone raise the peak).")
     args = ap.parse_args()
     rows = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hsk-mem-") as work:
+        data_file = repeated_rows(args, Path(work)) if args.same_rows else ""
+        source = ("--data-file", data_file, "--text-columns", "sentence", "--label-column", "label") if data_file \
+            else ("--data-dir", args.data_dir)
         allocators = (("glibc default", {}), ("MALLOC_MMAP_THRESHOLD_=131072", PINNED))
         for allocator, env in allocators[: 1 if args.allocators == "default" else 2]:
             for n in [int(x) for x in args.sizes.split(",")]:
                 dump_args = [
                     *("dump", "--task", "sst2", "--teacher", args.teacher, "--config", args.config),
-                    *("--data-dir", args.data_dir, "--limit", str(n), "--no-progress"),
+                    *source, "--limit", str(n), "--no-progress",
                     *("--out", str(Path(work) / f"s{n}-{len(rows)}.zarr")),
                 ]
                 dump_peak, dump_rate = run_child(DUMP_CHILD, dump_args, env)
                 fwd_peak, fwd_rate = (float("nan"), float("nan")) if args.no_forward else run_child(
-                    FORWARD_CHILD, [args.teacher, args.data_dir, str(n)], env)
+                    FORWARD_CHILD, [args.teacher, args.data_dir, str(n), data_file], env)
                 rows.append(
                     {
                         "allocator": allocator,
@@ -122,6 +144,7 @@ def main() -> None:
         "config": args.config,
         "teacher": args.teacher,
         "cpus": os.cpu_count(),
+        "same_rows": args.same_rows,
         "seconds": round(time.perf_counter() - started),
         "rows": rows,
     }
