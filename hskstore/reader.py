@@ -29,7 +29,7 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .zarr_adapter import read_many
+from .zarr_adapter import ShardFormat, read_many, read_shards, shard_format
 
 _REQUIRED = ("task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 _MAX_ROWS = 2**40  # far above any real split; keeps an edited n_rows from making loops run for hours
@@ -153,6 +153,7 @@ class HSKStore:
             raise CorruptStoreError(f"{self.url}: {exc}: the store is damaged; re-copy it or dump again") from None
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
+        self._formats: dict[str, ShardFormat | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
         members = self._members()
         self._check_arrays(members)
         if meta.get("complete"):
@@ -301,18 +302,34 @@ class HSKStore:
         return shard_bounds(self.meta, shard)
 
     # --- reading -----------------------------------------------------------------------------
-    def read(self, index, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
-        names = names or list(self.specs)
-        for name in names:
-            if name not in self._arrays:
-                self._arrays[name] = self.group[name]
-        # All arrays at once: on object storage the requests overlap instead of queueing (issue 23).
-        data = read_many([self._arrays[name] for name in names], index)
+    def _array(self, name: str) -> zarr.Array:
+        if name not in self._arrays:
+            self._arrays[name] = self.group[name]
+        return self._arrays[name]
+
+    def _checked(self, names: list[str], data: list) -> dict[str, np.ndarray]:
         for name, value in zip(names, data):
             if isinstance(value, BaseException):
                 raise CorruptStoreError(f"{self.url}: cannot read {name} ({value}); the store is damaged") from value
         return dict(zip(names, data))
+
+    def read(self, index, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
+        names = names or list(self.specs)
+        # All arrays at once: on object storage the requests overlap instead of queueing (issue 23).
+        return self._checked(names, read_many([self._array(name) for name in names], index))
+
+    def _read_whole(self, shard: int, names: list[str]) -> dict[str, np.ndarray]:
+        """One shard of `names`: one object per array, decoded by hsk when every array has the layout
+        hsk writes (zarr's read of a shard's inner chunks costs more CPU than decompressing them)."""
+        for name in names:
+            if name not in self._formats:
+                self._formats[name] = shard_format(self._array(name))
+        formats = [self._formats[name] for name in names]
+        start, stop = self.shard_bounds(shard)
+        if any(f is None for f in formats):
+            return self.read(slice(start, stop), names)
+        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start))
 
     def __getitem__(self, index) -> dict[str, np.ndarray]:
         return self.read(index)
@@ -329,10 +346,10 @@ class HSKStore:
         """All rows of one shard; with verify, each array is checked against its stored digest."""
         start, stop = self.shard_bounds(shard)
         names = names or list(self.specs)
-        data = self.read(slice(start, stop), names)
+        data = self._read_whole(shard, names)
         if verify:
             try:
-                digests = self.group[PROGRESS_DIGESTS][shard]
+                digests = self._array(PROGRESS_DIGESTS)[shard]
             except Exception as exc:
                 raise CorruptStoreError(
                     f"{self.url}: the digests of shard {shard} cannot be read ({exc.__class__.__name__}); the store "

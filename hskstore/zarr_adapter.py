@@ -9,19 +9,30 @@ an fsspec file. What this module touches that zarr does not promise:
   `zarr.core.buffer.cpu.Buffer` / `default_buffer_prototype` (the byte buffers stores take and give);
 - `ZipStore._sync_open` and its fields `_lock`, `_zf`, `_is_open` (to open a zip over a file object);
 - `Array._async_array` (to read several arrays' rows in one go: zarr's synchronous API reads one array
-  at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips).
+  at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips);
+- the codec classes of `sharding_indexed` (`zarr.codecs.ShardingCodec`, `BytesCodec`, `BloscCodec`,
+  `Crc32cCodec`, public) and `google_crc32c` (zarr's dependency for the index checksum): `read_shards`
+  decodes a whole shard object itself. zarr reads a shard's inner chunks as separate decode tasks
+  on a thread pool, then copies each into the result; for a shard of 4 chunks and 19 arrays that
+  costs more CPU than decompressing them (benchmarks/loader_throughput.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import warnings
 import zipfile
 
+from dataclasses import dataclass
+
 import fsspec
+import google_crc32c
 import numpy as np
 import zarr
+from numcodecs import blosc
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -51,6 +62,92 @@ def read_many(arrays: list[zarr.Array], index: int | slice | np.ndarray) -> list
         return await asyncio.gather(*(one(a) for a in arrays), return_exceptions=True)
 
     return sync(every())
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """How one array's shard objects decode: the layout hsk writes (docs/STORE_FORMAT.md, "Exact
+    encodings"): `sharding_indexed` over whole-row inner chunks, inner codecs bytes (little endian)
+    then blosc, the index (offset, nbytes) uint64 pairs, little endian, crc32c, at the end."""
+
+    shard_shape: tuple[int, ...]
+    chunks: int  # inner chunks per shard, along the rows
+    dtype: np.dtype
+    fill_value: object
+
+
+EMPTY_CHUNK = 2**64 - 1  # an index entry of a chunk that holds only the fill value (not written)
+
+
+def _little(codec) -> bool:
+    return isinstance(codec, BytesCodec) and (codec.endian is None or codec.endian.value == "little")
+
+
+def shard_format(array: zarr.Array) -> ShardFormat | None:
+    """The array's ShardFormat, or None when its codecs are not the ones hsk writes (zarr reads it)."""
+    meta = array.metadata
+    codecs = getattr(meta, "codecs", ())
+    if sys.byteorder != "little" or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return None
+    shard, inner = tuple(meta.chunk_grid.chunk_shape), codecs[0]
+    if not (inner.index_location == ShardingCodecIndexLocation.end and len(inner.codecs) == 2
+            and _little(inner.codecs[0]) and isinstance(inner.codecs[1], BloscCodec)
+            and len(inner.index_codecs) == 2 and _little(inner.index_codecs[0])
+            and isinstance(inner.index_codecs[1], Crc32cCodec)):
+        return None
+    rows = inner.chunk_shape[0]
+    if tuple(inner.chunk_shape[1:]) != shard[1:] or min(shard) < 1 or shard[0] % rows:
+        return None
+    return ShardFormat(shard, shard[0] // rows, np.dtype(array.dtype), meta.fill_value)
+
+
+def decode_shard(raw: np.ndarray | None, fmt: ShardFormat) -> np.ndarray:
+    """One shard object's bytes (uint8; None: not written) -> its data [shard rows, ...], each inner
+    chunk decompressed straight into its rows of the result."""
+    out = np.empty(fmt.shard_shape, dtype=fmt.dtype)
+    if raw is None:
+        out.fill(fmt.fill_value)
+        return out
+    size = 16 * fmt.chunks
+    if len(raw) < size + 4:
+        raise ValueError(f"a shard object of {len(raw)} bytes cannot hold the index of {fmt.chunks} chunks")
+    index = raw[len(raw) - size - 4:]
+    if google_crc32c.value(index[:size].tobytes()) != int(index[size:].view("<u4")[0]):
+        raise ValueError("the shard index does not match its crc32c checksum")
+    rows = out.reshape(fmt.chunks, -1).view(np.uint8)
+    for chunk, (start, nbytes) in enumerate(index[:size].view("<u8").reshape(-1, 2).tolist()):
+        if start == EMPTY_CHUNK:
+            out.reshape(fmt.chunks, -1)[chunk] = fmt.fill_value
+            continue
+        src = raw[start:start + nbytes]
+        # bytes 4-7 of a blosc header: the decompressed size (blosc would fill a larger buffer only partly)
+        if start + nbytes > len(raw) - size - 4 or nbytes < 16 or int(src[4:8].view("<u4")[0]) != rows.shape[1]:
+            raise ValueError(f"inner chunk {chunk} of the shard does not decode to its {rows.shape[1]} bytes")
+        blosc.decompress(src, rows[chunk])
+    return out
+
+
+def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int,
+                rows: int) -> list[np.ndarray | BaseException]:
+    """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
+    concurrently on zarr's event loop, then decoded in the calling thread (blosc and numpy release
+    the GIL, so reader threads decode in parallel); each result is the data or the exception raised."""
+
+    async def get(array: zarr.Array) -> np.ndarray | None:
+        key = f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
+        buf = await array.store.get(key, prototype=default_buffer_prototype())
+        return None if buf is None else buf.as_numpy_array()
+
+    async def every() -> list[np.ndarray | None | BaseException]:
+        return await asyncio.gather(*(get(a) for a in arrays), return_exceptions=True)
+
+    out: list[np.ndarray | BaseException] = []
+    for raw, fmt in zip(sync(every()), formats):
+        try:
+            out.append(raw if isinstance(raw, BaseException) else decode_shard(raw, fmt)[:rows])
+        except Exception as exc:  # a damaged object: reported like zarr's own read errors
+            out.append(exc)
+    return out
 
 
 def get_bytes(group: zarr.Group, name: str) -> bytes | None:

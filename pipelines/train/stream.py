@@ -495,10 +495,21 @@ def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
     """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense.
 
     Values are stored in index order under the mask, so the j-th set bit of a vector takes value j.
-    Instead of unpacking bits and scattering through a boolean mask (a host sync on GPUs, and
-    several passes over [..., d]), each mask byte looks up its popcount and its bits' ranks in
-    256-entry tables; a cumsum over bytes gives each byte's first value, and one gather fills the
-    output, clear bits reading a zero tail. Unused token slots (no bits) come out all zero.
+    On an accelerator, `dense_by_gather` (no host sync); on CPU, where a sync is free and gathers
+    through [..., d] int64 indices are not, `dense_by_scatter`. Both give the same bits.
+    """
+    if packed.device.type == "cpu":
+        return dense_by_scatter(values, packed, hidden_size, scale)
+    return dense_by_gather(values, packed, hidden_size, scale)
+
+
+def dense_by_gather(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
+                    scale: torch.Tensor | None = None) -> torch.Tensor:
+    """dense_targets without a host sync (for GPUs). Instead of unpacking bits and scattering
+    through a boolean mask (a host sync, and several passes over [..., d]), each mask byte looks up
+    its popcount and its bits' ranks in 256-entry tables; a cumsum over bytes gives each byte's
+    first value, and one gather fills the output, clear bits reading a zero tail. Unused token
+    slots (no bits) come out all zero.
     """
     decoded = decode_values(values, scale)
     n_width = decoded.shape[-1]
@@ -512,6 +523,38 @@ def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
     source = torch.zeros((*lead, 2 * n_width + 1), dtype=torch.float32, device=decoded.device)
     source[..., :n_width] = decoded
     return source.gather(-1, slot.flatten(-2)[..., :hidden_size])
+
+
+_POPCOUNT = _BYTE_BITS.sum(axis=1).astype(np.uint8)
+
+
+def _popcount(packed: np.ndarray) -> np.ndarray:
+    """Set bits per byte (np.bitwise_count from numpy 2; a table before)."""
+    return np.bitwise_count(packed) if hasattr(np, "bitwise_count") else np.take(_POPCOUNT, packed)
+
+
+def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
+    """dense_targets for CPU tensors, through numpy (zero-copy): the flat indices of the set bits
+    (unpackbits and flatnonzero, several times faster than torch's nonzero on CPU), the used vectors'
+    values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass."""
+    masks = packed.numpy()
+    lead = masks.shape[:-1]
+    where = np.flatnonzero(np.unpackbits(masks, axis=-1, count=hidden_size).view(bool))
+    counts = _popcount(masks).sum(-1, dtype=np.int64).reshape(-1)
+    rows = values.reshape(-1, values.shape[-1])
+    scale = None if scale is None else scale.reshape(-1, *scale.shape[len(lead):])
+    if not counts.all():  # unused token slots: their values are not decoded
+        used = torch.from_numpy(counts > 0)
+        rows, scale, counts = rows[used], None if scale is None else scale[used], counts[counts > 0]
+    decoded = decode_values(rows, scale)
+    if len(counts) and (counts == counts[0]).all():  # every used vector keeps N^W values: a slice
+        kept = decoded[:, : int(counts[0])]
+    else:
+        kept = decoded[torch.from_numpy(np.arange(decoded.shape[-1]) < counts[:, None])]
+    out = np.zeros((*lead, hidden_size), dtype=np.float32)
+    out.reshape(-1)[where] = kept.numpy().reshape(-1)
+    return torch.from_numpy(out)
 
 
 def decode_batch(batch: dict, store_layers: list, hidden_size: int, device) -> dict[str, torch.Tensor]:
