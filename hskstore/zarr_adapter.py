@@ -24,7 +24,6 @@ import sys
 import threading
 import warnings
 import zipfile
-
 from dataclasses import dataclass
 
 import fsspec
