@@ -82,22 +82,25 @@ def _little(codec) -> bool:
     return isinstance(codec, BytesCodec) and (codec.endian is None or codec.endian.value == "little")
 
 
+def _hsk_sharding(codecs: tuple) -> bool:
+    """One sharding codec: index at the end (bytes, crc32c), inner codecs bytes then blosc."""
+    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return False
+    inner, index = codecs[0].codecs, codecs[0].index_codecs
+    return (codecs[0].index_location == ShardingCodecIndexLocation.end
+            and len(inner) == 2 and _little(inner[0]) and isinstance(inner[1], BloscCodec)
+            and len(index) == 2 and _little(index[0]) and isinstance(index[1], Crc32cCodec))
+
+
 def shard_format(array: zarr.Array) -> ShardFormat | None:
     """The array's ShardFormat, or None when its codecs are not the ones hsk writes (zarr reads it)."""
     meta = array.metadata
-    codecs = getattr(meta, "codecs", ())
-    if sys.byteorder != "little" or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+    if sys.byteorder != "little" or not _hsk_sharding(tuple(getattr(meta, "codecs", ()))):
         return None
-    shard, inner = tuple(meta.chunk_grid.chunk_shape), codecs[0]
-    if not (inner.index_location == ShardingCodecIndexLocation.end and len(inner.codecs) == 2
-            and _little(inner.codecs[0]) and isinstance(inner.codecs[1], BloscCodec)
-            and len(inner.index_codecs) == 2 and _little(inner.index_codecs[0])
-            and isinstance(inner.index_codecs[1], Crc32cCodec)):
+    shard, inner = tuple(meta.chunk_grid.chunk_shape), tuple(meta.codecs[0].chunk_shape)
+    if inner[1:] != shard[1:] or min(shard) < 1 or shard[0] % inner[0]:
         return None
-    rows = inner.chunk_shape[0]
-    if tuple(inner.chunk_shape[1:]) != shard[1:] or min(shard) < 1 or shard[0] % rows:
-        return None
-    return ShardFormat(shard, shard[0] // rows, np.dtype(array.dtype), meta.fill_value)
+    return ShardFormat(shard, shard[0] // inner[0], np.dtype(array.dtype), meta.fill_value)
 
 
 def decode_shard(raw: np.ndarray | None, fmt: ShardFormat) -> np.ndarray:
