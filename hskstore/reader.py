@@ -319,7 +319,7 @@ class HSKStore:
         # All arrays at once: on object storage the requests overlap instead of queueing (issue 23).
         return self._checked(names, read_many([self._array(name) for name in names], index))
 
-    def _read_whole(self, shard: int, names: list[str]) -> dict[str, np.ndarray]:
+    def _read_whole(self, shard: int, names: list[str], out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """One shard of `names`: one object per array, decoded by hsk when every array has the layout
         hsk writes (zarr's read of a shard's inner chunks costs more CPU than decompressing them)."""
         for name in names:
@@ -327,9 +327,28 @@ class HSKStore:
                 self._formats[name] = shard_format(self._array(name))
         formats = [self._formats[name] for name in names]
         start, stop = self.shard_bounds(shard)
+        if out is not None:
+            self._check_out(out, names, stop - start)
         if any(f is None for f in formats):
-            return self.read(slice(start, stop), names)
-        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start))
+            return self._read_copied(slice(start, stop), names, out)
+        into = None if out is None else [out[name] for name in names]
+        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start, into))
+
+    def _read_copied(self, rows: slice, names: list[str], out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """zarr's read of the rows, copied into `out` when given."""
+        data = self.read(rows, names)
+        if out is None:
+            return data
+        for name in names:
+            out[name][...] = data[name]
+        return {name: out[name] for name in names}
+
+    def _check_out(self, out: dict[str, np.ndarray], names: list[str], rows: int) -> None:
+        for name in names:
+            spec, arr = self.specs[name], out.get(name)
+            shape = (rows, *spec.shape[1:])
+            if arr is None or arr.shape != shape or arr.dtype != np.dtype(spec.dtype) or not arr.flags.c_contiguous:
+                raise ValueError(f"out[{name!r}] must be a C-contiguous {spec.dtype} array of shape {shape}")
 
     def __getitem__(self, index) -> dict[str, np.ndarray]:
         return self.read(index)
@@ -341,12 +360,15 @@ class HSKStore:
                 yield {k: v[i] for k, v in data.items()}
 
     def read_shard(
-        self, shard: int, *, verify: bool = True, names: list[str] | None = None
+        self, shard: int, *, verify: bool = True, names: list[str] | None = None,
+        out: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """All rows of one shard; with verify, each array is checked against its stored digest."""
+        """All rows of one shard; with verify, each array is checked against its stored digest. With
+        `out` ({name: C-contiguous array of the shard's rows}), the data is decoded into those arrays
+        and they are returned (a reader filling a preallocated buffer saves a copy)."""
         start, stop = self.shard_bounds(shard)
         names = names or list(self.specs)
-        data = self._read_whole(shard, names)
+        data = self._read_whole(shard, names, out)
         if verify:
             try:
                 digests = self._array(PROGRESS_DIGESTS)[shard]

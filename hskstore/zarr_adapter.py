@@ -103,10 +103,10 @@ def shard_format(array: zarr.Array) -> ShardFormat | None:
     return ShardFormat(shard, shard[0] // inner[0], np.dtype(array.dtype), meta.fill_value)
 
 
-def decode_shard(raw: np.ndarray | None, fmt: ShardFormat) -> np.ndarray:
+def decode_shard(raw: np.ndarray | None, fmt: ShardFormat, out: np.ndarray | None = None) -> np.ndarray:
     """One shard object's bytes (uint8; None: not written) -> its data [shard rows, ...], each inner
-    chunk decompressed straight into its rows of the result."""
-    out = np.empty(fmt.shard_shape, dtype=fmt.dtype)
+    chunk decompressed straight into its rows of the result (`out`, C-contiguous, when given)."""
+    out = np.empty(fmt.shard_shape, dtype=fmt.dtype) if out is None else out
     if raw is None:
         out.fill(fmt.fill_value)
         return out
@@ -129,11 +129,12 @@ def decode_shard(raw: np.ndarray | None, fmt: ShardFormat) -> np.ndarray:
     return out
 
 
-def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int,
-                rows: int) -> list[np.ndarray | BaseException]:
+def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int, rows: int,
+                out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
     """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
     concurrently on zarr's event loop, then decoded in the calling thread (blosc and numpy release
-    the GIL, so reader threads decode in parallel); each result is the data or the exception raised."""
+    the GIL, so reader threads decode in parallel); each result is the data or the exception raised.
+    With `out` (one C-contiguous [rows, ...] array per array), the data is decoded into it."""
 
     async def get(array: zarr.Array) -> np.ndarray | None:
         key = f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
@@ -143,12 +144,21 @@ def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int
     async def every() -> list[np.ndarray | None | BaseException]:
         return await asyncio.gather(*(get(a) for a in arrays), return_exceptions=True)
 
-    out: list[np.ndarray | BaseException] = []
-    for raw, fmt in zip(sync(every()), formats):
+    results: list[np.ndarray | BaseException] = []
+    for i, (raw, fmt) in enumerate(zip(sync(every()), formats)):
         try:
-            out.append(raw if isinstance(raw, BaseException) else decode_shard(raw, fmt)[:rows])
+            results.append(raw if isinstance(raw, BaseException) else _decode_into(raw, fmt, rows, out and out[i]))
         except Exception as exc:  # a damaged object: reported like zarr's own read errors
-            out.append(exc)
+            results.append(exc)
+    return results
+
+
+def _decode_into(raw: np.ndarray | None, fmt: ShardFormat, rows: int, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return decode_shard(raw, fmt)[:rows]
+    if rows == fmt.shard_shape[0]:
+        return decode_shard(raw, fmt, out)
+    out[...] = decode_shard(raw, fmt)[:rows]  # the last shard, shorter than the object
     return out
 
 
