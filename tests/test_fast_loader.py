@@ -113,3 +113,39 @@ def test_uneven_bit_counts_decode_alike():
     assert torch.equal(dense_targets(*t), new)
     assert np.count_nonzero(new.numpy()) == mask.sum() - 1  # all kept values but the -0.0
     assert np.signbit(new[0, 0, np.flatnonzero(mask[0, 0])[0]].item())
+
+
+def test_read_shard_into_given_arrays(stores):
+    store = stores["int4"]
+    for shard in (0, store.n_shards - 1):  # a whole shard, and the last one (3 rows of an 8-row object)
+        rows = np.subtract(*store.shard_bounds(shard)[::-1])
+        out = {n: np.empty((rows, *s.shape[1:]), dtype=s.dtype) for n, s in store.specs.items()}
+        got = store.read_shard(shard, verify=True, out=out)
+        expected = store.read_shard(shard, verify=True)
+        for name in store.specs:
+            assert got[name] is out[name] and same_bits(out[name], expected[name])
+    out["row"] = np.empty(rows + 1, dtype=np.int64)
+    with pytest.raises(ValueError, match="out\\['row'\\] must be a C-contiguous int64 array of shape \\(3,\\)"):
+        store.read_shard(shard, out=out)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_batches_alike_decoded_in_place_or_copied(stores, world_size):
+    """A store's shards are decoded into the shuffle pool; a source without read_shard(out=) (rows held in
+    memory) has its shards copied in: the same batches, bit for bit, for every rank (ranks keep part of
+    a shard's rows) and from a resumed position."""
+    from pipelines.train.sources import ShardedRows
+
+    store = stores["float16"]
+    held = ShardedRows(store.metadata, {n: store.read(slice(0, len(store)), [n])[n] for n in store.specs}, "mem")
+    held.specs = store.specs  # what a StoreStream reads of a source's arrays (OnlineSource has them too)
+    for rank in range(world_size):
+        streams = [StoreStream(src, batch_size=3, buffer_shards=3, seed=5, rank=rank, world_size=world_size,
+                               workers=w) for src, w in [(store, 0), (store, 2), (held, 1)]]
+        for s in streams:
+            s.load_state_dict({"epoch": 1, "batches_done": 2, "seed": 5})
+        runs = [list(s) for s in streams]
+        assert len(runs[0]) == len(streams[0]) - 2 > 0
+        for batches in zip(*runs):
+            for name in batches[0]:
+                assert same_bits(batches[0][name], batches[1][name]) and same_bits(batches[0][name], batches[2][name])
