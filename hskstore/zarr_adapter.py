@@ -129,23 +129,47 @@ def decode_shard(raw: np.ndarray | None, fmt: ShardFormat, out: np.ndarray | Non
     return out
 
 
-def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int, rows: int,
-                out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
-    """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
-    concurrently on zarr's event loop, then decoded in the calling thread (blosc and numpy release
-    the GIL, so reader threads decode in parallel); each result is the data or the exception raised.
-    With `out` (one C-contiguous [rows, ...] array per array), the data is decoded into it."""
+def _shard_key(array: zarr.Array, shard: int) -> str:
+    return f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
 
-    async def get(array: zarr.Array) -> np.ndarray | None:
-        key = f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
+
+def _read_file(path: str) -> np.ndarray | None | BaseException:
+    try:
+        with open(path, "rb") as f:
+            return np.frombuffer(f.read(), dtype=np.uint8)
+    except FileNotFoundError:
+        return None  # not written: the fill value, as zarr reads it
+    except OSError as exc:
+        return exc
+
+
+def fetch_objects(arrays: list[zarr.Array], shard: int) -> list[np.ndarray | None | BaseException]:
+    """The bytes of shard `shard`'s object of each array (None: not written; or the exception raised).
+    A local folder's files are read in the calling thread (a hop to zarr's event loop and its file
+    threads costs more CPU than the read); other stores are asked concurrently on zarr's event loop."""
+    keys = [_shard_key(a, shard) for a in arrays]
+    store = arrays[0].store if arrays else None
+    if isinstance(store, zarr.storage.LocalStore) and all(a.store is store for a in arrays):
+        return [_read_file(str(store.root / key)) for key in keys]
+
+    async def get(array: zarr.Array, key: str) -> np.ndarray | None:
         buf = await array.store.get(key, prototype=default_buffer_prototype())
         return None if buf is None else buf.as_numpy_array()
 
     async def every() -> list[np.ndarray | None | BaseException]:
-        return await asyncio.gather(*(get(a) for a in arrays), return_exceptions=True)
+        return await asyncio.gather(*(get(a, k) for a, k in zip(arrays, keys)), return_exceptions=True)
 
+    return sync(every())
+
+
+def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int, rows: int,
+                out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
+    """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
+    (fetch_objects), then decoded in the calling thread (blosc and numpy release the GIL, so reader
+    threads decode in parallel); each result is the data or the exception raised. With `out` (one
+    C-contiguous [rows, ...] array per array), the data is decoded into it."""
     results: list[np.ndarray | BaseException] = []
-    for i, (raw, fmt) in enumerate(zip(sync(every()), formats)):
+    for i, (raw, fmt) in enumerate(zip(fetch_objects(arrays, shard), formats)):
         try:
             results.append(raw if isinstance(raw, BaseException) else _decode_into(raw, fmt, rows, out and out[i]))
         except Exception as exc:  # a damaged object: reported like zarr's own read errors
