@@ -98,21 +98,27 @@ def test_cpu_decode_is_bit_identical(stores, value_dtype):
     assert not assert_dense_same(arrays[0], unused, arrays[2]).any()
 
 
-def test_uneven_bit_counts_decode_alike():
+@pytest.mark.parametrize("d", [D, 64])  # masks of 3 bytes (padding bits), and of 8 (counted as one word)
+def test_uneven_bit_counts_decode_alike(d):
     """Vectors keeping fewer values than N^W (the gather's semantics: the j-th set bit takes value j)."""
     rng = np.random.default_rng(0)
     n_width = 6
-    mask = np.zeros((5, 3, D), dtype=bool)
+    mask = np.zeros((5, 3, d), dtype=bool)
     for v, keep in enumerate([6, 0, 2, 6, 1, 5, 0, 3, 6, 6, 4, 0, 1, 2, 6]):
-        mask.reshape(-1, D)[v, rng.choice(D, keep, replace=False)] = True
+        mask.reshape(-1, d)[v, rng.choice(d, keep, replace=False)] = True
     values = rng.normal(size=(5, 3, n_width)).astype(np.float16)
     values[0, 0, 0] = -0.0  # the sign of a kept zero survives
-    t = [torch.from_numpy(values), torch.from_numpy(codec.pack_mask(mask)), D]
+    t = [torch.from_numpy(values), torch.from_numpy(codec.pack_mask(mask)), d]
     new, old = dense_by_scatter(*t), dense_by_gather(*t)
     assert same_bits(new.numpy(), old.numpy())
     assert torch.equal(dense_targets(*t), new)
     assert np.count_nonzero(new.numpy()) == mask.sum() - 1  # all kept values but the -0.0
     assert np.signbit(new[0, 0, np.flatnonzero(mask[0, 0])[0]].item())
+    full = np.zeros_like(mask)  # every vector keeps N^W: the uniform path
+    for v in range(15):
+        full.reshape(-1, d)[v, rng.choice(d, n_width, replace=False)] = True
+    t[1] = torch.from_numpy(codec.pack_mask(full))
+    assert same_bits(dense_by_scatter(*t).numpy(), codec.dense(values, t[1].numpy(), d))
 
 
 def test_read_shard_into_given_arrays(stores):

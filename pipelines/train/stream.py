@@ -594,8 +594,20 @@ _POPCOUNT = _BYTE_BITS.sum(axis=1).astype(np.uint8)
 
 
 def _popcount(packed: np.ndarray) -> np.ndarray:
-    """Set bits per byte (np.bitwise_count from numpy 2; a table before)."""
-    return np.bitwise_count(packed) if hasattr(np, "bitwise_count") else np.take(_POPCOUNT, packed)
+    """Set bits per vector of packed masks [..., bytes] (np.bitwise_count from numpy 2, 8 bytes at a time
+    where they align; a table before)."""
+    if not hasattr(np, "bitwise_count"):
+        return np.take(_POPCOUNT, packed).sum(-1, dtype=np.int64)
+    if packed.shape[-1] % 8 == 0 and packed.flags.c_contiguous:
+        packed = packed.view(np.uint64)
+    return np.bitwise_count(packed).sum(-1, dtype=np.int64)
+
+
+def _set_bits(masks: np.ndarray, hidden_size: int) -> np.ndarray:
+    """Flat indices of the set bits of packed masks [..., bytes] in [..., d] (padding bits cut)."""
+    if masks.shape[-1] * 8 == hidden_size and masks.flags.c_contiguous:
+        return np.flatnonzero(np.unpackbits(masks.reshape(-1)).view(bool))
+    return np.flatnonzero(np.unpackbits(masks, axis=-1, count=hidden_size).view(bool))
 
 
 def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
@@ -605,8 +617,8 @@ def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: in
     values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass."""
     masks = packed.numpy()
     lead = masks.shape[:-1]
-    where = np.flatnonzero(np.unpackbits(masks, axis=-1, count=hidden_size).view(bool))
-    counts = _popcount(masks).sum(-1, dtype=np.int64).reshape(-1)
+    where = _set_bits(masks, hidden_size)
+    counts = _popcount(masks).reshape(-1)
     rows = values.reshape(-1, values.shape[-1])
     scale = None if scale is None else scale.reshape(-1, *scale.shape[len(lead):])
     if not counts.all():  # unused token slots: their values are not decoded
