@@ -75,12 +75,12 @@ def test_damaged_shard_objects_are_refused(tmp_path):
     assert open_store(store.url).read_shard(1, verify=True)["row"].tolist() == list(range(8, 16))
 
 
-def assert_dense_same(values, masks, scale=None):
-    t = [torch.from_numpy(values), torch.from_numpy(masks), D, None if scale is None else torch.from_numpy(scale)]
+def assert_dense_same(values, masks, scale=None, d=D):
+    t = [torch.from_numpy(values), torch.from_numpy(masks), d, None if scale is None else torch.from_numpy(scale)]
     new, old = dense_by_scatter(*t), dense_by_gather(*t)
     assert new.dtype == old.dtype == torch.float32
     assert same_bits(new.numpy(), old.numpy())
-    assert same_bits(new.numpy(), codec.dense(values, masks, D, scale))
+    assert same_bits(new.numpy(), codec.dense(values, masks, d, scale))
     return new
 
 
@@ -119,6 +119,20 @@ def test_uneven_bit_counts_decode_alike(d):
         full.reshape(-1, d)[v, rng.choice(d, n_width, replace=False)] = True
     t[1] = torch.from_numpy(codec.pack_mask(full))
     assert same_bits(dense_by_scatter(*t).numpy(), codec.dense(values, t[1].numpy(), d))
+
+
+@pytest.mark.parametrize("value_dtype", ["float16", "int8", "mxfp4"])
+@pytest.mark.parametrize("d", [D, 64])
+def test_full_width_decodes_alike(value_dtype, d):
+    """N^W = d (every value kept, HSK's full-width configs): the values are the vectors, no scatter."""
+    rng = np.random.default_rng(1)
+    mask = np.ones((4, 3, d), dtype=bool)
+    mask[1, 2] = mask[3, 0] = False  # unused token slots
+    values, scale = codec.encode_values(rng.normal(size=(4, 3, d)).astype(np.float32), mask, d, value_dtype)
+    assert_dense_same(values, codec.pack_mask(mask), scale, d)
+    mask[:] = True  # every slot used
+    values, scale = codec.encode_values(rng.normal(size=(4, 3, d)).astype(np.float32), mask, d, value_dtype)
+    assert_dense_same(values, codec.pack_mask(mask), scale, d)
 
 
 def test_read_shard_into_given_arrays(stores):

@@ -610,27 +610,41 @@ def _set_bits(masks: np.ndarray, hidden_size: int) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(masks, axis=-1, count=hidden_size).view(bool))
 
 
+def _kept_values(values: torch.Tensor, scale: torch.Tensor | None, counts: np.ndarray,
+                 n_lead: int) -> tuple[torch.Tensor, np.ndarray | None]:
+    """The used vectors' values decoded, each cut to its bit count ([n used, count] when the counts are
+    all alike, else flat), and which vectors are used (None: all)."""
+    rows = values.reshape(-1, values.shape[-1])
+    scale = None if scale is None else scale.reshape(-1, *scale.shape[n_lead:])
+    used = None
+    if not counts.all():  # unused token slots: their values are not decoded
+        used = counts > 0
+        rows, scale, counts = rows[torch.from_numpy(used)], None if scale is None else scale[used], counts[used]
+    decoded = decode_values(rows, scale)
+    if len(counts) and (counts == counts[0]).all():  # every used vector keeps N^W values: a slice
+        return decoded[:, : int(counts[0])], used
+    return decoded[torch.from_numpy(np.arange(decoded.shape[-1]) < counts[:, None])], used
+
+
 def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
                      scale: torch.Tensor | None = None) -> torch.Tensor:
     """dense_targets for CPU tensors, through numpy (zero-copy): the flat indices of the set bits
     (unpackbits and flatnonzero, several times faster than torch's nonzero on CPU), the used vectors'
-    values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass."""
+    values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass. A store
+    that keeps every value (N^W = d) needs no scatter: the used vectors' values are the vectors."""
     masks = packed.numpy()
     lead = masks.shape[:-1]
-    where = _set_bits(masks, hidden_size)
     counts = _popcount(masks).reshape(-1)
-    rows = values.reshape(-1, values.shape[-1])
-    scale = None if scale is None else scale.reshape(-1, *scale.shape[len(lead):])
-    if not counts.all():  # unused token slots: their values are not decoded
-        used = torch.from_numpy(counts > 0)
-        rows, scale, counts = rows[used], None if scale is None else scale[used], counts[counts > 0]
-    decoded = decode_values(rows, scale)
-    if len(counts) and (counts == counts[0]).all():  # every used vector keeps N^W values: a slice
-        kept = decoded[:, : int(counts[0])]
-    else:
-        kept = decoded[torch.from_numpy(np.arange(decoded.shape[-1]) < counts[:, None])]
+    kept, used = _kept_values(values, scale, counts, len(lead))
     out = np.zeros((*lead, hidden_size), dtype=np.float32)
-    out.reshape(-1)[where] = kept.numpy().reshape(-1)
+    if kept.ndim == 2 and kept.shape[1] == hidden_size and hidden_size % 8 == 0:  # no padding bits counted
+        vectors = out.reshape(-1, hidden_size)
+        if used is None:
+            vectors[...] = kept.numpy()
+        else:
+            vectors[used] = kept.numpy()
+    else:
+        out.reshape(-1)[_set_bits(masks, hidden_size)] = kept.numpy().reshape(-1)
     return torch.from_numpy(out)
 
 
