@@ -12,7 +12,8 @@ throughput is reported beside it (it drops when other jobs take the core). Round
 configs; each round is one epoch (every shard read and checked once) after a warm-up epoch, then a
 breakdown in CPU microseconds per example (reads with digest checks alone; the stream, reads
 included; decode_batch alone). decode_batch is meant for the training GPU: `stream_only` is the
-per-core rate when it runs there.
+per-core rate when it runs there. On CPU tensors decode_batch scatters through numpy's flatnonzero
+(pipelines/train/stream.py dense_by_scatter); on a GPU it gathers (dense_by_gather), the same bits.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .zarr_adapter import read_many
+from .zarr_adapter import ShardFormat, read_many, read_shards, shard_format
 
 _REQUIRED = ("task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 _MAX_ROWS = 2**40  # far above any real split; keeps an edited n_rows from making loops run for hours
@@ -153,6 +153,7 @@ class HSKStore:
             raise CorruptStoreError(f"{self.url}: {exc}: the store is damaged; re-copy it or dump again") from None
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
+        self._formats: dict[str, ShardFormat | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
         members = self._members()
         self._check_arrays(members)
         if meta.get("complete"):
@@ -301,18 +302,53 @@ class HSKStore:
         return shard_bounds(self.meta, shard)
 
     # --- reading -----------------------------------------------------------------------------
-    def read(self, index, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
-        names = names or list(self.specs)
-        for name in names:
-            if name not in self._arrays:
-                self._arrays[name] = self.group[name]
-        # All arrays at once: on object storage the requests overlap instead of queueing (issue 23).
-        data = read_many([self._arrays[name] for name in names], index)
+    def _array(self, name: str) -> zarr.Array:
+        if name not in self._arrays:
+            self._arrays[name] = self.group[name]
+        return self._arrays[name]
+
+    def _checked(self, names: list[str], data: list) -> dict[str, np.ndarray]:
         for name, value in zip(names, data):
             if isinstance(value, BaseException):
                 raise CorruptStoreError(f"{self.url}: cannot read {name} ({value}); the store is damaged") from value
         return dict(zip(names, data))
+
+    def read(self, index, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Arrays for rows `index` (an int, slice or sorted index array): {name: data}."""
+        names = names or list(self.specs)
+        # All arrays at once: on object storage the requests overlap instead of queueing (issue 23).
+        return self._checked(names, read_many([self._array(name) for name in names], index))
+
+    def _read_whole(self, shard: int, names: list[str], out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """One shard of `names`: one object per array, decoded by hsk when every array has the layout
+        hsk writes (zarr's read of a shard's inner chunks costs more CPU than decompressing them)."""
+        for name in names:
+            if name not in self._formats:
+                self._formats[name] = shard_format(self._array(name))
+        formats = [self._formats[name] for name in names]
+        start, stop = self.shard_bounds(shard)
+        if out is not None:
+            self._check_out(out, names, stop - start)
+        if any(f is None for f in formats):
+            return self._read_copied(slice(start, stop), names, out)
+        into = None if out is None else [out[name] for name in names]
+        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start, into))
+
+    def _read_copied(self, rows: slice, names: list[str], out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """zarr's read of the rows, copied into `out` when given."""
+        data = self.read(rows, names)
+        if out is None:
+            return data
+        for name in names:
+            out[name][...] = data[name]
+        return {name: out[name] for name in names}
+
+    def _check_out(self, out: dict[str, np.ndarray], names: list[str], rows: int) -> None:
+        for name in names:
+            spec, arr = self.specs[name], out.get(name)
+            shape = (rows, *spec.shape[1:])
+            if arr is None or arr.shape != shape or arr.dtype != np.dtype(spec.dtype) or not arr.flags.c_contiguous:
+                raise ValueError(f"out[{name!r}] must be a C-contiguous {spec.dtype} array of shape {shape}")
 
     def __getitem__(self, index) -> dict[str, np.ndarray]:
         return self.read(index)
@@ -324,15 +360,18 @@ class HSKStore:
                 yield {k: v[i] for k, v in data.items()}
 
     def read_shard(
-        self, shard: int, *, verify: bool = True, names: list[str] | None = None
+        self, shard: int, *, verify: bool = True, names: list[str] | None = None,
+        out: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """All rows of one shard; with verify, each array is checked against its stored digest."""
+        """All rows of one shard; with verify, each array is checked against its stored digest. With
+        `out` ({name: C-contiguous array of the shard's rows}), the data is decoded into those arrays
+        and they are returned (a reader filling a preallocated buffer saves a copy)."""
         start, stop = self.shard_bounds(shard)
         names = names or list(self.specs)
-        data = self.read(slice(start, stop), names)
+        data = self._read_whole(shard, names, out)
         if verify:
             try:
-                digests = self.group[PROGRESS_DIGESTS][shard]
+                digests = self._array(PROGRESS_DIGESTS)[shard]
             except Exception as exc:
                 raise CorruptStoreError(
                     f"{self.url}: the digests of shard {shard} cannot be read ({exc.__class__.__name__}); the store "

@@ -9,19 +9,29 @@ an fsspec file. What this module touches that zarr does not promise:
   `zarr.core.buffer.cpu.Buffer` / `default_buffer_prototype` (the byte buffers stores take and give);
 - `ZipStore._sync_open` and its fields `_lock`, `_zf`, `_is_open` (to open a zip over a file object);
 - `Array._async_array` (to read several arrays' rows in one go: zarr's synchronous API reads one array
-  at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips).
+  at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips);
+- the codec classes of `sharding_indexed` (`zarr.codecs.ShardingCodec`, `BytesCodec`, `BloscCodec`,
+  `Crc32cCodec`, public) and `google_crc32c` (zarr's dependency for the index checksum): `read_shards`
+  decodes a whole shard object itself. zarr reads a shard's inner chunks as separate decode tasks
+  on a thread pool, then copies each into the result; for a shard of 4 chunks and 19 arrays that
+  costs more CPU than decompressing them (benchmarks/loader_throughput.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import warnings
 import zipfile
+from dataclasses import dataclass
 
 import fsspec
+import google_crc32c
 import numpy as np
 import zarr
+from numcodecs import blosc
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -51,6 +61,129 @@ def read_many(arrays: list[zarr.Array], index: int | slice | np.ndarray) -> list
         return await asyncio.gather(*(one(a) for a in arrays), return_exceptions=True)
 
     return sync(every())
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """How one array's shard objects decode: the layout hsk writes (docs/STORE_FORMAT.md, "Exact
+    encodings"): `sharding_indexed` over whole-row inner chunks, inner codecs bytes (little endian)
+    then blosc, the index (offset, nbytes) uint64 pairs, little endian, crc32c, at the end."""
+
+    shard_shape: tuple[int, ...]
+    chunks: int  # inner chunks per shard, along the rows
+    dtype: np.dtype
+    fill_value: object
+
+
+EMPTY_CHUNK = 2**64 - 1  # an index entry of a chunk that holds only the fill value (not written)
+
+
+def _little(codec) -> bool:
+    return isinstance(codec, BytesCodec) and (codec.endian is None or codec.endian.value == "little")
+
+
+def _hsk_sharding(codecs: tuple) -> bool:
+    """One sharding codec: index at the end (bytes, crc32c), inner codecs bytes then blosc."""
+    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return False
+    inner, index = codecs[0].codecs, codecs[0].index_codecs
+    return (codecs[0].index_location == ShardingCodecIndexLocation.end
+            and len(inner) == 2 and _little(inner[0]) and isinstance(inner[1], BloscCodec)
+            and len(index) == 2 and _little(index[0]) and isinstance(index[1], Crc32cCodec))
+
+
+def shard_format(array: zarr.Array) -> ShardFormat | None:
+    """The array's ShardFormat, or None when its codecs are not the ones hsk writes (zarr reads it)."""
+    meta = array.metadata
+    if sys.byteorder != "little" or not _hsk_sharding(tuple(getattr(meta, "codecs", ()))):
+        return None
+    shard, inner = tuple(meta.chunk_grid.chunk_shape), tuple(meta.codecs[0].chunk_shape)
+    if inner[1:] != shard[1:] or min(shard) < 1 or shard[0] % inner[0]:
+        return None
+    return ShardFormat(shard, shard[0] // inner[0], np.dtype(array.dtype), meta.fill_value)
+
+
+def decode_shard(raw: np.ndarray | None, fmt: ShardFormat, out: np.ndarray | None = None) -> np.ndarray:
+    """One shard object's bytes (uint8; None: not written) -> its data [shard rows, ...], each inner
+    chunk decompressed straight into its rows of the result (`out`, C-contiguous, when given)."""
+    out = np.empty(fmt.shard_shape, dtype=fmt.dtype) if out is None else out
+    if raw is None:
+        out.fill(fmt.fill_value)
+        return out
+    size = 16 * fmt.chunks
+    if len(raw) < size + 4:
+        raise ValueError(f"a shard object of {len(raw)} bytes cannot hold the index of {fmt.chunks} chunks")
+    index = raw[len(raw) - size - 4:]
+    if google_crc32c.value(index[:size].tobytes()) != int(index[size:].view("<u4")[0]):
+        raise ValueError("the shard index does not match its crc32c checksum")
+    rows = out.reshape(fmt.chunks, -1).view(np.uint8)
+    for chunk, (start, nbytes) in enumerate(index[:size].view("<u8").reshape(-1, 2).tolist()):
+        if start == EMPTY_CHUNK:
+            out.reshape(fmt.chunks, -1)[chunk] = fmt.fill_value
+            continue
+        src = raw[start:start + nbytes]
+        # bytes 4-7 of a blosc header: the decompressed size (blosc would fill a larger buffer only partly)
+        if start + nbytes > len(raw) - size - 4 or nbytes < 16 or int(src[4:8].view("<u4")[0]) != rows.shape[1]:
+            raise ValueError(f"inner chunk {chunk} of the shard does not decode to its {rows.shape[1]} bytes")
+        blosc.decompress(src, rows[chunk])
+    return out
+
+
+def _shard_key(array: zarr.Array, shard: int) -> str:
+    return f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
+
+
+def _read_file(path: str) -> np.ndarray | None | BaseException:
+    try:
+        with open(path, "rb") as f:
+            return np.frombuffer(f.read(), dtype=np.uint8)
+    except FileNotFoundError:
+        return None  # not written: the fill value, as zarr reads it
+    except OSError as exc:
+        return exc
+
+
+def fetch_objects(arrays: list[zarr.Array], shard: int) -> list[np.ndarray | None | BaseException]:
+    """The bytes of shard `shard`'s object of each array (None: not written; or the exception raised).
+    A local folder's files are read in the calling thread (a hop to zarr's event loop and its file
+    threads costs more CPU than the read); other stores are asked concurrently on zarr's event loop."""
+    keys = [_shard_key(a, shard) for a in arrays]
+    store = arrays[0].store if arrays else None
+    if isinstance(store, zarr.storage.LocalStore) and all(a.store is store for a in arrays):
+        return [_read_file(str(store.root / key)) for key in keys]
+
+    async def get(array: zarr.Array, key: str) -> np.ndarray | None:
+        buf = await array.store.get(key, prototype=default_buffer_prototype())
+        return None if buf is None else buf.as_numpy_array()
+
+    async def every() -> list[np.ndarray | None | BaseException]:
+        return await asyncio.gather(*(get(a, k) for a, k in zip(arrays, keys)), return_exceptions=True)
+
+    return sync(every())
+
+
+def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int, rows: int,
+                out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
+    """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
+    (fetch_objects), then decoded in the calling thread (blosc and numpy release the GIL, so reader
+    threads decode in parallel); each result is the data or the exception raised. With `out` (one
+    C-contiguous [rows, ...] array per array), the data is decoded into it."""
+    results: list[np.ndarray | BaseException] = []
+    for i, (raw, fmt) in enumerate(zip(fetch_objects(arrays, shard), formats)):
+        try:
+            results.append(raw if isinstance(raw, BaseException) else _decode_into(raw, fmt, rows, out and out[i]))
+        except Exception as exc:  # a damaged object: reported like zarr's own read errors
+            results.append(exc)
+    return results
+
+
+def _decode_into(raw: np.ndarray | None, fmt: ShardFormat, rows: int, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return decode_shard(raw, fmt)[:rows]
+    if rows == fmt.shard_shape[0]:
+        return decode_shard(raw, fmt, out)
+    out[...] = decode_shard(raw, fmt)[:rows]  # the last shard, shorter than the object
+    return out
 
 
 def get_bytes(group: zarr.Group, name: str) -> bytes | None:

@@ -276,6 +276,13 @@ def test_streaming_reads_one_shard_at_a_time(tmp_path, teacher, monkeypatch):
         return original(self, index, names)
 
     monkeypatch.setattr(HSKStore, "read", spy)
+    whole = HSKStore.read_shard  # whole shards are read without HSKStore.read (one object per array)
+
+    def spy_shard(self, shard, **kw):
+        sizes.append(self.shard_bounds(shard)[1] - self.shard_bounds(shard)[0])
+        return whole(self, shard, **kw)
+
+    monkeypatch.setattr(HSKStore, "read_shard", spy_shard)
     derive(str(tmp_path / "big.zarr"), "2,3,0.25", str(tmp_path / "out.zarr"))
     assert sizes and max(sizes) <= SHARD_ROWS
     assert Path(tmp_path / "out.zarr").exists()

@@ -16,7 +16,7 @@ D = 20  # not a multiple of 8: the last mask byte is partly padding
 T = 12
 
 
-def make_meta(n_rows, shard_rows, value_dtype="float16", regression=False, config="2,3,0.25"):
+def make_meta(n_rows, shard_rows, value_dtype="float16", regression=False, config="2,3,0.25", chunk_rows=None):
     sel = Selection(HSKConfig.parse(config), D, 4, (2, 4), (1, 2), (2, 4), ref_student_layers=2, l_top=4,
                     value_dtype=value_dtype)
     return {
@@ -27,7 +27,7 @@ def make_meta(n_rows, shard_rows, value_dtype="float16", regression=False, confi
         "tokenizer": {"name": "t", "vocab_hash": "v", "vocab_size": 60000, "sep_id": 3},
         "max_length": T,
         "selection": sel.to_dict(),
-        "layout": make_layout(n_rows, sel.n_width, shard_rows, chunk_rows=shard_rows),
+        "layout": make_layout(n_rows, sel.n_width, shard_rows, chunk_rows=chunk_rows or shard_rows),
     }
 
 
@@ -65,12 +65,16 @@ def shard_arrays(meta, start, stop):
     return out
 
 
-def build(path, n_rows=67, shard_rows=8, **kw):
+def build(path, n_rows=67, shard_rows=8, edit=None, **kw):
+    """A complete synthetic store; `edit(shard, arrays)` may change a shard's arrays before they are written."""
     url = str(path)
     meta = make_meta(n_rows, shard_rows, **kw)
     writer = StoreWriter.open(url, meta)
     for shard in range(writer.n_shards):
-        writer.write_shard(shard, shard_arrays(meta, *writer.shard_bounds(shard)))
+        arrays = shard_arrays(meta, *writer.shard_bounds(shard))
+        if edit is not None:
+            edit(shard, arrays)
+        writer.write_shard(shard, arrays)
     writer.finalize()
     return open_store(url)
 

@@ -149,12 +149,15 @@ def rank_slice(rows: np.ndarray, rank: int, world_size: int, canonical: int = 1)
 
 class _Prefetcher:
     """Reads shards in a fixed order on `workers` background threads, keeping `depth` reads ahead
-    (in flight or queued for a thread; default: one per thread)."""
+    (in flight or queued for a thread; default: one per thread). `place(shard)`, called in the caller's
+    thread as a read is submitted, gives the arrays to decode it into (None: arrays of its own)."""
 
-    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit, depth: int = 0):
+    def __init__(self, read, shards: list[int], workers: int, stats: StreamStats, on_submit, depth: int = 0,
+                 place=lambda shard: None):
         self._read = read
+        self._place = place
         self._todo = iter(shards)
-        self._pending: deque[tuple[int, Future | None]] = deque()
+        self._pending: deque[tuple[int, Future | None, dict | None]] = deque()
         self._depth = max(1, depth or workers) if workers else 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hsk-stream") if workers else None
         self._stats = stats
@@ -168,21 +171,77 @@ class _Prefetcher:
             return
         self._stats.shards_read.append(shard)
         self._on_submit()
+        out = self._place(shard)
         # workers=0: read lazily in the caller's thread (debugging, or stores on slow remote I/O)
-        self._pending.append((shard, self._pool.submit(self._read, shard) if self._pool else None))
+        self._pending.append((shard, self._pool.submit(self._read, shard, out) if self._pool else None, out))
 
     def next(self) -> tuple[int, dict[str, np.ndarray]]:
-        shard, future = self._pending.popleft()
-        data = future.result() if future is not None else self._read(shard)
+        shard, future, out = self._pending.popleft()
+        data = future.result() if future is not None else self._read(shard, out)
         self._submit()
         return shard, data
 
     def close(self) -> None:
-        for _, future in self._pending:
+        for _, future, _ in self._pending:
             if future is not None:
                 future.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Pools:
+    """Where each part's shards land: part k's pool holds the rows carried from earlier parts, then
+    the kept rows of its shards in read order, and is allocated when its first read is submitted, so
+    a store that can (HSKStore.read_shard(out=...)) decodes a shard whose rows are all kept straight
+    into it: no copy of every row into a pool (for reads ahead, the pool of the part they belong to)."""
+
+    def __init__(self, stream: StoreStream, reads: list[list[int]], when: np.ndarray):
+        self._stream = stream
+        self._in_place = isinstance(stream.store, HSKStore)
+        self.part, self.offset, self._whole, self.size = {}, {}, {}, []
+        self.carried = self._carried(reads, when)
+        for k, shards in enumerate(reads):
+            at = int(self.carried[k])
+            for shard in shards:
+                rows = when[slice(*stream.store.shard_bounds(shard))]
+                n = int((rows >= k).sum())
+                self.part[shard], self.offset[shard], self._whole[shard] = k, at, n == len(rows)
+                at += n
+            self.size.append(at)
+        self._pools: dict[int, dict[str, np.ndarray]] = {}
+
+    def _carried(self, reads: list[list[int]], when: np.ndarray) -> np.ndarray:
+        """Per part, the rows earlier parts read that it or a later part uses (they open its pool)."""
+        read_at = np.full(len(when), -1, dtype=np.int64)
+        for k, shards in enumerate(reads):
+            for shard in shards:
+                rows = slice(*self._stream.store.shard_bounds(shard))
+                read_at[rows] = np.where(when[rows] >= k, k, -1)
+        kept = read_at >= 0  # row r sits in the pools of parts read_at[r] .. when[r]
+        change = np.bincount(read_at[kept] + 1, minlength=len(reads) + 2)
+        change -= np.bincount(when[kept] + 1, minlength=len(reads) + 2)
+        return np.cumsum(change)[: len(reads)]
+
+    def _pool(self, k: int) -> dict[str, np.ndarray]:
+        if k not in self._pools:
+            self._pools[k] = self._stream._empty_pool(self.size[k])
+        return self._pools[k]
+
+    def take(self, k: int, held: int) -> dict[str, np.ndarray]:
+        """Part k's pool, once its first `held` rows are to be filled with the rows carried to it."""
+        assert held == self.carried[k], (k, held, self.carried[k])
+        for done in [j for j in self._pools if j < k]:
+            del self._pools[done]
+        return self._pool(k)
+
+    def place(self, shard: int) -> dict[str, np.ndarray] | None:
+        """The arrays shard `shard` decodes into (None: it is read whole, then its kept rows copied in)."""
+        pool = self._pool(self.part[shard])
+        if not (self._in_place and self._whole[shard]):
+            return None
+        start, stop = self._stream.store.shard_bounds(shard)
+        at = self.offset[shard]
+        return {name: arr[at : at + stop - start] for name, arr in pool.items()}
 
 
 class StoreStream:
@@ -324,8 +383,10 @@ class StoreStream:
         self.batches_done = done
 
     # --- reading ---------------------------------------------------------------------------------
-    def _read(self, shard: int) -> dict[str, np.ndarray]:
+    def _read(self, shard: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         try:
+            if out is not None:
+                return self.store.read_shard(shard, verify=True, names=self.names, out=out)
             return self.store.read_shard(shard, verify=True, names=self.names)
         except CorruptStoreError as exc:
             start, stop = self.store.shard_bounds(shard)
@@ -381,10 +442,11 @@ class StoreStream:
         if todo:
             # a resumed pass reads only the shards holding rows still to come, skipped windows' not
             reads, when = self._schedule(todo, start)
+            pools = _Pools(self, reads, when)
             reader = _Prefetcher(self._read, [s for r in reads for s in r], self.workers, self.stats,
-                                 self._on_submit, self.read_ahead)
+                                 self._on_submit, self.read_ahead, pools.place)
             try:
-                yield from self._run(todo, reads, when, start, total, reader)
+                yield from self._run(todo, reads, when, start, total, reader, pools)
             finally:
                 reader.close()
         if self.batches_done >= total:  # a finished epoch moves on, so state_dict() points at the next
@@ -392,11 +454,15 @@ class StoreStream:
             self.batches_done = 0
 
     def _fill(self, k: int, shards: list[int], when: np.ndarray, held: dict[str, np.ndarray], held_rows: np.ndarray,
-              reader: _Prefetcher) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Part k's pool: the rows kept from earlier parts, then the rows of its shards used now or later."""
+              reader: _Prefetcher, pools: _Pools) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Part k's pool: the rows kept from earlier parts, then the rows of its shards used now or later
+        (decoded in place where the store can, see _Pools)."""
         if not shards:  # nothing new: the pool is what earlier parts kept
             return held, held_rows
-        pieces, rows = [held], [held_rows]
+        pool = pools.take(k, len(held_rows))
+        for name, arr in held.items():
+            pool[name][: len(held_rows)] = arr
+        rows = [held_rows]
         for expected in shards:
             shard, data = reader.next()
             assert shard == expected, (shard, expected)
@@ -405,21 +471,20 @@ class StoreStream:
             self._note()
             shard_rows = np.arange(*self.store.shard_bounds(shard))
             keep = when[shard_rows] >= k
-            if keep.all():
-                pieces.append(data)
-            else:
-                pieces.append({name: arr[keep] for name, arr in data.items()})
+            at, n = pools.offset[shard], int(keep.sum())
+            for name, arr in data.items():
+                if arr.base is not pool[name]:  # not decoded in place: copied in
+                    pool[name][at : at + n] = arr if n == len(arr) else arr[keep]
             rows.append(shard_rows[keep])
             del data
-        pool = {name: np.concatenate([p[name] for p in pieces]) for name in self.names}
         return pool, np.concatenate(rows)
 
     def _run(self, todo: list[_Part], reads: list[list[int]], when: np.ndarray, start: int, total: int,
-             reader: _Prefetcher) -> Iterator[dict[str, np.ndarray]]:
+             reader: _Prefetcher, pools: _Pools) -> Iterator[dict[str, np.ndarray]]:
         slot = np.full(len(self.store), -1, dtype=np.int64)  # row id -> its place in the pool
         held, held_rows = self._empty_pool(0), np.empty(0, dtype=np.int64)
         for k, part in enumerate(todo):
-            pool, pool_rows = self._fill(k, reads[k], when, held, held_rows, reader)
+            pool, pool_rows = self._fill(k, reads[k], when, held, held_rows, reader, pools)
             slot[pool_rows] = np.arange(len(pool_rows))
             for i, rows in enumerate(part.batches):
                 index = part.first_batch + i
@@ -495,10 +560,21 @@ def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
     """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense.
 
     Values are stored in index order under the mask, so the j-th set bit of a vector takes value j.
-    Instead of unpacking bits and scattering through a boolean mask (a host sync on GPUs, and
-    several passes over [..., d]), each mask byte looks up its popcount and its bits' ranks in
-    256-entry tables; a cumsum over bytes gives each byte's first value, and one gather fills the
-    output, clear bits reading a zero tail. Unused token slots (no bits) come out all zero.
+    On an accelerator, `dense_by_gather` (no host sync); on CPU, where a sync is free and gathers
+    through [..., d] int64 indices are not, `dense_by_scatter`. Both give the same bits.
+    """
+    if packed.device.type == "cpu":
+        return dense_by_scatter(values, packed, hidden_size, scale)
+    return dense_by_gather(values, packed, hidden_size, scale)
+
+
+def dense_by_gather(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
+                    scale: torch.Tensor | None = None) -> torch.Tensor:
+    """dense_targets without a host sync (for GPUs). Instead of unpacking bits and scattering
+    through a boolean mask (a host sync, and several passes over [..., d]), each mask byte looks up
+    its popcount and its bits' ranks in 256-entry tables; a cumsum over bytes gives each byte's
+    first value, and one gather fills the output, clear bits reading a zero tail. Unused token
+    slots (no bits) come out all zero.
     """
     decoded = decode_values(values, scale)
     n_width = decoded.shape[-1]
@@ -512,6 +588,64 @@ def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
     source = torch.zeros((*lead, 2 * n_width + 1), dtype=torch.float32, device=decoded.device)
     source[..., :n_width] = decoded
     return source.gather(-1, slot.flatten(-2)[..., :hidden_size])
+
+
+_POPCOUNT = _BYTE_BITS.sum(axis=1).astype(np.uint8)
+
+
+def _popcount(packed: np.ndarray) -> np.ndarray:
+    """Set bits per vector of packed masks [..., bytes] (np.bitwise_count from numpy 2, 8 bytes at a time
+    where they align; a table before)."""
+    if not hasattr(np, "bitwise_count"):
+        return np.take(_POPCOUNT, packed).sum(-1, dtype=np.int64)
+    if packed.shape[-1] % 8 == 0 and packed.flags.c_contiguous:
+        packed = packed.view(np.uint64)
+    return np.bitwise_count(packed).sum(-1, dtype=np.int64)
+
+
+def _set_bits(masks: np.ndarray, hidden_size: int) -> np.ndarray:
+    """Flat indices of the set bits of packed masks [..., bytes] in [..., d] (padding bits cut)."""
+    if masks.shape[-1] * 8 == hidden_size and masks.flags.c_contiguous:
+        return np.flatnonzero(np.unpackbits(masks.reshape(-1)).view(bool))
+    return np.flatnonzero(np.unpackbits(masks, axis=-1, count=hidden_size).view(bool))
+
+
+def _kept_values(values: torch.Tensor, scale: torch.Tensor | None, counts: np.ndarray,
+                 n_lead: int) -> tuple[torch.Tensor, np.ndarray | None]:
+    """The used vectors' values decoded, each cut to its bit count ([n used, count] when the counts are
+    all alike, else flat), and which vectors are used (None: all)."""
+    rows = values.reshape(-1, values.shape[-1])
+    scale = None if scale is None else scale.reshape(-1, *scale.shape[n_lead:])
+    used = None
+    if not counts.all():  # unused token slots: their values are not decoded
+        used = counts > 0
+        rows, scale, counts = rows[torch.from_numpy(used)], None if scale is None else scale[used], counts[used]
+    decoded = decode_values(rows, scale)
+    if len(counts) and (counts == counts[0]).all():  # every used vector keeps N^W values: a slice
+        return decoded[:, : int(counts[0])], used
+    return decoded[torch.from_numpy(np.arange(decoded.shape[-1]) < counts[:, None])], used
+
+
+def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
+    """dense_targets for CPU tensors, through numpy (zero-copy): the flat indices of the set bits
+    (unpackbits and flatnonzero, several times faster than torch's nonzero on CPU), the used vectors'
+    values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass. A store
+    that keeps every value (N^W = d) needs no scatter: the used vectors' values are the vectors."""
+    masks = packed.numpy()
+    lead = masks.shape[:-1]
+    counts = _popcount(masks).reshape(-1)
+    kept, used = _kept_values(values, scale, counts, len(lead))
+    out = np.zeros((*lead, hidden_size), dtype=np.float32)
+    if kept.ndim == 2 and kept.shape[1] == hidden_size and hidden_size % 8 == 0:  # no padding bits counted
+        vectors = out.reshape(-1, hidden_size)
+        if used is None:
+            vectors[...] = kept.numpy()
+        else:
+            vectors[used] = kept.numpy()
+    else:
+        out.reshape(-1)[_set_bits(masks, hidden_size)] = kept.numpy().reshape(-1)
+    return torch.from_numpy(out)
 
 
 def decode_batch(batch: dict, store_layers: list, hidden_size: int, device) -> dict[str, torch.Tensor]:
