@@ -24,7 +24,7 @@ import numcodecs.blosc
 import numpy as np
 
 from hskstore import open_store
-from hskstore.shard_codec import ShardEncoder
+from hskstore.shard_codec import ShardLayout
 from hskstore.writer import StoreWriter
 
 DERIVED_FIELDS = ("checksums", "manifest", "complete", "identity", "stored_bytes", "inputs_hash",
@@ -46,7 +46,7 @@ def write_all(url: str, meta: dict, shards: list[dict], arm: str) -> tuple[float
 def blosc_floor(url: str, shards: list[dict]) -> float:
     """Seconds to compress every inner chunk of every shard once, on one thread."""
     store = open_store(url)
-    encoders = {name: ShardEncoder.of(store.group[name]) for name in shards[0]}
+    encoders = {name: ShardLayout.of(store.group[name]) for name in shards[0]}
     start = time.perf_counter()
     for arrays in shards:
         for name, data in arrays.items():

@@ -29,7 +29,8 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .zarr_adapter import ShardFormat, read_many, read_shards, shard_format
+from .shard_codec import ShardLayout
+from .zarr_adapter import read_many, read_shards
 
 _REQUIRED = ("task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 _MAX_ROWS = 2**40  # far above any real split; keeps an edited n_rows from making loops run for hours
@@ -153,7 +154,7 @@ class HSKStore:
             raise CorruptStoreError(f"{self.url}: {exc}: the store is damaged; re-copy it or dump again") from None
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
-        self._formats: dict[str, ShardFormat | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
+        self._formats: dict[str, ShardLayout | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
         members = self._members()
         self._check_arrays(members)
         if meta.get("complete"):
@@ -324,7 +325,7 @@ class HSKStore:
         hsk writes (zarr's read of a shard's inner chunks costs more CPU than decompressing them)."""
         for name in names:
             if name not in self._formats:
-                self._formats[name] = shard_format(self._array(name))
+                self._formats[name] = ShardLayout.of(self._array(name))
         formats = [self._formats[name] for name in names]
         start, stop = self.shard_bounds(shard)
         if out is not None:

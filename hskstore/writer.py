@@ -63,7 +63,8 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .shard_codec import ShardEncoder, put_shard
+from .shard_codec import ShardLayout
+from .zarr_adapter import put_shard
 
 # Fields that decide the store's content; a resume must match them exactly.
 IDENTITY_FIELDS = (
@@ -250,7 +251,7 @@ class StoreWriter:
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
         # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
         # (same bytes: hskstore/shard_codec.py); an array laid out otherwise is written through zarr.
-        self._encoders = {name: ShardEncoder.of(array) for name, array in self._arrays.items()}
+        self._encoders = {name: ShardLayout.of(array) for name, array in self._arrays.items()}
         # Arrays of a shard are encoded and written concurrently (Blosc releases the GIL), by a pool
         # started at the first shard written (a complete store opened for its card starts none).
         self._io_threads = io_threads

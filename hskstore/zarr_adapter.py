@@ -10,30 +10,27 @@ an fsspec file. What this module touches that zarr does not promise:
 - `ZipStore._sync_open` and its fields `_lock`, `_zf`, `_is_open` (to open a zip over a file object);
 - `Array._async_array` (to read several arrays' rows in one go: zarr's synchronous API reads one array
   at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips);
-- the codec classes of `sharding_indexed` (`zarr.codecs.ShardingCodec`, `BytesCodec`, `BloscCodec`,
-  `Crc32cCodec`, public) and `google_crc32c` (zarr's dependency for the index checksum): `read_shards`
-  decodes a whole shard object itself. zarr reads a shard's inner chunks as separate decode tasks
-  on a thread pool, then copies each into the result; for a shard of 4 chunks and 19 arrays that
-  costs more CPU than decompressing them (benchmarks/loader_throughput.py).
+- `Array.store_path` (the array's place in its store): whole shard objects are fetched
+  (`read_shards`) and stored (`put_shard`) here, encoded and decoded by hskstore.shard_codec. zarr
+  reads and writes a shard's inner chunks as separate tasks on a thread pool; for a shard of 4
+  chunks and 19 arrays that costs more CPU than the compression (benchmarks/loader_throughput.py,
+  shard_write_cost.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import warnings
 import zipfile
-from dataclasses import dataclass
 
 import fsspec
-import google_crc32c
 import numpy as np
 import zarr
-from numcodecs import blosc
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.core.sync import sync
+
+from .shard_codec import ShardLayout
 
 # The private names above, for the test that checks zarr still has them.
 PRIVATE_NAMES = ("zarr.core.sync.sync", "zarr.core.buffer.cpu.Buffer", "zarr.core.buffer.default_buffer_prototype",
@@ -61,72 +58,6 @@ def read_many(arrays: list[zarr.Array], index: int | slice | np.ndarray) -> list
         return await asyncio.gather(*(one(a) for a in arrays), return_exceptions=True)
 
     return sync(every())
-
-
-@dataclass(frozen=True)
-class ShardFormat:
-    """How one array's shard objects decode: the layout hsk writes (docs/STORE_FORMAT.md, "Exact
-    encodings"): `sharding_indexed` over whole-row inner chunks, inner codecs bytes (little endian)
-    then blosc, the index (offset, nbytes) uint64 pairs, little endian, crc32c, at the end."""
-
-    shard_shape: tuple[int, ...]
-    chunks: int  # inner chunks per shard, along the rows
-    dtype: np.dtype
-    fill_value: object
-
-
-EMPTY_CHUNK = 2**64 - 1  # an index entry of a chunk that holds only the fill value (not written)
-
-
-def _little(codec) -> bool:
-    return isinstance(codec, BytesCodec) and (codec.endian is None or codec.endian.value == "little")
-
-
-def _hsk_sharding(codecs: tuple) -> bool:
-    """One sharding codec: index at the end (bytes, crc32c), inner codecs bytes then blosc."""
-    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
-        return False
-    inner, index = codecs[0].codecs, codecs[0].index_codecs
-    return (codecs[0].index_location == ShardingCodecIndexLocation.end
-            and len(inner) == 2 and _little(inner[0]) and isinstance(inner[1], BloscCodec)
-            and len(index) == 2 and _little(index[0]) and isinstance(index[1], Crc32cCodec))
-
-
-def shard_format(array: zarr.Array) -> ShardFormat | None:
-    """The array's ShardFormat, or None when its codecs are not the ones hsk writes (zarr reads it)."""
-    meta = array.metadata
-    if sys.byteorder != "little" or not _hsk_sharding(tuple(getattr(meta, "codecs", ()))):
-        return None
-    shard, inner = tuple(meta.chunk_grid.chunk_shape), tuple(meta.codecs[0].chunk_shape)
-    if inner[1:] != shard[1:] or min(shard) < 1 or shard[0] % inner[0]:
-        return None
-    return ShardFormat(shard, shard[0] // inner[0], np.dtype(array.dtype), meta.fill_value)
-
-
-def decode_shard(raw: np.ndarray | None, fmt: ShardFormat, out: np.ndarray | None = None) -> np.ndarray:
-    """One shard object's bytes (uint8; None: not written) -> its data [shard rows, ...], each inner
-    chunk decompressed straight into its rows of the result (`out`, C-contiguous, when given)."""
-    out = np.empty(fmt.shard_shape, dtype=fmt.dtype) if out is None else out
-    if raw is None:
-        out.fill(fmt.fill_value)
-        return out
-    size = 16 * fmt.chunks
-    if len(raw) < size + 4:
-        raise ValueError(f"a shard object of {len(raw)} bytes cannot hold the index of {fmt.chunks} chunks")
-    index = raw[len(raw) - size - 4:]
-    if google_crc32c.value(index[:size].tobytes()) != int(index[size:].view("<u4")[0]):
-        raise ValueError("the shard index does not match its crc32c checksum")
-    rows = out.reshape(fmt.chunks, -1).view(np.uint8)
-    for chunk, (start, nbytes) in enumerate(index[:size].view("<u8").reshape(-1, 2).tolist()):
-        if start == EMPTY_CHUNK:
-            out.reshape(fmt.chunks, -1)[chunk] = fmt.fill_value
-            continue
-        src = raw[start:start + nbytes]
-        # bytes 4-7 of a blosc header: the decompressed size (blosc would fill a larger buffer only partly)
-        if start + nbytes > len(raw) - size - 4 or nbytes < 16 or int(src[4:8].view("<u4")[0]) != rows.shape[1]:
-            raise ValueError(f"inner chunk {chunk} of the shard does not decode to its {rows.shape[1]} bytes")
-        blosc.decompress(src, rows[chunk])
-    return out
 
 
 def _shard_key(array: zarr.Array, shard: int) -> str:
@@ -162,7 +93,7 @@ def fetch_objects(arrays: list[zarr.Array], shard: int) -> list[np.ndarray | Non
     return sync(every())
 
 
-def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int, rows: int,
+def read_shards(arrays: list[zarr.Array], formats: list[ShardLayout], shard: int, rows: int,
                 out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
     """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
     (fetch_objects), then decoded in the calling thread (blosc and numpy release the GIL, so reader
@@ -177,13 +108,23 @@ def read_shards(arrays: list[zarr.Array], formats: list[ShardFormat], shard: int
     return results
 
 
-def _decode_into(raw: np.ndarray | None, fmt: ShardFormat, rows: int, out: np.ndarray | None) -> np.ndarray:
+def _decode_into(raw: np.ndarray | None, fmt: ShardLayout, rows: int, out: np.ndarray | None) -> np.ndarray:
     if out is None:
-        return decode_shard(raw, fmt)[:rows]
+        return fmt.decode(raw)[:rows]
     if rows == fmt.shard_shape[0]:
-        return decode_shard(raw, fmt, out)
-    out[...] = decode_shard(raw, fmt)[:rows]  # the last shard, shorter than the object
+        return fmt.decode(raw, out)
+    out[...] = fmt.decode(raw)[:rows]  # the last shard, shorter than the object
     return out
+
+
+def put_shard(array: zarr.Array, key: str, payload: bytes | None) -> None:
+    """Store one shard object below a zarr array, in any store zarr writes to (None: no object, as zarr
+    leaves for an all-zero shard; one left by an earlier write of the shard is removed)."""
+    target = array.store_path / key
+    if payload is None:
+        sync(target.delete())
+    else:
+        sync(target.set(default_buffer_prototype().buffer.from_bytes(payload)))
 
 
 def get_bytes(group: zarr.Group, name: str) -> bytes | None:

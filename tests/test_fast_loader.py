@@ -11,7 +11,7 @@ import torch
 from test_stream import D, build
 
 from hskstore import CorruptStoreError, codec, open_store
-from hskstore.zarr_adapter import EMPTY_CHUNK, decode_shard, shard_format
+from hskstore.shard_codec import EMPTY_CHUNK, ShardLayout
 from pipelines.train.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
 
 CODECS = ["float16", "int8", "int4", "mxfp4"]
@@ -40,7 +40,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("value_dtype", CODECS)
 def test_whole_shard_reads_equal_zarr(stores, value_dtype):
     store = stores[value_dtype]
-    assert all(shard_format(store.group[name]) is not None for name in store.specs)  # the fast path is taken
+    assert all(ShardLayout.of(store.group[name]) is not None for name in store.specs)  # the fast path is taken
     root = Path(store.url)
     assert not (root / "logits" / "c" / "2" / "0").exists()  # a shard object zarr did not write
     assert int(np.frombuffer((root / "logits" / "c" / "1" / "0").read_bytes()[-68:-4], "<u8")[0]) == EMPTY_CHUNK
@@ -57,7 +57,7 @@ def test_damaged_shard_objects_are_refused(tmp_path):
     store = build(tmp_path / "d.zarr", n_rows=24, chunk_rows=4)
     obj = Path(store.url) / "layers" / "0" / "masks" / "c" / "1" / "0" / "0"
     good = obj.read_bytes()
-    fmt = shard_format(store.group["layers/0/masks"])
+    fmt = ShardLayout.of(store.group["layers/0/masks"])
     index_byte, data_byte, header_byte = len(good) - 10, 20, 4  # in the index; in a chunk; a blosc size
     for where, message in [(index_byte, "crc32c"), (header_byte, "does not decode"), (data_byte, "")]:
         bad = bytearray(good)
@@ -67,7 +67,7 @@ def test_damaged_shard_objects_are_refused(tmp_path):
             open_store(store.url).read_shard(1, verify=True)
         if message:
             with pytest.raises(ValueError, match=message):
-                decode_shard(np.frombuffer(bytes(bad), np.uint8), fmt)
+                fmt.decode(np.frombuffer(bytes(bad), np.uint8))
     obj.write_bytes(good[:30])  # cut short
     with pytest.raises(CorruptStoreError, match="cannot read layers/0/masks"):
         open_store(store.url).read_shard(1, verify=False)

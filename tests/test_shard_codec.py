@@ -9,7 +9,8 @@ import pytest
 import zarr
 
 from hskstore.schema import ArraySpec
-from hskstore.shard_codec import ShardEncoder, put_shard
+from hskstore.shard_codec import ShardLayout
+from hskstore.zarr_adapter import put_shard
 
 
 def objects(root: Path) -> dict[str, bytes]:
@@ -49,7 +50,7 @@ def test_shards_are_the_bytes_zarr_writes(tmp_path, spec):
         spec.create(zarr.open_group(str(root), mode="w"))
     theirs = zarr.open_group(str(by_zarr), mode="r+")[spec.name]
     ours = zarr.open_group(str(by_us), mode="r+")[spec.name]
-    encoder = ShardEncoder.of(ours)
+    encoder = ShardLayout.of(ours)
     assert encoder is not None
     for s, data in enumerate(shards):
         theirs[s * spec.shard_rows : s * spec.shard_rows + len(data)] = data
@@ -62,7 +63,7 @@ def test_rewriting_a_shard_with_zeros_removes_its_object(tmp_path):
     spec = ArraySpec("logits", (8, 2), "float32", 4, 2)
     spec.create(zarr.open_group(str(tmp_path / "s.zarr"), mode="w"))
     array = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")["logits"]
-    encoder = ShardEncoder.of(array)
+    encoder = ShardLayout.of(array)
     put_shard(array, encoder.key(1), encoder.encode(1, np.ones((4, 2), np.float32)))
     assert (tmp_path / "s.zarr" / "logits" / "c" / "1" / "0").is_file()
     put_shard(array, encoder.key(1), encoder.encode(1, np.zeros((4, 2), np.float32)))
@@ -73,8 +74,8 @@ def test_rewriting_a_shard_with_zeros_removes_its_object(tmp_path):
 def test_a_wrong_shape_or_a_foreign_layout_is_refused(tmp_path):
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
     ArraySpec("length", (10,), "int16", 4, 2).create(group)
-    encoder = ShardEncoder.of(group["length"])
+    encoder = ShardLayout.of(group["length"])
     with pytest.raises(ValueError, match="shard 2 needs shape"):
         encoder.encode(2, np.ones(4, np.int16))  # the last shard holds 2 rows
     plain = group.create_array("plain", shape=(10,), dtype="int16", chunks=(5,))
-    assert ShardEncoder.of(plain) is None  # not sharded: zarr writes it
+    assert ShardLayout.of(plain) is None  # not sharded: zarr writes it
