@@ -192,3 +192,21 @@ def test_a_damaged_results_table_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"hsk: error: {damaged} is not a readable results table") and len(err.splitlines()) == 1
     assert damaged.read_bytes() == b"not parquet"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sweep", "--source", "s.zarr", "--seeds", "a,b", "--configs", "3,8,0.2", "--students", "bert3"],
+     "--seeds takes comma-separated integers like '0,1,2', got 'a,b'"),
+    (["train", "--store", "s.zarr", "--student", "bert3", "--set", "lr", "--out", "run"],
+     "--set takes NAME=VALUE, got 'lr'"),
+    (["report", "missing.parquet", "--out", "figure"], "no results table at missing.parquet: run `hsk sweep` first"),
+    (["dump", "--task", "sst2", "--layers", "4,x", "--out", "s.zarr"],
+     "--layers takes comma-separated layer numbers like '4,8,12', got '4,x'"),
+])
+def test_bad_option_values_are_one_line(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.txt").write_text("the user's file")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"hsk: error: {message}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]  # nothing written

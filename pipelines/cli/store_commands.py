@@ -27,6 +27,7 @@ from hskstore.config import (
     ConfigError,
     HSKConfig,
 )
+from hskstore.errors import UserError
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -82,7 +83,7 @@ def _int_list(text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated layer numbers like '4,8,12', got {text!r}") from None
+        raise UserError(f"--layers takes comma-separated layer numbers like '4,8,12', got {text!r}") from None
 
 
 @app.command(help=DUMP_HELP)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from hskstore.errors import UserError
+
 from .train_commands import method_options
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -91,7 +93,7 @@ Examples:
 def _list(text: str, what: str) -> list[str]:
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
-        raise typer.BadParameter(f"give at least one {what}")
+        raise UserError(f"give at least one {what}")
     return items
 
 
@@ -99,7 +101,7 @@ def _seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in _list(text, "seed")]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers like '0,1,2', got {text!r}") from None
+        raise UserError(f"--seeds takes comma-separated integers like '0,1,2', got {text!r}") from None
 
 
 @app.command("derive", help=DERIVE_HELP)
@@ -268,7 +270,7 @@ def report_cmd(
 
     for path in results:
         if not Path(path).exists():
-            raise typer.BadParameter(f"no results table at {path}: run `hsk sweep` first", param_hint="RESULTS")
+            raise UserError(f"no results table at {path}: run `hsk sweep` first")
     png, md = report(results[0] if len(results) == 1 else results, out, metric=metric, overwrite=overwrite)
     for path in results:
         typer.echo(results_markdown(path))

@@ -7,6 +7,7 @@ import json
 import typer
 
 from hskstore.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
+from hskstore.errors import UserError
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -65,7 +66,7 @@ def method_options(values: dict, sets: list[str] | None) -> dict:
     for item in sets or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise typer.BadParameter(f"--set takes NAME=VALUE, got {item!r}")
+            raise UserError(f"--set takes NAME=VALUE, got {item!r}")
         chosen[name.strip().replace("-", "_")] = value.strip()
     return chosen
 
@@ -76,7 +77,7 @@ def _layer_list(text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"--layers takes comma-separated layer numbers like '2,4', got {text!r}") from None
+        raise UserError(f"--layers takes comma-separated layer numbers like '2,4', got {text!r}") from None
 
 
 @app.command(help=TRAIN_HELP)
