@@ -47,3 +47,12 @@ def test_tokenizers_set_to_the_left_take_the_transformers_call(tiny_tokenizer):
     tok.truncation_side = "left"
     assert _rust_backend(tok, 6) is None
     assert encode(tok, texts, 6)["input_ids"].tolist() == encode_reference(tok, texts, 6)["input_ids"].tolist()
+
+
+def test_a_token_added_after_first_use_is_seen(tiny_tokenizer):
+    tok = load_tokenizer(str(tiny_tokenizer))
+    texts = (["the zorblat sat"],)
+    same(tok, texts, 8)
+    tok.add_tokens(["zorblat"])
+    same(tok, texts, 8)
+    assert encode(tok, texts, 8)["input_ids"][0, 2] == len(tok) - 1

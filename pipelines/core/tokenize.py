@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {max_length: backend}
+_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(max_length, size): backend}
 _LOCK = threading.Lock()
 
 
@@ -68,11 +68,12 @@ def _rust_backend(tokenizer, max_length: int):
             or getattr(tokenizer, "padding_side", "right") != "right" or tokenizer.pad_token_id != 0 \
             or getattr(tokenizer, "pad_token_type_id", 0) != 0:
         return None  # a pad id other than 0 would not be the zeros the arrays start as
-    with _LOCK:  # a copy per max_length: configuring one is not thread-safe, encoding with it is
-        per_length = _BACKENDS.setdefault(tokenizer, {})
-        if max_length not in per_length:
+    key = (max_length, len(tokenizer))  # a token added since the copy was made asks for a new one
+    with _LOCK:  # a copy per key: configuring one is not thread-safe, encoding with it is
+        copies = _BACKENDS.setdefault(tokenizer, {})
+        if key not in copies:
             own = copy.deepcopy(backend)
             own.enable_truncation(max_length, strategy="longest_first", direction="right")
             own.no_padding()
-            per_length[max_length] = own
-        return per_length[max_length]
+            copies[key] = own
+        return copies[key]
