@@ -5,7 +5,7 @@
 
 Every shard of STORE is read once, then written again into a fresh store with StoreWriter, once per
 arm and round, arms alternated: `hsk` (hskstore/shard_codec.py encodes each shard's object) and
-`zarr` (the writer's encoders switched off: `array[start:stop] = data`, zarr's async pipeline).
+`zarr` (the writer's shard layouts switched off: `array[start:stop] = data`, zarr's async pipeline).
 Reported: CPU microseconds per example (the process's CPU time, every thread) and wall, and the
 Blosc-only cost of the same inner chunks on one thread, the floor both arms pay.
 """
@@ -36,7 +36,7 @@ def write_all(url: str, meta: dict, shards: list[dict], arm: str) -> tuple[float
     shutil.rmtree(url, ignore_errors=True)
     with StoreWriter.open(url, meta, overwrite=True) as writer:
         if arm == "zarr":
-            writer._encoders = dict.fromkeys(writer._encoders)  # noqa: SLF001 (the arm under test)
+            writer._layouts = dict.fromkeys(writer._layouts)  # noqa: SLF001 (the arm under test)
         cpu, wall = time.process_time(), time.perf_counter()
         for shard, arrays in enumerate(shards):
             writer.write_shard(shard, arrays)

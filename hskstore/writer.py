@@ -251,7 +251,7 @@ class StoreWriter:
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
         # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
         # (same bytes: hskstore/shard_codec.py); an array laid out otherwise is written through zarr.
-        self._encoders = {name: ShardLayout.of(array) for name, array in self._arrays.items()}
+        self._layouts = {name: ShardLayout.of(array) for name, array in self._arrays.items()}
         # Arrays of a shard are encoded and written concurrently (Blosc releases the GIL), by a pool
         # started at the first shard written (a complete store opened for its card starts none).
         self._io_threads = io_threads
@@ -377,11 +377,11 @@ class StoreWriter:
                 )
 
         def write(name: str) -> bytes:
-            encoder = self._encoders[name]
-            if encoder is None:
+            layout = self._layouts[name]
+            if layout is None:
                 self._arrays[name][start:stop] = data[name]
             else:
-                put_shard(self._arrays[name], encoder.key(shard), encoder.encode(shard, data[name]))
+                put_shard(self._arrays[name], layout.key(shard), layout.encode(shard, data[name]))
             return shard_digest(data[name])
 
         digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._executor().map(write, list(data))])
