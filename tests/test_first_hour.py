@@ -216,3 +216,21 @@ def test_one_wording_for_a_saved_teacher(tiny_base_dir, tmp_path, glue_dir, caps
                  "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert out.count("teacher saved to") == 1 and "saved teacher" not in out
+
+
+def test_a_finished_run_is_not_mistaken_for_a_rerun_with_another_schedule(store2, tmp_path, glue_dir, capsys):
+    out = tmp_path / "run"
+    assert _train(store2, out, glue_dir, "--student", "bert2") == 0
+    before = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert _train(store2, out, glue_dir, "--student", "bert2") == 0  # the same command: the same run
+    assert "already finished" in capsys.readouterr().out
+    for flags in (["--max-steps", "2"], ["--eval-limit", "8"]):  # a longer run, another evaluation: not it
+        assert _train(store2, out, glue_dir, "--student", "bert2", *flags) == 2, flags
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hsk: error:")]
+        assert len(errors) == 1 and "--overwrite" in errors[0], flags
+        assert (out / "summary.json").read_bytes() == before
+    shutil.rmtree(out / "checkpoint")  # as a sweep leaves it: only the summary tells which run it was
+    assert _train(store2, out, glue_dir, "--student", "bert2", "--max-steps", "2") == 2
+    assert _train(store2, out, glue_dir, "--student", "bert2") == 0
+    assert json.loads(before)["options"]["max_steps"] == 1

@@ -48,7 +48,7 @@ from pipelines.train.dev import find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
-from pipelines.train.options import TrainOptions
+from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.sources import (
     Source,
@@ -217,6 +217,7 @@ def _identity(options: TrainOptions, student: str, source: Source, batch_size: i
         "batch_size": batch_size,
         "seed": options.seed,
         "shuffle_window": options.buffer_shards,
+        "options": run_options(options),  # --max-steps, --eval-limit, ...: another schedule is another run
     }
 
 
@@ -275,18 +276,20 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> Ru
     return summary
 
 
-def _same_finished(out: Path, student: str, source: Source, method, method_options) -> bool:
+def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions) -> bool:
     """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
-    names the same student, store, method and options."""
+    names the same student, store, method, method options and run options (a summary written before run
+    options were recorded is judged without them)."""
     try:
         done = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    options = json.loads(json.dumps(asdict(method_options), default=str))
+    wanted = json.loads(json.dumps(asdict(method_options), default=str))
     named = done.get("student") or {}  # a dict (StudentInfo.describe); a name in older pre-training summaries
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
             and (named.get("name") if isinstance(named, dict) else named) == student
-            and json.loads(json.dumps(done.get("method_options"), default=str)) == options)
+            and json.loads(json.dumps(done.get("method_options"), default=str)) == wanted
+            and done.get("options", run_options(options)) == run_options(options))
 
 
 def _resume(checkpoints: Checkpoints, options: TrainOptions, out: Path, log: Callable, same_finished: Callable,
@@ -352,7 +355,7 @@ def _train(
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
     checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, parts.source, parts.method, parts.method_options), len(parts.stages))
+        out, student, parts.source, parts.method, parts.method_options, options), len(parts.stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
@@ -451,7 +454,7 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         store_content_address=getattr(source.store, "content_address", None),
         stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}] if offline
         else [],
-        method=parts.method.name, method_options=asdict(parts.method_options),
+        method=parts.method.name, method_options=asdict(parts.method_options), options=run_options(run.options),
         plan=[stage.describe() for stage in run.stages], student=run.student.info.describe(),
         student_init=run.student.info.init, stages=run.stage_results, steps=pos.global_step, examples=pos.examples_seen,
         train_seconds=pos.train_seconds,

@@ -71,3 +71,9 @@ class TrainOptions:
 def result_fields() -> list[str]:
     """The TrainOptions fields that change what a run computes (the sweep hashes them)."""
     return [f.name for f in dataclasses.fields(TrainOptions) if f.metadata.get("result", True)]
+
+
+def run_options(options: TrainOptions) -> dict[str, Any]:
+    """The result fields beyond the method and its options (which are recorded on their own): what a
+    rerun must share with a finished or checkpointed run to be that run (--max-steps, --eval-limit, ...)."""
+    return {name: getattr(options, name) for name in result_fields() if name not in ("method", "method_options")}

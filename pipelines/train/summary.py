@@ -23,6 +23,7 @@ class RunSummary:
     stores_read: list[dict] = field(default_factory=list)  # lineage: every store read, by content address
     method: str = ""
     method_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # options.run_options: --max-steps, --seed, ...
     plan: list[dict] = field(default_factory=list)  # Stage.describe() of every stage
     student: dict[str, Any] = field(default_factory=dict)  # StudentInfo.describe()
     student_init: str | None = None
