@@ -214,10 +214,8 @@ def _identity(options: TrainOptions, student: str, source: Source, batch_size: i
         "selection": source.metadata.selection,
         "method": method.name,
         "method_options": json.loads(json.dumps(asdict(method_options), default=str)),
-        "batch_size": batch_size,
-        "seed": options.seed,
-        "shuffle_window": options.buffer_shards,
-        "options": run_options(options),  # --max-steps, --eval-limit, ...: another schedule is another run
+        "batch_size": batch_size,  # resolved (the option may be None: the task's default)
+        "options": run_options(options),  # seed, shuffle window, --max-steps, ...: another schedule is another run
     }
 
 
