@@ -54,7 +54,7 @@ from pathlib import Path
 TASKS = ("mrpc", "stsb", "cola", "sst2")  # the queue's order: smallest first
 CONFIGS = "pred-only;1,9,0.1;3,8,0.2@float16+int4;1,16,0.5;full"
 METHODS_NO_PEA = "finetune@mud,kd@mud,pkd-skip@cls,pkd-last@cls,mud@mud,tinybert-att@att"
-METHODS_PEA = "pea@cls:sps3"
+METHODS_PEA = "pea@cls:sps3,kd@mud:sps3"  # kd on sps3: the control that tells the SPS student from PTP
 METHOD_TASKS = ("sst2", "mrpc")
 ONLINE_TASK = "mrpc"
 
