@@ -17,6 +17,7 @@ The queue (`all`): the MRPC teacher, dump and seed-0 curve (an early check of th
 on real data, the majority-class question included); the other teachers (STS-B, CoLA, SST-2); then
 per task, MRPC first (smallest), then STS-B, CoLA, SST-2: one dump, one sweep, its report; the MRPC
 offline = online pair right after the MRPC curve; then the methods table without `pea`, then `pea`
+and its control, `kd` on `pea`'s student `sps3`
 (last, so that a fix to it can land before it runs).
 
 Teachers (`hsk teacher --base minilm`, batch 32, seed 0, the best epoch-end dev evaluation kept):
