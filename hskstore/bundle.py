@@ -20,8 +20,8 @@ import zarr
 
 from .errors import CorruptStoreError, StoreError, StoreExistsError
 from .lease import Lease
-from .location import BUNDLE_SUFFIX, is_bundle, zarr_location
-from .outputs import recover_swap, remove_tree, staged_replace
+from .location import BUNDLE_SUFFIX, atomic_file, is_bundle, zarr_location, zip_problem
+from .outputs import recover_swap, remove_dead_temporaries, remove_tree, staged_replace
 from .reader import HSKStore
 from .schema import META_KEY
 from .zarr_adapter import get_bytes, list_keys
@@ -56,10 +56,6 @@ def _read(group: zarr.Group, key: str) -> bytes:
     return data
 
 
-def _temporary(out: Path, kind: str) -> Path:
-    return out.with_name(f".{out.name}.{os.getpid()}.{kind}")
-
-
 def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, progress=None) -> Path:
     """Write the complete store at store_url as the bundle `out` (a local file); returns its path.
 
@@ -73,21 +69,19 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
         raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another name")
     if out.exists() and not _is_bundle_file(out):
         raise StoreExistsError(f"{out} exists and is not an hsk bundle: it is never replaced; choose another name")
-    source = HSKStore(store_url)  # refuses incomplete stores
+    remove_dead_temporaries(str(out))
+    source = HSKStore(store_url)  # refuses incomplete stores, and stores holding links, pipes or devices
     keys = [k for k in store_keys(source.group) if _packable(k)]
-    tmp = _temporary(out, "tmp.zip")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with atomic_file(out, suffix=".zip") as (file, tmp):
+        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for key in progress(keys) if progress else keys:
                 info = zipfile.ZipInfo(key, date_time=_EPOCH)
                 info.external_attr = 0o644 << 16
                 zf.writestr(info, _read(source.group, key))
+        file.flush()
         problems = HSKStore(str(tmp)).verify()
         if problems:
             raise CorruptStoreError(f"{store_url} is damaged, not packed: {problems[0]}")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 
@@ -111,8 +105,11 @@ def _is_store_folder(path: Path) -> bool:
 def _extract(bundle: str, folder: str) -> None:
     try:
         with fsspec.open(bundle, "rb") as raw, zipfile.ZipFile(raw) as zf:
-            zf.extractall(folder)  # zipfile drops absolute paths and `..`: nothing lands outside folder
-    except (zipfile.BadZipFile, zipfile.LargeZipFile) as exc:  # a bad CRC, a truncated member...
+            problem = zip_problem(zf)
+            if problem:
+                raise CorruptStoreError(f"{bundle} is not a trustworthy bundle, not unpacked: {problem}")
+            zf.extractall(folder)  # zipfile drops absolute paths and `..`, and makes no links: all lands in folder
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError) as exc:  # a bad CRC...
         raise CorruptStoreError(f"{bundle} is damaged, not unpacked ({exc}): re-copy it or pack it again") from None
 
 

@@ -20,14 +20,17 @@ import html
 import json
 import re
 import zipfile
-from dataclasses import asdict, dataclass
+import zlib
+from dataclasses import asdict, dataclass, fields, replace
 
 import fsspec
 
-from .location import is_bundle, location
+from .errors import printable
+from .location import is_bundle, location, zip_problem
 from .meta import objective_of
 from .outputs import LEASE_NAME
 from .reader import store_type
+from .schema import PROGRESS_GROUP
 
 CARD = "README.md"
 GENERATOR = "hsk catalog"
@@ -104,17 +107,24 @@ def _ancestors(meta: dict) -> tuple[str, ...]:
     return tuple(a for a in out if a)
 
 
-def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, lease: bool = False) -> Entry | None:
-    """The catalog entry of one store from its root zarr.json and card bytes (either may be missing); None for
-    a zarr group that is not an hsk store."""
+# What metadata someone handed over can make the parsing raise: each lists that store as damaged, never more.
+_DAMAGE = (KeyError, TypeError, AttributeError, ValueError, OverflowError, RecursionError)
+
+
+def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, lease: bool = False,
+               problem: str | None = None) -> Entry | None:
+    """The catalog entry of one store from its root zarr.json and card bytes (either may be missing; `problem`
+    says why the root could not be read); None for a zarr group that is not an hsk store."""
     if root is None:
+        if problem:
+            return Entry(url, kind, f"damaged: zarr.json unreadable ({problem})")
         return Entry(url, kind, "incomplete: creation cut short (writer lease only)" if lease
                      else "damaged: no zarr.json")
     try:
         doc = json.loads(root)
         if not isinstance(doc, dict):
             raise TypeError("zarr.json is not a mapping")
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
         return Entry(url, kind, f"damaged: root metadata unreadable ({exc.__class__.__name__})")
     meta = (doc.get("attributes") or {}).get("hsk")
     if meta is None and not lease:
@@ -124,8 +134,8 @@ def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, leas
                      else "damaged: hsk metadata is not a mapping")
     try:
         return _entry(url, kind, meta, None if card is None else card.decode(errors="replace"))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        return Entry(url, kind, f"damaged: metadata lacks or mangles {exc}")
+    except _DAMAGE as exc:
+        return Entry(url, kind, f"damaged: metadata lacks or mangles {exc.__class__.__name__}: {exc}"[:300])
 
 
 def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
@@ -150,10 +160,15 @@ def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
 def _read_bundle(url: str, cards: bool = False) -> Entry | None:
     try:
         with fsspec.open(url, "rb") as raw, zipfile.ZipFile(raw) as zf:
+            problem = zip_problem(zf)
+            if problem:
+                return Entry(url, "bundle", f"damaged: {problem}")
             names = set(zf.namelist())
             root = zf.read("zarr.json") if "zarr.json" in names else None
             card = zf.read(CARD) if CARD in names and _needs_card(root, cards) else None
-    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+    # NotImplementedError: an unknown compression method; RuntimeError: a password is needed; the rest: a bad
+    # CRC, a truncated or garbled member
+    except (OSError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError, EOFError, zlib.error) as exc:
         return Entry(url, "bundle", f"damaged: not a readable zip ({exc.__class__.__name__})")
     return entry_from(url, "bundle", root, card)
 
@@ -167,9 +182,10 @@ def scan(location_url: str, cards: bool = False) -> list[Entry]:
     if top.is_file():  # a bundle named itself
         bundles, roots = ([location_url] if is_bundle(location_url) else []), []
     else:
-        roots, bundles = top.find_roots("zarr.json", LEASE_NAME, is_bundle)
+        # a folder holding _progress is a store whose root zarr.json was deleted: listed as damaged
+        roots, bundles = top.find_roots("zarr.json", LEASE_NAME, is_bundle, also=(PROGRESS_GROUP,))
     got = top.read_many([r.name_under(CARD) for r in roots if _needs_card(r.head, cards)])
-    entries = [entry_from(r.url, "store", r.head, got.get(r.name_under(CARD)), r.marked) for r in roots]
+    entries = [entry_from(r.url, "store", r.head, got.get(r.name_under(CARD)), r.marked, r.problem) for r in roots]
     entries += [_read_bundle(b, cards) for b in bundles]
     return [e for e in entries if e is not None]
 
@@ -197,9 +213,10 @@ def _cell(e: Entry, column: str) -> str:
 
 
 def format_table(entries: list[Entry]) -> str:
-    """A plain-text table, one line per entry (addresses shortened to 12 hex digits)."""
+    """A plain-text table, one line per entry (addresses shortened to 12 hex digits). Every cell comes from a
+    store or a folder name: control characters (a newline would split the row) are shown escaped."""
     rows = [[c.replace("content_address", "address").replace("teacher_hash", "teacher") for c in COLUMNS]]
-    rows += [[_cell(e, c) for c in COLUMNS] for e in entries]
+    rows += [[printable(_cell(e, c)) for c in COLUMNS] for e in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
@@ -208,31 +225,46 @@ def to_json(entries: list[Entry]) -> str:
     return json.dumps([asdict(e) for e in entries], indent=2, default=str)
 
 
+def _escape(value):
+    """A value as it may stand anywhere in the page, text or attribute (`&<>"'` escaped)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(_escape(v) for v in value)
+    return html.escape(str(value), quote=True)  # text, or whatever else a forged store put in a field
+
+
+def escaped(e: Entry) -> Entry:
+    """The entry with every text field HTML-escaped: the one place the page escapes what a store says (every
+    field, whatever it is, so a field added later is escaped too). The page is built from these alone."""
+    return replace(e, **{f.name: _escape(getattr(e, f.name)) for f in fields(e)})
+
+
 def _row_id(address: str | None) -> str:
     return "store-" + (address or "").removeprefix("sha256:")[:24]
 
 
 def _html_cell(e: Entry, column: str, present: set[str]) -> str:
-    esc = html.escape
+    """One cell of an escaped entry."""
     value = getattr(e, column)
-    text = esc(_cell(e, column))
+    text = _cell(e, column)
     if column == "parent" and e.parent:
         text = (f'<a href="#{_row_id(e.parent)}">{text}</a>' if e.parent in present
                 else f'<span title="not in this listing">{text}</span>')
     elif column == "content_address" and e.content_address:
-        text = f'<span title="{esc(e.content_address)}">{text}</span>'
+        text = f'<span title="{e.content_address}">{text}</span>'
     elif column == "url" and e.card:
-        text += f"<details><summary>card</summary><pre>{esc(e.card)}</pre></details>"
-    return f'<td data-sort="{esc("" if value is None else str(value))}">{text}</td>'
+        text += f"<details><summary>card</summary><pre>{e.card}</pre></details>"
+    return f'<td data-sort="{"" if value is None else value}">{text}</td>'
 
 
 def _html_row(e: Entry, present: set[str], anchors: dict[str, int], index: int) -> str:
-    """One table row; one row per content address carries its anchor (a store folder rather than its bundle)."""
-    esc = html.escape
+    """One table row of an escaped entry; one row per content address carries its anchor (a store folder rather
+    than its bundle)."""
     anchored = e.content_address and anchors[e.content_address] == index
     row_id = f' id="{_row_id(e.content_address)}"' if anchored else ""
     status = "ok" if e.status == "complete" else "bad"
-    return (f'<tr{row_id} class="{status}" data-task="{esc(e.task or "")}" data-status="{esc(e.status)}">'
+    return (f'<tr{row_id} class="{status}" data-task="{e.task or ""}" data-status="{e.status}">'
             + "".join(_html_cell(e, c, present) for c in COLUMNS) + "</tr>")
 
 
@@ -284,20 +316,20 @@ td { font-family: ui-monospace, monospace; font-size: 12px; }
 
 def render_html(entries: list[Entry], title: str = "hsk stores") -> str:
     """One self-contained page: sortable, filterable table; cards; parent links between rows."""
-    esc = html.escape
+    entries, title = [escaped(e) for e in entries], _escape(title)  # nothing below escapes again
     present = {e.content_address for e in entries if e.content_address}
     heads = "".join(
         f'<th data-type="{"num" if c in _NUMERIC else "text"}">'
-        f'{esc(c.replace("content_address", "address").replace("teacher_hash", "teacher"))}</th>' for c in COLUMNS)
-    tasks = "".join(f'<option value="{esc(t)}">{esc(t)}</option>' for t in sorted({e.task for e in entries if e.task}))
+        f'{c.replace("content_address", "address").replace("teacher_hash", "teacher")}</th>' for c in COLUMNS)
+    tasks = "".join(f'<option value="{t}">{t}</option>' for t in sorted({e.task for e in entries if e.task}))
     anchors: dict[str, int] = {}
     for i in sorted(range(len(entries)), key=lambda i: (entries[i].kind != "store", i)):
         anchors.setdefault(entries[i].content_address or "", i)
     rows = "\n".join(_html_row(e, present, anchors, i) for i, e in enumerate(entries))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="generator" content="{GENERATOR}">
-<title>{esc(title)}</title><style>{_STYLE}</style></head>
-<body><h1>{esc(title)}</h1>
+<title>{title}</title><style>{_STYLE}</style></head>
+<body><h1>{title}</h1>
 <p><input id="filter" type="search" placeholder="filter (any text)" size="40">
 <select id="task"><option value="">all tasks</option>{tasks}</select>
 <span id="shown">{len(entries)}</span> of {len(entries)} shown. Click a column to sort; a parent links to its row.</p>

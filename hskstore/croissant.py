@@ -30,6 +30,8 @@ import zarr
 
 from .card import front_matter, store_name, stored_bytes
 from .digest import fingerprint
+from .location import atomic_file
+from .outputs import remove_dead_temporaries
 from .reader import HSKStore, store_type
 from .schema import ArraySpec, array_specs
 from .zarr_adapter import get_bytes, set_bytes
@@ -282,6 +284,7 @@ def claim_sibling(bundle: str | Path, *, overwrite: bool) -> Path:
     from .errors import StoreExistsError
 
     path = sibling_name(Path(bundle))
+    remove_dead_temporaries(str(path))
     if path.exists() or path.is_symlink():
         if not overwrite:
             raise StoreExistsError(f"{path} exists (the bundle's Croissant metadata goes there): pass --overwrite "
@@ -294,14 +297,8 @@ def claim_sibling(bundle: str | Path, *, overwrite: bool) -> Path:
 
 def write_bundle_croissant(bundle: str | Path, sibling: Path) -> dict:
     """Write the Croissant document of a finished bundle to `sibling` (via a temporary, renamed into place)."""
-    import os
-
     store = HSKStore(str(bundle))
     doc = bundle_croissant(Path(bundle), store.group, store.meta)
-    tmp = sibling.with_name(f".{sibling.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(dumps(doc))
-        os.replace(tmp, sibling)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(sibling) as (f, _):
+        f.write(dumps(doc).encode())
     return doc

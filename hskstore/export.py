@@ -21,7 +21,6 @@ metadata (`hsk_export`) names the store's content address. pyarrow is an hskstor
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import codec
+from .location import atomic_file
 from .outputs import claim_file_output
 from .reader import HSKStore, open_store
 
@@ -102,16 +102,11 @@ def export_parquet(url: str, out: str, *, overwrite: bool = False, progress=None
     """Write the complete store at url as one Parquet file `out` (one row per example)."""
     path = claim_file_output(out, "parquet export", is_export, overwrite=overwrite)
     store = open_store(url)  # refuses incomplete and edited stores
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     shards = range(store.n_shards)
-    try:
-        with pq.ParquetWriter(tmp, arrow_schema(store)) as writer:
-            for shard in progress(shards) if progress else shards:
-                columns = shard_columns(store, store.read_shard(shard, verify=True))
-                writer.write_table(arrow_table(columns, _export_metadata(store)))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path) as (file, _), pq.ParquetWriter(file, arrow_schema(store)) as writer:
+        for shard in progress(shards) if progress else shards:
+            columns = shard_columns(store, store.read_shard(shard, verify=True))
+            writer.write_table(arrow_table(columns, _export_metadata(store)))
     schema = pq.read_schema(path)
     return ExportResult(str(path), len(store), len(schema.names), path.stat().st_size)
 

@@ -18,17 +18,21 @@ import contextlib
 import glob
 import os
 import shutil
+import stat
+import tempfile
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
 import zarr
 
-from .errors import StoreError
+from .errors import CorruptStoreError, StoreError
 from .zarr_adapter import RemoteZipStore, zip_store
 
 # Where outputs can go besides local folders: object stores and network filesystems (fsspec protocols).
@@ -36,6 +40,117 @@ from .zarr_adapter import RemoteZipStore, zip_store
 WRITABLE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "hdfs", "webhdfs", "sftp",
                               "ssh", "ftp", "smb", "oci", "oss", "memory"})
 BUNDLE_SUFFIX = ".hsk.zip"
+# A metadata file (zarr.json, a card, croissant.json, a lease) is KiB; one larger than this is refused unread, so a
+# store handed over with a huge or endless one cannot exhaust memory.
+METADATA_LIMIT = 64 << 20
+_METADATA_SUFFIXES = (".json", ".md")
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once (os.umask can only be read by setting it): new files get the usual permissions
+
+
+def _kind_of(mode: int) -> str:
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
+             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _unsafe(path: str, what: str) -> StoreError:
+    return StoreError(f"{path} is {what}: hsk reads and writes only plain files and folders inside stores and "
+                      "outputs, never through links, pipes or devices; remove it (or re-copy the store without it)")
+
+
+def read_regular(path: str | os.PathLike, limit: int = METADATA_LIMIT) -> bytes:
+    """The bytes of a regular file, never through a symbolic link, at most `limit` of them (StoreError otherwise,
+    one line). A FIFO or device is refused without blocking on it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise _unsafe(str(path), "a symbolic link") from None
+        raise exc
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _unsafe(str(path), _kind_of(mode))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptStoreError(f"{path} is over {limit >> 20} MiB, too large for the metadata it should hold: the "
+                                "store is damaged or forged; re-copy it")
+    return data
+
+
+def check_plain_tree(root: str | os.PathLike) -> None:
+    """Refuse (StoreError, one line) a local folder holding anything but plain files and folders: a symbolic link
+    (it would make hsk read or write outside the folder), a FIFO, a device or a socket (a read would hang or never
+    end), or a metadata file (*.json, *.md) over METADATA_LIMIT. The folder itself may be reached by a link."""
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                stack.append(entry.path)
+            elif not stat.S_ISREG(mode):
+                raise _unsafe(entry.path, _kind_of(mode))
+            elif entry.name.endswith(_METADATA_SUFFIXES) and entry.stat(follow_symlinks=False).st_size > METADATA_LIMIT:
+                raise CorruptStoreError(f"{entry.path} is over {METADATA_LIMIT >> 20} MiB, too large for the metadata "
+                                        "it should hold: the store is damaged or forged; re-copy it")
+
+
+def zip_problem(zf: zipfile.ZipFile) -> str | None:
+    """Why a bundle's zip directory cannot be trusted (None when it can): two members of one name (zip tools take
+    the first, a reader may take the last: a forged member could hide behind the genuine one), a metadata member
+    over METADATA_LIMIT once inflated, or a member stored encrypted."""
+    seen: set[str] = set()
+    for info in zf.infolist():
+        if info.filename in seen:
+            return f"it holds two members named {info.filename!r} (a forged bundle?)"
+        seen.add(info.filename)
+        if info.flag_bits & 0x1:
+            return f"its member {info.filename!r} is encrypted"
+        if info.filename.endswith(_METADATA_SUFFIXES) and info.file_size > METADATA_LIMIT:
+            return f"its member {info.filename!r} is over {METADATA_LIMIT >> 20} MiB"
+    return None
+
+
+def _new_file_mode(fd: int) -> None:
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; a file hsk writes gets what open() would give it
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[tuple[BinaryIO, Path]]:
+    """(an open file, its path) to write `path`'s new bytes into; renamed onto `path` on normal exit, deleted
+    otherwise. The temporary is created beside `path` under an unpredictable name (tempfile.mkstemp: O_EXCL, so
+    never through a link planted in advance), hidden and named `.NAME.hsk-tmp-PID-...` so that the next
+    command on `path` deletes it if this process is killed (`LocalLocation.leftovers("tmp")`). The rename
+    replaces a link at `path` itself, never the file it points to."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.hsk-tmp-{os.getpid()}-", suffix=suffix)
+    tmp = Path(name)
+    try:
+        _new_file_mode(fd)
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def private_folder(parent: str | os.PathLike, prefix: str) -> str:
+    """A new empty folder in `parent` under an unpredictable name starting with `prefix` (tempfile.mkdtemp: never
+    an existing folder or a planted link), with the permissions a new folder gets."""
+    made = tempfile.mkdtemp(dir=parent, prefix=prefix)
+    os.chmod(made, 0o777 & ~_UMASK)
+    return made
+
+
+def _pid_of(rest: str) -> int | None:
+    """The pid at the start of what follows `.NAME.hsk-TAG-` (`PID`, `PID-random`, `PID-random.suffix`)."""
+    head = rest.split("-", 1)[0].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def is_local(path: str) -> bool:
@@ -66,6 +181,7 @@ class FoundRoot:
     rel: str  # its path under the folder searched ("" for that folder itself)
     head: bytes | None
     marked: bool  # the marker file was seen beside it (object stores list only folders without a head)
+    problem: str | None = None  # why the head file could not be read (a link, a FIFO, too large...)
 
     def name_under(self, name: str) -> str:
         """The path of `name` in this folder, relative to the folder searched (for `read_many`)."""
@@ -123,6 +239,10 @@ class Location(ABC):
         """Whether this is the working directory or one of its parents."""
         return False
 
+    def check_plain_tree(self) -> None:  # noqa: B027 (a default, not abstract: object stores have nothing to check)
+        """Refuse a folder holding links, FIFOs, devices or huge metadata (module function `check_plain_tree`);
+        object stores hold only objects: nothing to check."""
+
     def leftovers(self, tag: str) -> list[Location]:
         """Hidden siblings `.NAME.hsk-TAG-PID` whose process is gone (local disks; none on object stores,
         where no rename is atomic and a pid names no process here)."""
@@ -144,9 +264,10 @@ class Location(ABC):
         """zarr's read-only ZipStore over the zip file here (a bundle)."""
 
     @abstractmethod
-    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool]) -> tuple[list[FoundRoot], list[str]]:
-        """(folders holding `head` or `marker`, never descended into; files `keep_file` selects) under this
-        folder; hidden entries and symbolic links are skipped."""
+    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool],
+                   also: tuple[str, ...] = ()) -> tuple[list[FoundRoot], list[str]]:
+        """(folders holding `head`, `marker` or one of `also` (a root whose head was deleted), never descended
+        into; files `keep_file` selects) under this folder; hidden entries and symbolic links are skipped."""
 
     # --- writing ---
     @abstractmethod
@@ -233,7 +354,12 @@ class LocalLocation(Location):
 
     # --- reading ---
     def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
+        """A metadata-sized regular file, never through a link (StoreError for a link, FIFO, device, huge file)."""
+        return read_regular(self.path)
+
+    def check_plain_tree(self) -> None:
+        if self.path.is_dir():
+            check_plain_tree(self.path)
 
     def read_many(self, names: list[str]) -> dict[str, bytes | None]:
         return dict(zip(names, _read_files([str(self.path / name) for name in names]).values()))
@@ -244,9 +370,8 @@ class LocalLocation(Location):
 
     def write_atomic(self, data: bytes) -> None:
         """Write to a temporary sibling, then rename: a reader sees the whole file or the previous one."""
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
+        with atomic_file(self.path) as (f, _):
+            f.write(data)
 
     def create_exclusive(self, data: bytes) -> bool:
         """Create the file only if none exists (O_CREAT|O_EXCL, atomic on POSIX and NFS v3+); False when one does."""
@@ -267,7 +392,7 @@ class LocalLocation(Location):
         import fcntl  # POSIX only, and only here
 
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             yield False
             return
@@ -309,8 +434,8 @@ class LocalLocation(Location):
         prefix = f".{self.path.name}.hsk-{tag}-"
         out: list[Location] = []
         for sibling in sorted(self.path.parent.glob(f"{glob.escape(prefix)}*")):
-            pid = sibling.name[len(prefix):]
-            if pid.isdigit() and not sibling.is_symlink() and not process_running(int(pid)):
+            pid = _pid_of(sibling.name[len(prefix):])
+            if pid is not None and not sibling.is_symlink() and not process_running(pid):
                 out.append(LocalLocation(str(sibling)))
         return out
 
@@ -321,7 +446,8 @@ class LocalLocation(Location):
         return zip_store(str(self.path))
 
     # --- finding stores ---
-    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool]) -> tuple[list[FoundRoot], list[str]]:
+    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool],
+                   also: tuple[str, ...] = ()) -> tuple[list[FoundRoot], list[str]]:
         roots, files, stack = [], [], [str(self.path)]
         while stack:
             folder = stack.pop()
@@ -329,16 +455,20 @@ class LocalLocation(Location):
                 entries = list(os.scandir(folder))
             except OSError:
                 continue
-            if any(e.name in (head, marker) for e in entries):
+            if any(e.name in (head, marker, *also) for e in entries):
                 roots.append(folder)
                 continue
             folders, found = _children([(e.name, e.path, e.is_dir(follow_symlinks=False)) for e in entries
                                         if e.is_dir(follow_symlinks=False) or e.is_file()], keep_file)
             stack += folders
             files += found
-        heads = _read_files([os.path.join(r, head) for r in roots])
-        found_roots = [FoundRoot(r, _relative(r, str(self.path)), heads[os.path.join(r, head)],
-                                 os.path.exists(os.path.join(r, marker))) for r in sorted(roots)]
+        heads = _read_or_why([os.path.join(r, head) for r in roots])
+        found_roots = []
+        for r in sorted(roots):
+            got = heads[os.path.join(r, head)]
+            found_roots.append(FoundRoot(r, _relative(r, str(self.path)), got if isinstance(got, bytes) else None,
+                                         os.path.lexists(os.path.join(r, marker)),
+                                         got if isinstance(got, str) else None))
         return found_roots, sorted(files)
 
 
@@ -348,12 +478,21 @@ def _relative(path: str, top: str) -> str:
 
 def _read_files(paths: list[str]) -> dict[str, bytes | None]:
     """path -> bytes (None where unreadable), read concurrently."""
-    def read(path: str) -> bytes | None:
+    return {path: got if isinstance(got, bytes) else None for path, got in _read_or_why(paths).items()}
+
+
+def _read_or_why(paths: list[str]) -> dict[str, bytes | str | None]:
+    """path -> bytes, or why the file cannot be read (a link, FIFO, device, too large), or None when it is absent;
+    read concurrently, each as `read_regular` reads it."""
+    def read(path: str) -> bytes | str | None:
         try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError:
+            return read_regular(path)
+        except FileNotFoundError:
             return None
+        except StoreError as exc:
+            return str(exc).split(": hsk ", 1)[0].split(": the store", 1)[0]
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return dict(zip(paths, pool.map(read, paths)))
@@ -446,7 +585,11 @@ class RemoteLocation(Location):
 
     # --- reading ---
     def read_bytes(self) -> bytes:
-        return self.fs.cat_file(self.path)
+        data = self.fs.cat_file(self.path, start=0, end=METADATA_LIMIT + 1)
+        if len(data) > METADATA_LIMIT:
+            raise CorruptStoreError(f"{self.url} is over {METADATA_LIMIT >> 20} MiB, too large for the metadata it "
+                                    "should hold: the store is damaged or forged; re-copy it")
+        return data
 
     def read_many(self, names: list[str]) -> dict[str, bytes | None]:
         got = self.fs.cat([f"{self.path}/{n}" for n in names], on_error="return") if names else {}
@@ -505,30 +648,34 @@ class RemoteLocation(Location):
         return RemoteZipStore(self.url)
 
     # --- finding stores ---
-    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool]) -> tuple[list[FoundRoot], list[str]]:
+    def find_roots(self, head: str, marker: str, keep_file: Callable[[str], bool],
+                   also: tuple[str, ...] = ()) -> tuple[list[FoundRoot], list[str]]:
         """As LocalLocation.find_roots, one folder level at a time: a level's `head` objects are fetched in one
         concurrent batch, and only the folders without one are listed (concurrently) to descend. Round trips
         grow with the depth, not with the number of stores."""
         protocol = self.url.split("://", 1)[0]
-        roots: dict[str, bytes | None] = {}
+        roots: dict[str, tuple[bytes | None, bool]] = {}
         files, level = [], [self.path]
         with ThreadPoolExecutor(max_workers=16) as pool:
             while level:
-                level = self._level(level, head, marker, keep_file, pool, roots, files)
-        found_roots = [FoundRoot(f"{protocol}://{d}", _relative(d, self.path), v, v is None) for d, v in roots.items()]
+                level = self._level(level, (head, marker, also), keep_file, pool, roots, files)
+        found_roots = [FoundRoot(f"{protocol}://{d}", _relative(d, self.path), v, marked)
+                       for d, (v, marked) in roots.items()]
         return found_roots, [f"{protocol}://{f}" for f in sorted(files)]
 
-    def _level(self, level: list[str], head: str, marker: str, keep_file: Callable[[str], bool],
-               pool: ThreadPoolExecutor, roots: dict[str, bytes | None], files: list[str]) -> list[str]:
+    def _level(self, level: list[str], names: tuple[str, str, tuple[str, ...]], keep_file: Callable[[str], bool],
+               pool: ThreadPoolExecutor, roots: dict[str, tuple[bytes | None, bool]], files: list[str]) -> list[str]:
         """One level of `find_roots`: adds its roots and kept files; returns the next level's folders."""
+        head, marker, also = names
         got = self.fs.cat([f"{d}/{head}" for d in level], on_error="return")
         found = {d: got.get(f"{d}/{head}") for d in level}
-        roots.update({d: v for d, v in found.items() if isinstance(v, bytes)})
+        roots.update({d: (v, False) for d, v in found.items() if isinstance(v, bytes)})
         rest = [d for d, v in found.items() if not isinstance(v, bytes)]
         below = []
         for folder, listing in zip(rest, pool.map(self._entries, rest)):
-            if any(name == marker for name, _, _ in listing):
-                roots[folder] = None  # the marker alone (a store whose creation stopped before its head)
+            seen = {name for name, _, _ in listing}
+            if marker in seen or seen & set(also):
+                roots[folder] = (None, marker in seen)  # no head: creation stopped before it, or it was deleted
                 continue
             folders, kept = _children(listing, keep_file)
             below += folders
@@ -564,7 +711,26 @@ def is_bundle(url: str) -> bool:
     return str(url).rstrip("/").lower().endswith(".zip")
 
 
+def check_bundle(url: str) -> None:
+    """Refuse (CorruptStoreError, one line) a bundle whose zip directory cannot be trusted (`zip_problem`); one
+    that is no readable zip at all is left to the reader's own message."""
+    try:
+        with fsspec.open(url, "rb") as raw, zipfile.ZipFile(raw) as zf:
+            problem = zip_problem(zf)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return
+    if problem:
+        raise CorruptStoreError(f"{url} is not a trustworthy bundle: {problem}; ask for it again or pack it again")
+
+
 def zarr_location(url: str):
-    """What zarr.open_group should open for url: a read-only ZipStore for a bundle, else the URL itself."""
+    """What zarr.open_group should open for url: a read-only ZipStore for a bundle (its zip directory checked),
+    a local folder after `check_plain_tree`, else the URL itself."""
     url = str(url)
-    return location(url).zip_store() if is_bundle(url) else url
+    loc = location(url)
+    if is_bundle(url):
+        store = loc.zip_store()  # refuses a local path that is no file
+        check_bundle(url)
+        return store
+    loc.check_plain_tree()
+    return url

@@ -23,12 +23,13 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StoreExistsError
-from .location import WRITABLE_SCHEMES, LocalLocation, Location, location
+from .location import WRITABLE_SCHEMES, LocalLocation, Location, location, private_folder
 from .schema import top_level_entries
 from .version import __version__
 
@@ -38,6 +39,9 @@ LEASE_NAME = ".hsk-lease.json"  # a store's writer lease (hskstore.lease); names
 # The top-level entries a store of any hsk version and kind can hold (from the schema); a zarr group with no
 # attributes and only these is a store whose creation was interrupted by an older hsk (it wrote the attributes last).
 STORE_ENTRIES = top_level_entries() | {LEASE_NAME}
+# What an unpack killed while extracting leaves in its staged folder (zip members come in name order, the root
+# zarr.json last): these names alone mark a staged folder as hsk's.
+_STAGED_STORE_ENTRIES = STORE_ENTRIES | {"README.md", "croissant.json"}
 
 # zarr's local store writes each object to `<name>.<uuid4 hex>.partial`, then renames it into place.
 PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
@@ -169,13 +173,19 @@ def claim_output(path: str, kind: str, *, overwrite: bool) -> str:
         raise OutputError(
             f"{path} holds a {found}, not a {kind}: choose another --out (--overwrite replaces only a {kind})"
         )
+    location(str(path)).check_plain_tree()  # a link inside would make a resume write outside the output
     return "replace" if overwrite else "resume"
 
 
 def staged_path(path: str, tag: str = "staged") -> str:
-    """A hidden sibling of `path` (same parent, so a rename is cheap) named with this process's pid."""
+    """A hidden sibling of `path` (same parent, so a rename is cheap) named `.NAME.hsk-TAG-PID-RANDOM`: the pid
+    tells a later command whether its writer is gone, the random part makes the name unpredictable. On a local
+    disk a "staged" folder is created here, empty and new (never a folder or link planted in advance)."""
     loc = location(str(path).rstrip("/"))
-    return loc.sibling(f".{loc.name}.hsk-{tag}-{os.getpid()}").url
+    prefix = f".{loc.name}.hsk-{tag}-{os.getpid()}-"
+    if isinstance(loc, LocalLocation) and tag == "staged":
+        return private_folder(loc.path.parent, prefix)
+    return loc.sibling(prefix + uuid.uuid4().hex[:12]).url
 
 
 def remove_tree(path: str) -> None:
@@ -183,17 +193,36 @@ def remove_tree(path: str) -> None:
     location(path).remove_tree()
 
 
+def _staged_by_hsk(loc: Location) -> bool:
+    """Whether a staged sibling holds only what hsk puts there: nothing yet, the entries of a store (an unpack
+    killed before the root zarr.json), or an output hsk recognises."""
+    if loc.is_link() or not loc.is_dir():
+        return False
+    if loc.names() <= _STAGED_STORE_ENTRIES:
+        return True
+    try:
+        return output_kind(loc.url) is not None
+    except OutputError:
+        return False  # not something hsk made: left alone
+
+
 def _remove_dead_staged(path: str) -> None:
-    """Delete staged siblings `.NAME.hsk-staged-PID` of earlier runs killed on this machine (local disks).
+    """Delete staged siblings `.NAME.hsk-staged-PID-...` of earlier runs killed on this machine (local disks).
 
     Only hsk-made outputs under exactly that name, and only when process PID no longer runs.
     """
     for sibling in location(path).leftovers("staged"):
-        try:
-            if output_kind(sibling.url) is not None:
-                sibling.remove_tree()
-        except OutputError:
-            pass  # not something hsk made: left alone
+        if _staged_by_hsk(sibling):
+            sibling.remove_tree()
+            _notice(f"removed {sibling.url}, what an interrupted command left while building {path}")
+
+
+def remove_dead_temporaries(path: str) -> None:
+    """Delete the temporary files `.NAME.hsk-tmp-PID-...` (hskstore.location.atomic_file) of earlier commands on
+    `path` killed on this machine: plain files under exactly that name whose process no longer runs."""
+    for tmp in location(str(path)).leftovers("tmp"):
+        if isinstance(tmp, LocalLocation) and tmp.path.is_file() and not tmp.path.is_symlink():
+            tmp.remove_file()
 
 
 @contextmanager
@@ -212,9 +241,8 @@ def staged_replace(path: str) -> Iterator[str]:
     leave `path` partly copied; the staged copy is complete and the command can be rerun.
     """
     path = str(path).rstrip("/")
-    staged = staged_path(path)
-    remove_tree(staged)  # a leftover of this very pid (pids are reused): never someone else's
     _remove_dead_staged(path)
+    staged = staged_path(path)
     yield staged
     target, aside = location(path), location(staged_path(path, "old"))
     had_old = output_kind(path) is not None
@@ -240,6 +268,7 @@ def recover_swap(path: str, *, only_if_missing: bool = False) -> None:
     if not str(path).strip("/"):
         return
     target = location(str(path).rstrip("/"))
+    _remove_dead_staged(str(path).rstrip("/"))  # a killed overwrite's half-built copy: no later command needs it
     asides = target.leftovers("old")  # none on object stores: no request made
     if only_if_missing and asides and target.exists():
         return
@@ -270,12 +299,14 @@ def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Pa
     """The output rule for commands that write one local file (a catalog page, a parquet export).
 
     Nothing there: "new". A file `recognise(path)` says this command wrote: replaced only with
-    `overwrite` (write it to `staged_path(path)` and `os.replace` it in). Anything else (a folder, a
-    link, a foreign file) is refused with one line and left untouched.
+    `overwrite` (write it with `hskstore.location.atomic_file`). Anything else (a folder, a link, a
+    foreign file) is refused with one line and left untouched. Temporaries of earlier runs on `path`
+    that were killed are deleted.
     """
     loc = location(str(path))
     if not isinstance(loc, LocalLocation):
         raise OutputError(f"{path}: {kind} outputs are local files; write it here, then copy it where it goes")
+    remove_dead_temporaries(str(path))
     p = loc.path
     if p.is_symlink() or (p.exists() and not p.is_file()):
         raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path))}")

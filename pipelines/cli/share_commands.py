@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from hskstore.config import ConfigError
@@ -39,6 +37,7 @@ def catalog(
     """
     from hskstore.catalog import Filters, format_table, is_catalog_page, render_html, to_json
     from hskstore.catalog import catalog as list_stores
+    from hskstore.location import atomic_file
     from hskstore.outputs import claim_file_output
 
     page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
@@ -48,9 +47,8 @@ def catalog(
         raise ConfigError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
     typer.echo(to_json(entries) if as_json else format_table(entries))
     if page is not None:
-        tmp = page.with_name(f".{page.name}.{os.getpid()}.tmp")
-        tmp.write_text(render_html(entries, title=f"hsk stores: {', '.join(locations)}"))
-        os.replace(tmp, page)
+        with atomic_file(page) as (f, _):  # an unpredictable temporary, renamed in; deleted on failure
+            f.write(render_html(entries, title=f"hsk stores: {', '.join(locations)}").encode())
         typer.echo(f"wrote {page} ({len(entries)} entries)", err=as_json)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import zarr
 from hskstore.config import HSKConfig
 from hskstore.derive import derive
 from hskstore.info import storage_report
+from hskstore.location import atomic_file
 from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from hskstore.schema import META_KEY
@@ -98,9 +98,8 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    with atomic_file(path) as (f, _):
+        f.write(json.dumps(obj, indent=2, default=str).encode())
 
 
 def store_size(spec: SweepSpec, url: str) -> StoreSize:
