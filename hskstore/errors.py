@@ -34,8 +34,11 @@ class ProvenanceError(StoreError):
 def printable(text: object, *, keep_newlines: bool = False) -> str:
     """`text` with control characters escaped (ESC as \\x1b...), for names that come from stores, files or
     checkpoints and go to a terminal. `keep_newlines` keeps line breaks of multi-line messages."""
+    text = str(text)
+    if text.isprintable():
+        return text
     out = []
-    for ch in str(text):
+    for ch in text:
         if ch.isprintable() or (keep_newlines and ch == "\n"):
             out.append(ch)
         else:

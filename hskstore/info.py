@@ -108,7 +108,7 @@ def format_mlm_report(store: MLMStore, report: dict) -> str:
         f" mlm/ arrays only)   vs Megatron top-128 fp16 ~{MEGATRON_TOPK_BYTES} B"
         f" ({report['ratio_vs_megatron']:.1f}x smaller), DistillKit {low}-{high} B",
     ]
-    return "\n".join(lines)
+    return _report(lines)
 
 
 def storage_report(store: HSKStore) -> dict:
@@ -194,6 +194,11 @@ def teacher_fit(teacher: dict) -> str:
     return printable(f"{shown}, {teacher.get('num_labels')} outputs: {verdict}")
 
 
+def _report(lines: list[str]) -> str:
+    """A report's lines, each one line whatever a store's metadata put in it (hskstore.errors.printable)."""
+    return "\n".join(printable(line) for line in lines)
+
+
 def format_report(store: HSKStore, report: dict) -> str:
     """`hsk info`'s text, by the store's kind."""
     return store.format_report(report)
@@ -244,7 +249,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
             f" B/example: {sel.attention_heads} heads x {sel.config.n_tokens} rows x {meta.max_length} keys"
             " per layer, fp16; `hsk derive --no-attention-rows` drops them)"
         )
-    return "\n".join(lines)
+    return _report(lines)
 
 
 def summary_numbers(report: dict) -> dict[str, float]:

@@ -7,20 +7,28 @@
 - `derived_from` (hskstore.derive): the parent's URL, content address, identity, config and the
   derive options, nested back to the dump.
 - `chain`: the ancestors of a store, nearest first, each found where it is reachable (the recorded
-  URL, or a folder of the same name beside the store) and checked by content address; otherwise
-  only the recorded address is shown.
+  URL, or a folder of the same name beside the store) and checked by its content address as
+  recomputed from what is there (never the address a store claims for itself); otherwise only the
+  recorded address is shown.
 
-Everything here reads root metadata only (one zarr.json per ancestor), never chunks.
+A store's metadata is what someone handed over: its recorded URL is opened only when it is a local
+path or lies where the user's own store URL does (same scheme and host), never a URL of another
+host (an `http://` in a forged store would make `hsk info` send a request there).
+
+Each ancestor found is opened as a reader opens a store (metadata, manifest, digests), never its chunks.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-from .location import location
+from .errors import StoreError, printable
+from .location import is_local
+from .manifest import identity
+from .reader import HSKStore
 
 _FILE_SOURCES = ("glue_data", "file", "text", "table")
 
@@ -57,32 +65,52 @@ class Ancestor:
     found_at: str | None
 
 
-def _root_meta(url: str) -> dict | None:
-    """The hsk attributes of the store at url from its root zarr.json alone; None when there is none."""
-    try:
-        doc = json.loads(location(url).child("zarr.json").read_bytes())
-    except Exception:  # missing, unreadable or not JSON: not reachable here
-        return None
-    meta = (doc.get("attributes") or {}).get("hsk") if isinstance(doc, dict) else None
-    return meta if isinstance(meta, dict) else None
+def _where(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
 
 
-def _candidates(recorded: str | None, child_url: str) -> list[str]:
-    """Where to look for a parent: its recorded URL, then a store of the same name beside the child."""
-    if not recorded:
+def may_open(recorded: str, child_url: str) -> bool:
+    """Whether a URL read from a store's metadata may be opened: a local path, or a URL on the scheme and host of
+    the store the user named (`child_url`); never another host."""
+    if is_local(recorded):
+        return True  # a local folder (hsk reads it as any store: never through links, pipes or devices)
+    return not is_local(child_url) and _where(recorded) == _where(child_url)
+
+
+def _candidates(recorded: object, child_url: str) -> list[str]:
+    """Where to look for a parent: its recorded URL (when `may_open`), then a store of the same name beside
+    the child."""
+    if not isinstance(recorded, str) or not recorded.strip("/"):
         return []
-    out = [recorded]
+    out = [recorded] if may_open(recorded, child_url) else []
     name = recorded.rstrip("/").rsplit("/", 1)[-1]
     parent_dir = child_url.rstrip("/").rsplit("/", 1)[0] if "/" in child_url.rstrip("/") else "."
     out.append(f"{parent_dir}/{name}")
     return list(dict.fromkeys(out))
 
 
-def _find(record: dict, child_url: str) -> str | None:
+def _is_parent(url: str, record: dict) -> bool:
+    """Whether the store at url is the one `record` names, by what is recomputed there: its manifest (checked
+    against its metadata and arrays as a reader opens it); for a parent of format 1 (no address recorded), its
+    identity recomputed from its metadata and its data checksums (checked against its shard digests)."""
     address = record.get("content_address")
+    try:
+        store = HSKStore(url, allow_unverified=address is None)
+    except (StoreError, OSError, ValueError):  # nothing there, not a store, damaged, forged: not this parent
+        return False
+    if address is not None:
+        return store.content_address == address
+    meta = store.meta
+    same_data = meta.get("checksums") is not None and record.get("checksums") == meta.get("checksums")
+    return bool(meta.get("complete")) and same_data and record.get("identity") == identity(meta)
+
+
+def _find(record: dict, child_url: str) -> str | None:
+    if record.get("content_address") is None and not record.get("identity"):
+        return None  # nothing to check a candidate against
     for url in _candidates(record.get("url"), child_url):
-        meta = _root_meta(url)
-        if meta is not None and meta.get("complete") and (address is None or meta.get("manifest") == address):
+        if _is_parent(url, record):
             return url
     return None
 
@@ -95,7 +123,10 @@ def chain(url: str, meta: dict, max_depth: int = 32) -> list[Ancestor]:
         found = _find(record, here)
         out.append(Ancestor(len(out) + 1, record.get("content_address"), record.get("config"), record.get("url"),
                             found))
-        here = found or record.get("url") or here
+        recorded = record.get("url")
+        # the next ancestor is looked for beside this one: where it was found, or where it is recorded when
+        # hsk may open that, else beside the store the user named
+        here = found or (recorded if isinstance(recorded, str) and may_open(recorded, here) else here)
         record = record.get("derived_from")
     return out
 
@@ -107,5 +138,6 @@ def format_chain(ancestors: list[Ancestor]) -> list[str]:
     for a in ancestors:
         who = names.get(a.depth, f"{'great-' * (a.depth - 2)}grandparent")
         where = f"at {a.found_at}" if a.found_at else f"not reachable (recorded at {a.recorded_url})"
-        lines.append(f"{who:<12} {a.content_address or 'no address (older hsk)'}  config {a.config}  {where}")
+        line = f"{who:<12} {a.content_address or 'no address (older hsk)'}  config {a.config}  {where}"
+        lines.append(printable(line))  # addresses, configs and URLs as the store records them: one line each
     return lines

@@ -15,6 +15,7 @@ stdlib + fsspec + zarr's zip stores only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import shutil
@@ -70,6 +71,8 @@ def read_regular(path: str | os.PathLike, limit: int = METADATA_LIMIT) -> bytes:
         raise exc
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(mode):
             raise _unsafe(str(path), _kind_of(mode))
         data = f.read(limit + 1)

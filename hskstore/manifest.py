@@ -17,6 +17,22 @@ import numpy as np
 from .digest import fingerprint
 
 MANIFEST_KEY = "manifest"
+# Fields that decide the store's content; a resume must match them exactly.
+IDENTITY_FIELDS = (
+    "format_version",
+    "task",
+    "dataset",
+    "teacher",
+    "tokenizer",
+    "max_length",
+    "selection",
+    "layout",
+)
+
+
+def identity(meta: dict) -> str:
+    """The digest of the fields that decide a store's content (recorded as `identity`; a resume must match it)."""
+    return fingerprint(json.dumps({k: meta.get(k) for k in IDENTITY_FIELDS}, sort_keys=True, default=str))
 
 
 def list_arrays(group) -> dict:

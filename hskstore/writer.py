@@ -36,12 +36,12 @@ import zarr
 from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
-from .digest import array_checksum, fingerprint, shard_digest
+from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease
 from .lineage import data_origin
 from .location import location
-from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
+from .manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
 from .outputs import (
     LEASE_NAME,
     PARTIAL_FILE,
@@ -66,28 +66,12 @@ from .schema import (
 from .shard_codec import ShardLayout
 from .zarr_adapter import put_shard
 
-# Fields that decide the store's content; a resume must match them exactly.
-IDENTITY_FIELDS = (
-    "format_version",
-    "task",
-    "dataset",
-    "teacher",
-    "tokenizer",
-    "max_length",
-    "selection",
-    "layout",
-)
-
 FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap",
                 "between-swap-renames")
 FAULT_EXIT = 86  # what outputs.fault exits with
 
 
 _fault = fault  # the hook lives with the output rule, whose swap has a fault point of its own
-
-
-def identity(meta: dict) -> str:
-    return fingerprint(json.dumps({k: meta.get(k) for k in IDENTITY_FIELDS}, sort_keys=True, default=str))
 
 
 def _read_meta(url: str) -> dict | None:

@@ -26,6 +26,7 @@ from . import (
     train_commands,
 )
 from .quiet import quiet_libraries
+from .terminal import printable_streams
 
 app = typer.Typer(
     name="hsk",
@@ -123,7 +124,13 @@ def _in_memory_url(argv: list[str] | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted)."""
+    """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted).
+    Everything it prints goes through pipelines.cli.terminal: no control character reaches the terminal."""
+    with printable_streams():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     # hsk's library loggers repeat what the commands print: one copy on the terminal is enough.
     logging.getLogger("hsk").addHandler(logging.NullHandler())
     quiet_libraries()  # transformers' own bars and load-report tables (pipelines/cli/quiet.py)
