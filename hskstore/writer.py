@@ -38,7 +38,7 @@ from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
-from .lease import Lease
+from .lease import Lease, LeaseHeldError
 from .lineage import data_origin
 from .location import location
 from .manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
@@ -420,13 +420,19 @@ def writing(
     url = str(url).rstrip("/")
     refuse_bundle_output(url)  # bundles are read-only, made by `hsk pack`
     status = claim_output(url, STORE, overwrite=overwrite)
+    existed = location(url).exists()  # an empty folder: "new" too
     lease = Lease(url, log=log).acquire()
     _fault("after-lease")
     try:
         if status != "replace":
-            with StoreWriter.open(url, meta, software_version=software_version, log=log) as writer:
-                writer.lease = lease
-                yield writer
+            try:
+                with StoreWriter.open(url, meta, software_version=software_version, log=log) as writer:
+                    writer.lease = lease
+                    yield writer
+            except BaseException as exc:
+                if status == "new" and _nothing_to_keep(url, exc):
+                    _remove_new_store(url, existed, log)
+                raise
             return
         with staged_replace(url) as staged:
             staged_lease = Lease(staged, log=log).acquire()
@@ -443,6 +449,27 @@ def writing(
         staged_lease.moved_to(url).release()  # the swapped-in store carries our lease: drop it
     finally:
         lease.release()
+
+
+def _nothing_to_keep(url: str, exc: BaseException) -> bool:
+    """Whether a store this run created is worth nothing after `exc`: no shard written yet (a refusal before
+    any work: an unreachable scheduler...), or its input is damaged (a rerun would stop at the same place).
+    Never when another writer took the store over."""
+    if isinstance(exc, LeaseHeldError):
+        return False
+    return isinstance(exc, CorruptStoreError) or not _has_written_shards(url)
+
+
+def _remove_new_store(url: str, existed: bool, log) -> None:
+    """Delete what this run created at url (inside the empty folder that was there, or the folder it made)."""
+    store = location(url)
+    if existed:
+        for name in store.names():
+            store.child(name).remove()
+    else:
+        store.remove_tree()
+    if log is not None:
+        log(f"removed the unfinished {url} this run created (nothing in it to keep)")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from hskstore.config import HSKConfig
 from hskstore.info import format_report, storage_report
 from hskstore.outputs import claim_output, mark_output
 from hskstore.reader import open_store
+from pipelines.core.data import load_examples
 from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
@@ -42,6 +43,8 @@ def quickstart(
     complete). Any other folder or file is refused and left as it is."""
     from pipelines.train.teacher import fine_tune_teacher
 
+    if data_dir is not None:  # refused before anything is created (a --data-dir without the data: one line)
+        load_examples(task, "train", data_dir=data_dir, limit=1)
     if claim_output(out_dir, OUTPUT_KIND, overwrite=overwrite) == "new":
         mark_output(out_dir, OUTPUT_KIND, task=task, config=config)
     out = Path(out_dir)

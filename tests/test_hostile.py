@@ -486,3 +486,39 @@ def test_a_failed_catalog_page_leaves_no_temporary(store, tmp_path, capsys, monk
     before = tree_hashes(tmp_path)
     refused(capsys, main(["catalog", str(store), "--html", str(tmp_path / "page.html")]), "disk full")
     assert tree_hashes(tmp_path) == before
+
+
+def test_quickstart_without_its_data_leaves_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, main(["quickstart", "--data-dir", str(tmp_path / "nonexistent"), "--no-progress"]),
+            "does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dump_to_an_unreachable_scheduler_leaves_nothing(teacher, glue_dir, tmp_path, capsys):
+    before = tree_hashes(tmp_path)
+    refused(capsys, main(dump_args(teacher, glue_dir, tmp_path / "o.zarr", "--scheduler", "tcp://127.0.0.1:1")),
+            "no dask scheduler")
+    assert tree_hashes(tmp_path) == before and not (tmp_path / "o.zarr").exists()
+
+
+def _bad_crc(bundle: Path, member: str) -> None:
+    with zipfile.ZipFile(bundle) as zf:
+        info = zf.getinfo(member)
+    data = bytearray(bundle.read_bytes())
+    at = info.header_offset + 30 + int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little")
+    at += int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    data[at + info.compress_size // 2] ^= 0xFF
+    bundle.write_bytes(bytes(data))
+
+
+def test_derive_from_a_damaged_bundle_leaves_no_store(store, tmp_path, capsys):
+    bundle = tmp_path / "b.hsk.zip"
+    assert main(["pack", "--no-progress", str(store), str(bundle)]) == 0
+    _bad_crc(bundle, "logits/c/2/0")  # the last shard: the derive has written the others when it meets it
+    before = tree_hashes(tmp_path)
+    capsys.readouterr()
+    for _ in range(2):  # and a rerun says the same
+        refused(capsys, main(["derive", str(bundle), "--config", "1,4,0.25", "--out", str(tmp_path / "d.zarr"),
+                              "--no-progress"]), "CRC")
+        assert tree_hashes(tmp_path) == before and not (tmp_path / "d.zarr").exists()
