@@ -21,7 +21,15 @@ import zarr
 from .errors import CorruptStoreError, StoreError, StoreExistsError
 from .lease import Lease
 from .location import BUNDLE_SUFFIX, atomic_file, is_bundle, zarr_location, zip_problem
-from .outputs import recover_swap, remove_dead_temporaries, remove_tree, staged_replace
+from .outputs import (
+    STORE,
+    OutputError,
+    output_kind,
+    recover_swap,
+    remove_dead_temporaries,
+    remove_tree,
+    staged_replace,
+)
 from .reader import HSKStore
 from .schema import META_KEY
 from .zarr_adapter import get_bytes, list_keys
@@ -96,9 +104,10 @@ def _is_bundle_file(path: Path) -> bool:
 
 
 def _is_store_folder(path: Path) -> bool:
+    """Whether `path` holds an hsk store (its zarr.json read as a metadata file: never through a link)."""
     try:
-        return META_KEY in zarr.open_group(str(path), mode="r").attrs
-    except Exception:
+        return output_kind(str(path)) == STORE
+    except OutputError:
         return False
 
 

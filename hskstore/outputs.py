@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import StoreExistsError
+from .errors import StoreError, StoreExistsError
 from .location import WRITABLE_SCHEMES, LocalLocation, Location, location, private_folder
 from .schema import top_level_entries
 from .version import __version__
@@ -202,8 +202,8 @@ def _staged_by_hsk(loc: Location) -> bool:
         return True
     try:
         return output_kind(loc.url) is not None
-    except OutputError:
-        return False  # not something hsk made: left alone
+    except StoreError:  # not something hsk made (or a link, a FIFO where its metadata should be): left alone
+        return False
 
 
 def _remove_dead_staged(path: str) -> None:
@@ -291,7 +291,7 @@ def _finish_swap(aside: Location, target: Location, path: str) -> None:
 def _made_by_hsk(loc: Location) -> bool:
     try:
         return not loc.is_link() and loc.exists() and loc.is_dir() and output_kind(loc.url) is not None
-    except OutputError:
+    except StoreError:  # OutputError, or a link or FIFO where its metadata should be
         return False
 
 

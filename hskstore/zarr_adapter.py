@@ -20,6 +20,7 @@ an fsspec file. What this module touches that zarr does not promise:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import warnings
 import zipfile
@@ -65,8 +66,8 @@ def _shard_key(array: zarr.Array, shard: int) -> str:
 
 
 def _read_file(path: str) -> np.ndarray | None | BaseException:
-    try:
-        with open(path, "rb") as f:
+    try:  # never through a link (one planted after the store was opened and checked): ELOOP, reported as damage
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             return np.frombuffer(f.read(), dtype=np.uint8)
     except FileNotFoundError:
         return None  # not written: the fill value, as zarr reads it

@@ -522,3 +522,52 @@ def test_derive_from_a_damaged_bundle_leaves_no_store(store, tmp_path, capsys):
         refused(capsys, main(["derive", str(bundle), "--config", "1,4,0.25", "--out", str(tmp_path / "d.zarr"),
                               "--no-progress"]), "CRC")
         assert tree_hashes(tmp_path) == before and not (tmp_path / "d.zarr").exists()
+
+
+def _under_a_tty(*args: str) -> str:
+    """What `hsk ARGS` writes to a terminal (a pseudo-terminal: stdout and stderr are TTYs)."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args], env=env,
+                            stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(timeout=120)
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_escapes_in_metadata_never_reach_a_real_terminal(store, tmp_path):
+    reseal(store, lambda m: (m["task"].update(name="sst2\x1b[2J\x1b]0;owned\x07"), m.update(created="\x1b[31mred")))
+    for args in (["catalog", str(tmp_path)], ["info", str(store)]):
+        shown = _under_a_tty(*args)
+        assert "\x1b" not in shown and "\x07" not in shown, repr(shown)
+        assert "\\x1b[2J" in shown or "\\x1b[31mred" in shown, shown
+
+
+def test_lineage_of_a_format1_parent_checks_identity_and_data(store, tmp_path, capsys):
+    """A child whose record names no address (its parent was of format 1): found by recomputed identity and
+    checksums, never by whatever store sits at the recorded path."""
+    child = tmp_path / "child.zarr"
+    assert main(["derive", str(store), "--config", "1,4,0.25", "--out", str(child), "--no-progress"]) == 0
+    reseal(child, lambda m: m["derived_from"].update(content_address=None))
+    capsys.readouterr()
+    assert main(["info", str(child)]) == 0
+    assert f"  at {store}" in capsys.readouterr().out
+    other = tmp_path / "other.zarr"
+    assert main(["derive", str(store), "--config", "2,2,0.25", "--out", str(other), "--no-progress"]) == 0
+    shutil.rmtree(store)
+    shutil.move(other, store)
+    capsys.readouterr()
+    assert main(["info", str(child)]) == 0
+    assert f"not reachable (recorded at {store})" in capsys.readouterr().out
