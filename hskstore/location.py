@@ -92,12 +92,11 @@ def check_plain_tree(root: str | os.PathLike) -> None:
             entries = list(os.scandir(stack.pop()))
         except (FileNotFoundError, NotADirectoryError):
             continue
-        for entry in entries:
-            mode = entry.stat(follow_symlinks=False).st_mode
-            if stat.S_ISDIR(mode):
+        for entry in entries:  # the entry types come with the listing: a stat only for metadata files
+            if entry.is_dir(follow_symlinks=False):
                 stack.append(entry.path)
-            elif not stat.S_ISREG(mode):
-                raise _unsafe(entry.path, _kind_of(mode))
+            elif not entry.is_file(follow_symlinks=False):
+                raise _unsafe(entry.path, _kind_of(entry.stat(follow_symlinks=False).st_mode))
             elif entry.name.endswith(_METADATA_SUFFIXES) and entry.stat(follow_symlinks=False).st_size > METADATA_LIMIT:
                 raise CorruptStoreError(f"{entry.path} is over {METADATA_LIMIT >> 20} MiB, too large for the metadata "
                                         "it should hold: the store is damaged or forged; re-copy it")
