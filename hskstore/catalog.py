@@ -138,6 +138,23 @@ def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, leas
         return Entry(url, kind, f"damaged: metadata lacks or mangles {exc.__class__.__name__}: {exc}"[:300])
 
 
+def _as_declared(e: Entry) -> Entry:
+    """The entry with every field of the type it declares (a forged store may put a number where text goes, a
+    list where a count goes): text as text, a count that is no integer as None, so nothing downstream fails."""
+    changes = {}
+    for f in fields(e):
+        value = getattr(e, f.name)
+        if value is None or f.type not in ("str | None", "int | None", "tuple[str, ...]"):
+            continue
+        if f.type == "str | None" and not isinstance(value, str):
+            changes[f.name] = str(value)
+        elif f.type == "int | None" and (isinstance(value, bool) or not isinstance(value, int)):
+            changes[f.name] = None
+        elif f.type == "tuple[str, ...]":
+            changes[f.name] = tuple(str(v) for v in value)
+    return replace(e, **changes)
+
+
 def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
     sel = meta.get("selection") or {}
     complete = bool(meta.get("complete"))
@@ -145,7 +162,7 @@ def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
     teacher = meta.get("teacher") or {}
     objective = objective_of(meta)
     config, codec = store_type(meta).catalog_config(sel)
-    return Entry(
+    return _as_declared(Entry(
         url=url, kind=kind, status="complete" if complete else "incomplete",
         content_address=meta.get("manifest") if complete else None,
         objective=objective, task=meta["task"]["name"], split=meta["task"].get("split"),
@@ -154,7 +171,7 @@ def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
         bytes=meta.get("stored_bytes") or (int(found.group(1)) if found else None), created=meta.get("created"),
         parent=(meta.get("derived_from") or {}).get("content_address"), ancestors=_ancestors(meta),
         license=(meta.get("sharing") or {}).get("license"), card=card,
-    )
+    ))
 
 
 def _read_bundle(url: str, cards: bool = False) -> Entry | None:

@@ -571,3 +571,23 @@ def test_lineage_of_a_format1_parent_checks_identity_and_data(store, tmp_path, c
     capsys.readouterr()
     assert main(["info", str(child)]) == 0
     assert f"not reachable (recorded at {store})" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [None, [], {}, float("inf"), -(10**30), True, [[[[]]]]], ids=repr)
+def test_any_value_in_any_field_lists_the_store_and_the_others(reference, value, tmp_path, capsys):
+    """Whatever type a forged store puts in whichever field, the catalog lists it (damaged or not) with the rest."""
+    meta = _with_lineage(json.loads((reference / "zarr.json").read_text())["attributes"]["hsk"])
+    paths = list(_leaves(meta)) + [(key,) for key in meta]  # leaves, and whole sections replaced
+    root = tmp_path / "stores"
+    for i, path in enumerate(paths):
+        forged = json.loads(json.dumps(meta))
+        _set(forged, path, value)
+        folder = root / f"s{i}.zarr"
+        folder.mkdir(parents=True)
+        (folder / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
+                                                      "attributes": {"hsk": forged}}))
+    shutil.copytree(reference, root / "good.zarr")
+    assert main(["catalog", str(root), "--json", "--html", str(tmp_path / "page.html")]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert len(listed) == len(paths) + 1
+    assert [e["status"] for e in listed if e["url"].endswith("good.zarr")] == ["complete"]
