@@ -252,9 +252,11 @@ def test_killed_overwrite_keeps_the_old_store(reference, teacher_dir, glue_dir, 
                        fault="after-shard-written")
     assert code == FAULT_EXIT, err
     assert {k: v for k, v in data_files(out).items() if not k.startswith(".hsk-lease")} == old
-    assert main(["verify", str(out)]) == 0
     staged = [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.hsk-staged-")]
     assert len(staged) == 1  # the half-built new store, hidden beside the old one
+    assert main(["verify", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["s.zarr"]  # the next command on s.zarr removed it (issue 34)
+    assert "removed" in capsys.readouterr().err
     assert main(dump_args(teacher_dir, glue_dir, out, "--overwrite", config="1,2,0.5")) == 0
     assert open_store(str(out)).meta["selection"]["config"] == "1,2,0.5"
     assert [p.name for p in tmp_path.iterdir()] == ["s.zarr"]  # the dead run's staged store is cleaned up
