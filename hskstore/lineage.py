@@ -96,7 +96,8 @@ def _is_parent(url: str, record: dict) -> bool:
     identity recomputed from its metadata and its data checksums (checked against its shard digests)."""
     address = record.get("content_address")
     try:
-        store = HSKStore(url, allow_unverified=address is None)
+        # recover=False: a path read from metadata is looked at, never tidied (no leftover beside it is touched)
+        store = HSKStore(url, allow_unverified=address is None, recover=False)
     except (StoreError, OSError, ValueError):  # nothing there, not a store, damaged, forged: not this parent
         return False
     if address is not None:

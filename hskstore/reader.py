@@ -79,12 +79,14 @@ def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
     return out
 
 
-def open_group(url: str) -> tuple[zarr.Group, dict]:
-    """The root group of the store at url and its hsk metadata, refusing what is no readable hsk store."""
+def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
+    """The root group of the store at url and its hsk metadata, refusing what is no readable hsk store.
+    `recover` (the store the user named): first finish what an interrupted overwrite of it left."""
     problem = url_problem(url)
     if problem:
         raise StoreError(problem)
-    recover_swap(url, only_if_missing=True)  # an --overwrite killed between its renames: the old store is back
+    if recover:
+        recover_swap(url, only_if_missing=True)  # an --overwrite killed between its renames: the old store is back
     location = zarr_location(url)  # a folder or URL as it is; a bundle through its zip reader
     try:
         group = zarr.open_group(location, mode="r")
@@ -135,18 +137,19 @@ class HSKStore:
         """HSKStore(url) itself gives the store as its kind (as open_store does); a kind's class, that kind."""
         if cls is not HSKStore:
             return super().__new__(cls)
-        opened = open_group(str(url))
+        opened = open_group(str(url), recover=options.get("recover", True))
         store = super().__new__(store_type(opened[1]))
         store._opened = opened  # __init__ reads it instead of opening the group again
         return store
 
-    def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False):
+    def __init__(self, url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False,
+                 recover: bool = True):
         """Open and check the store at url: its metadata against its arrays, and for a complete store the chain
         manifest -> per-array checksums -> stored shard digests (the chunks are checked against those digests
         as they are read). allow_unverified (or HSK_ALLOW_UNVERIFIED=1) reads a complete store whose metadata
         no manifest covers, which is refused otherwise (UnverifiedStoreError naming `hsk upgrade`)."""
         self.url = str(url)
-        self.group, meta = self.__dict__.pop("_opened", None) or open_group(self.url)
+        self.group, meta = self.__dict__.pop("_opened", None) or open_group(self.url, recover=recover)
         self.meta = meta
         try:
             specs = check_layout(meta)
