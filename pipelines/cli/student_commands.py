@@ -34,7 +34,7 @@ Example (MiniLM-L6-H384 teacher: 6 layers, 12 heads, FFN 1536, d 384):
 
 \b
   hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --layers 3 --heads 4 --ffn 384 \\
-      --emb-rank 128 --data-dir ../shared/data/glue --train-limit 4000 --out runs/rosita3
+      --emb-rank 128 --data-dir ../shared/data/glue --limit 4000 --out runs/rosita3
 """
 
 
@@ -50,7 +50,7 @@ def build(
     out: str = typer.Option(..., "--out", "-o", help="Folder for the student."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     data_file: str = typer.Option(None, help="Your own labelled csv/tsv/json/parquet file instead."),
-    train_limit: int = typer.Option(None, help="Score importance on the first N training examples only."),
+    train_limit: int = typer.Option(None, "--limit", help="Score importance on the first N training examples only."),
     batch_size: int = typer.Option(32, help="Batch size of the gradient pass."),
     max_length: int = typer.Option(None, help="Max tokens [default: the task's]."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
@@ -61,7 +61,7 @@ def build(
 
     if kind.strip().lower() not in KINDS:
         raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
-    for flag, value, low in (("--batch-size", batch_size, 1), ("--train-limit", train_limit, 1),
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--limit", train_limit, 1),
                              ("--max-length", max_length, 2)):
         check_at_least(flag, value, low)
     summary = build_rosita(

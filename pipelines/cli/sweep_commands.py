@@ -68,9 +68,9 @@ must see the same paths). The training subset is the source store's rows: dump a
 Examples:
 
 \b
-  hsk sweep --source sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
+  hsk sweep --store sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
       --epochs-hsk 2 --epochs-pred 1 --data-dir ../shared/data/glue --workers 2
-  hsk sweep --source sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
+  hsk sweep --store sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
       --students bert2 --max-steps 200 --dry-run
 
 Then: hsk report runs/sweep/results.parquet --out runs/sweep/report
@@ -146,7 +146,7 @@ def derive_cmd(
 
 @app.command("sweep", help=SWEEP_HELP)
 def sweep_cmd(
-    source: str = typer.Option(..., "--source", "-s", help="Source store, dumped once at a generous config."),
+    source: str = typer.Option(..., "--store", "-s", help="Source store, dumped once at a generous config."),
     configs: str = typer.Option(
         "table5;pred-only;full;no-kd", "--configs", "-c", help="Entries separated by ';' (see above)."
     ),
