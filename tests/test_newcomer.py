@@ -3,6 +3,7 @@ commands, `-h` everywhere, `--threads`, `hsk doctor`, and methods from other pac
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -57,3 +58,116 @@ def test_the_readme_torch_format_block_runs_on_a_real_dump(sst2_store, monkeypat
     logits = torch.stack([row["logits"] for row in rows])
     np.testing.assert_array_equal(logits.numpy(), first["logits"])
     assert all(isinstance(row["layers_0_values"], torch.Tensor) for row in rows)
+
+
+# --- one name per concept -------------------------------------------------------------------------------------
+
+
+def _vocabulary() -> dict[str, list[tuple[str, object]]]:
+    """Every option name `--help` shows, with the commands that show it and the type each gives it."""
+    from pipelines.cli import command
+    from pipelines.cli.names import ALIASES, commands, options
+
+    seen: dict[str, list[tuple[str, object]]] = {}
+    for path, cmd in commands(command()).items():
+        hidden = set(ALIASES.get(path, {}))
+        for option in options(cmd):
+            for name in [o for o in option.opts if o not in hidden] + option.secondary_opts:
+                seen.setdefault(name, []).append((path, option))
+    return seen
+
+
+# Names of concepts that have one name elsewhere: none of them may show in any command's help.
+SYNONYMS = {"--train-limit": "--limit", "--teacher-examples": "--teacher-limit", "--dump-examples": "--dump-limit",
+            "--source": "--store", "--threads-per-worker": "--threads", "--num-threads": "--threads",
+            "--examples": "--limit", "--max-examples": "--limit", "--n-workers": "--workers"}
+
+
+def test_one_name_per_concept_across_commands():
+    seen = _vocabulary()
+    assert not set(SYNONYMS) & set(seen), {name: [p for p, _ in seen[name]] for name in set(SYNONYMS) & set(seen)}
+    for name, uses in seen.items():  # one name, one kind of value: a name is never two concepts
+        kinds = {path: option.type_descriptor.annotation for path, option in uses}
+        assert len(set(kinds.values())) == 1, f"{name} takes different values by command: {kinds}"
+    row_caps = {name for name in seen if name.endswith(("-limit", "-examples", "-rows-cap")) or name == "--limit"}
+    assert row_caps == {"--limit", "--eval-limit", "--teacher-limit", "--dump-limit"}
+    threads = {name for name, uses in seen.items() for _, o in uses if "torch CPU threads" in (o.help or "")}
+    assert threads == {"--threads"}
+    assert {path for path, _ in seen["--threads"]} >= {"dump", "train", "teacher", "eval", "quickstart"}
+    for _, option in seen["--workers"]:  # dask worker processes, wherever it appears
+        assert "dask" in option.help or "cluster" in option.help, option.help
+    assert {path for path, _ in seen["--store"]} == {"train", "sweep"}
+    assert {path: o.default for path, o in seen["--seed"]} == {"train": 0, "teacher": 0}
+    assert [o.default for _, o in seen["--seeds"]] == ["0"]
+
+
+def test_store_arguments_are_named_store():
+    from pipelines.cli import command
+    from pipelines.cli.names import commands
+
+    for path, cmd in commands(command()).items():
+        for arg in (p for p in cmd.params if p.param_type_name == "argument"):
+            if "store" in (arg.help or "").lower() and path not in ("unpack", "catalog", "report"):
+                assert arg.name == "store", (path, arg.name)
+
+
+def test_every_command_takes_dash_h(capsys):
+    from pipelines.cli import command
+    from pipelines.cli.names import commands
+
+    assert main(["-h"]) == 0 and "Usage: hsk" in capsys.readouterr().out
+    for path in commands(command()):
+        assert main([*path.split(), "-h"]) == 0, path
+        assert capsys.readouterr().out.startswith(f"Usage: hsk {path} "), path
+
+
+@pytest.mark.parametrize("path, old, new", [(p, o, n) for p, renames in
+                                            __import__("pipelines.cli.names", fromlist=["ALIASES"]).ALIASES.items()
+                                            for o, n in renames.items()])
+def test_old_names_still_parse_and_are_hidden(path, old, new, capsys):
+    assert main([*path.split(), old, "1", "-h"]) == 0  # parsed (an unknown option would be refused first)
+    shown = capsys.readouterr().out
+    assert new in shown and not re.search(rf"{re.escape(old)}\b(?!-)", shown), (old, path)
+    assert main([*path.split(), "--no-such-option", "1", "-h"]) == 2  # the check above means something
+
+
+# --- threads ----------------------------------------------------------------------------------------------------
+
+
+def test_the_default_threads_leave_the_pipeline_its_cores(monkeypatch):
+    from pipelines.core.threads import BUSY, default_threads, physical_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert physical_cores() <= (os.cpu_count() or 1)
+    for command, busy in BUSY.items():
+        assert default_threads(command) == max(1, physical_cores() - busy)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own choice wins over the default
+    assert default_threads("dump") == 3
+
+
+def test_a_dump_records_its_threads_and_a_resume_must_match(teacher, glue_dir, tmp_path, capsys):
+    out = tmp_path / "s.zarr"
+    args = ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", "2,4,0.5", "--student-layers", "2",
+            "--data-dir", str(glue_dir), "--limit", "16", "--shard-rows", "8", "--max-length", "32",
+            "--device", "cpu", "--no-progress", "--out", str(out)]
+    assert main([*args, "--threads", "1"]) == 0
+    assert open_store(str(out)).meta["compute"]["torch_threads"] == 1
+    assert main([*args, "--threads", "0"]) == 2
+    assert "--threads must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_cpu_training_run_records_its_threads(sst2_store, glue_dir, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run"
+    args = ["train", "--store", str(sst2_store / "sst2.zarr"), "--student", "bert2", "--method", "kd", "--out",
+            str(out), "--max-steps", "1", "--batch-size", "8", "--eval-limit", "8", "--data-dir", str(glue_dir),
+            "--device", "cpu", "--no-progress"]
+    assert main([*args, "--threads", "1"]) == 0
+    assert json.loads((out / "summary.json").read_text())["options"]["threads"] == 1
+    capsys.readouterr()
+    before = (out / "summary.json").read_bytes()
+    assert main([*args, "--threads", "2"]) == 2  # another thread count is another run: refused, not reported done
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--threads", "1"]) == 0  # the same run: already finished
+    assert (out / "summary.json").read_bytes() == before

@@ -8,6 +8,8 @@ The concepts and their one name each (tests/test_newcomer.py checks every comman
 - `--workers`: dask worker processes (dump, sweep); a training run's store readers are `--read-threads`;
 - torch's CPU threads: `--threads` (per worker process with dask);
 - the store a command reads: `--store` where it is an option (train, sweep), STORE where it is the argument;
+- the student's depth: `--student-layers` (dump, train online, student build); `--layers` always names
+  teacher layers ('2,4,6');
 - `--seed` defaults to 0 (`--seeds` in the sweep: "0").
 
 An alias is accepted by the parser and left out of `--help`: scripts written against an older hsk keep
@@ -25,7 +27,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "dump": {"--threads-per-worker": "--threads"},
     "train": {"--train-limit": "--limit", "--workers": "--read-threads"},
     "teacher": {"--train-limit": "--limit"},
-    "student build": {"--train-limit": "--limit"},
+    "student build": {"--train-limit": "--limit", "--layers": "--student-layers"},
     "quickstart": {"--teacher-examples": "--teacher-limit", "--dump-examples": "--dump-limit"},
     "eval": {"--limit": "--eval-limit"},
     "sweep": {"--source": "--store"},

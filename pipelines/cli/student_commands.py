@@ -20,7 +20,7 @@ KINDS = ("rosita",)
 
 BUILD_HELP = """Build a student by pruning a fine-tuned BERT teacher (ROSITA) and save it to OUT.
 
-Keeps the teacher's bottom --layers layers; per layer, the --heads attention heads and --ffn FFN
+Keeps the teacher's bottom --student-layers layers; per layer, the --heads attention heads and --ffn FFN
 neurons of highest importance |w| * sum|dL/dw| (L: the teacher's own task loss, cross-entropy to
 the gold labels, MSE for STS-B), the gradients accumulated over one epoch of the training data with
 the teacher frozen; and factorises the word embedding by SVD at rank --emb-rank (0 keeps it).
@@ -33,7 +33,7 @@ BertForSequenceClassification that plain transformers loads; OUT/README.md says 
 Example (MiniLM-L6-H384 teacher: 6 layers, 12 heads, FFN 1536, d 384):
 
 \b
-  hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --layers 3 --heads 4 --ffn 384 \\
+  hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --student-layers 3 --heads 4 --ffn 384 \\
       --emb-rank 128 --data-dir ../shared/data/glue --limit 4000 --out runs/rosita3
 """
 
@@ -43,7 +43,7 @@ def build(
     kind: str = typer.Argument(..., help="Which student to build: rosita."),
     teacher: str = typer.Option(..., "--teacher", help="Fine-tuned BERT classifier (folder or hub id)."),
     task: str = typer.Option(..., "--task", "-t", help="GLUE task whose training data scores importance."),
-    layers: int = typer.Option(..., help="Keep the bottom N layers."),
+    layers: int = typer.Option(..., "--student-layers", help="The student's depth: the teacher's bottom N layers."),
     heads: int = typer.Option(..., help="Attention heads kept per layer."),
     ffn: int = typer.Option(..., help="FFN neurons kept per layer."),
     emb_rank: int = typer.Option(..., help="Rank of the SVD-factorised word embedding (0: keep it whole)."),

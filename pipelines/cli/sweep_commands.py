@@ -106,7 +106,7 @@ def _seeds(text: str) -> list[int]:
 
 @app.command("derive", help=DERIVE_HELP)
 def derive_cmd(
-    source: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
+    store: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
     config: str = typer.Option(..., "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
     out: str = typer.Option(..., "--out", "-o", help="Path or fsspec URL of the new store."),
     values: str = typer.Option(None, help="Value encoding: float16, int8, int4 or mxfp4, never more precise "
@@ -130,9 +130,9 @@ def derive_cmd(
     def bar(shards):
         return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)
 
-    derive(source, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
+    derive(store, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
-    new, src = open_store(out), open_store(source)
+    new, src = open_store(out), open_store(store)
     report = storage_report(new)
     src_bytes = sum(int(src.group[name].nbytes_stored()) for name in src.specs)  # no full report: cheap
     ratio = src_bytes / max(report['total_bytes'], 1)
