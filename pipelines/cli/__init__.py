@@ -18,6 +18,7 @@ from hskstore.errors import UserError, printable
 
 from . import (
     bundle_commands,
+    doctor_commands,
     share_commands,
     store_commands,
     student_commands,
@@ -64,7 +65,7 @@ RESUMABLE = {"dump", "derive", "train", "sweep"}
 # The commands, in the order `hsk --help` lists them. Each module owns a Typer of its own and never
 # imports this package: registration runs one way, from here.
 for _module in (bundle_commands, share_commands, store_commands, train_commands, sweep_commands, teacher_commands,
-                student_commands):
+                student_commands, doctor_commands):
     app.add_typer(_module.app)
 
 
