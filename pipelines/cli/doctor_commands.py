@@ -30,8 +30,8 @@ def doctor(
     data_dir: str = typer.Option(None, help="The glue_data folder to check [default: $HSK_DATA_DIR]."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
-    from pipelines.core.doctor import as_json as findings_json
-    from pipelines.core.doctor import diagnose
+    from pipelines.doctor import as_json as findings_json
+    from pipelines.doctor import diagnose
 
     findings = diagnose(data_dir)
     if as_json:
