@@ -193,19 +193,23 @@ def train(
 
 METHODS_HELP = """List the distillation methods `hsk train --method` takes: one line each, and what its store must hold.
 
-Each method is described in docs/methods/<name>.md with the paper it comes from.
+Each method is described in docs/methods/<name>.md with the paper it comes from. Methods of installed
+packages (entry point group hsk.methods: docs/methods/adding-a-method.md) are listed too, with their package.
 """
 
 
 @app.command("methods", help=METHODS_HELP)
 def methods_cmd() -> None:
     from pipelines.methods import all_methods
+    from pipelines.registry import method_package
 
     methods = all_methods()
     width = max(len(m.name) for m in methods) + 2
     for m in methods:
         typer.echo(f"{m.name:<{width}}{m.summary}")
         typer.echo(f"{'':<{width}}store: {m.store_needs}")
+        if method_package(m.name):
+            typer.echo(f"{'':<{width}}from: {method_package(m.name)} (an installed package's hsk.methods entry point)")
 
 
 @app.command("eval", help=EVAL_HELP)
