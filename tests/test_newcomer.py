@@ -138,9 +138,12 @@ def test_the_default_threads_leave_the_pipeline_its_cores(monkeypatch):
     from pipelines.core.threads import BUSY, default_threads, physical_cores
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert physical_cores() <= (os.cpu_count() or 1)
     for command, busy in BUSY.items():
         assert default_threads(command) == max(1, physical_cores() - busy)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's ranks on this host share its cores
+    assert default_threads("teacher") == max(1, physical_cores() // 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own choice wins over the default
     assert default_threads("dump") == 3
 

@@ -180,6 +180,9 @@ def sweep_cmd(
     student_base: str = typer.Option(None, help="bert<k>: checkpoint whose first k layers start the students."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     device: str = typer.Option(None, help="torch device of every run [default: cuda when available, else cpu]."),
+    threads: int = typer.Option(
+        None, "--threads", help="torch CPU threads of each run [default: as hsk train; with --workers, cores / "
+        "workers]."),
     keep_going: bool = typer.Option(True, "--keep-going/--fail-fast", help="Go on after a failed run."),
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep each finished run's checkpoint/ (optimizer state); best/ is kept."
@@ -187,6 +190,9 @@ def sweep_cmd(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the planned runs (each checked against its store) and stores; run nothing."),
 ) -> None:
+    from pipelines.core.threads import check_threads
+
+    check_threads(threads)
     from pipelines.sweep.check import blocked_runs, refusal
     from pipelines.sweep.execute import SweepError, run_sweep
     from pipelines.sweep.plan import plan_runs
@@ -209,7 +215,7 @@ def sweep_cmd(
         source=source, configs=configs, students=_list(students, "student"), methods=_list(methods, "method"),
         seeds=_seeds(seeds), value_dtypes=tuple(_list(values, "value dtype")),
         train=train, work_dir=work_dir, results=results, data_dir=data_dir, per_amount=per_amount,
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=keep_checkpoints, threads=threads,
     )
     runs = plan_runs(spec)
     blocked = blocked_runs(spec, runs)

@@ -5,7 +5,8 @@ torch's own default is one thread per logical CPU; with the loader's, the tokeni
 threads on top, a CPU dump then runs more busy threads than there are cores, and on a shared machine the
 threads wait on each other (issue 39 measured 42-46 ex/s at torch's default against 161-190 with one
 thread on a loaded 2-core machine). The default here is the physical cores this process may run on, less
-the threads the command's own pipeline keeps busy (BUSY), at least 1. OMP_NUM_THREADS, when set, is the
+the threads the command's own pipeline keeps busy (BUSY), at least 1 (under torchrun, the host's cores
+are shared by its ranks first). OMP_NUM_THREADS, when set, is the
 user's choice and wins over the default; `--threads` wins over both.
 
 The thread count changes float bits on CPU (a training step's reductions; tested in tests/test_newcomer.py):
@@ -54,7 +55,9 @@ def default_threads(command: str) -> int:
     from_env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if from_env.isdigit() and int(from_env) > 0:
         return int(from_env)
-    return max(1, physical_cores() - BUSY.get(command, 0))
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")  # torchrun: the ranks on this host share its cores
+    per_rank = physical_cores() // max(1, int(ranks)) if ranks.isdigit() else physical_cores()
+    return max(1, per_rank - BUSY.get(command, 0))
 
 
 def check_threads(requested: int | None) -> None:

@@ -16,6 +16,9 @@ from hskstore.config import ConfigError, check_at_least
 if TYPE_CHECKING:  # the dump's options (torch-side); training options do not need them at runtime
     from pipelines.dump.stage import DumpOptions
 
+# TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
+_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -63,7 +66,7 @@ class TrainOptions:
             "eval_batch_size": 1, "threads": 1,
         }
         for name, low in at_least.items():
-            flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
+            flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(

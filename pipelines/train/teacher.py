@@ -287,7 +287,7 @@ def fine_tune_teacher(
 
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
-                   train_limit=train_limit, eval_limit=eval_limit)
+                   limit=train_limit, eval_limit=eval_limit)  # named as the CLI names them
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
