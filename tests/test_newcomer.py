@@ -93,7 +93,7 @@ def test_one_name_per_concept_across_commands():
     assert row_caps == {"--limit", "--eval-limit", "--teacher-limit", "--dump-limit"}
     threads = {name for name, uses in seen.items() for _, o in uses if "torch CPU threads" in (o.help or "")}
     assert threads == {"--threads"}
-    assert {path for path, _ in seen["--threads"]} >= {"dump", "train", "teacher", "eval", "quickstart"}
+    assert {path for path, _ in seen["--threads"]} == {"dump", "train", "teacher", "eval", "quickstart", "sweep"}
     for _, option in seen["--workers"]:  # dask worker processes, wherever it appears
         assert "dask" in option.help or "cluster" in option.help, option.help
     assert {path for path, _ in seen["--store"]} == {"train", "sweep"}
