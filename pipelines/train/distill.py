@@ -48,7 +48,7 @@ from pipelines.train.dev import find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
-from pipelines.train.options import TrainOptions, recorded_options
+from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.sources import (
     Source,
@@ -215,7 +215,7 @@ def _identity(options: TrainOptions, student: str, source: Source, batch_size: i
         "method": method.name,
         "method_options": json.loads(json.dumps(asdict(method_options), default=str)),
         "batch_size": batch_size,  # resolved (the option may be None: the task's default)
-        "options": recorded_options(options),  # seed, --max-steps, CPU threads...: another schedule is another run
+        "options": run_options(options),  # seed, shuffle window, --max-steps, ...: another schedule is another run
     }
 
 
@@ -287,7 +287,7 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
             and (named.get("name") if isinstance(named, dict) else named) == student
             and json.loads(json.dumps(done.get("method_options"), default=str)) == wanted
-            and done.get("options", recorded_options(options)) == recorded_options(options))
+            and done.get("options", run_options(options)) == run_options(options))
 
 
 def _resume(checkpoints: Checkpoints, options: TrainOptions, out: Path, log: Callable, same_finished: Callable,
@@ -452,13 +452,14 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         store_content_address=getattr(source.store, "content_address", None),
         stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}] if offline
         else [],
-        method=parts.method.name, method_options=asdict(parts.method_options), options=recorded_options(run.options),
+        method=parts.method.name, method_options=asdict(parts.method_options), options=run_options(run.options),
         plan=[stage.describe() for stage in run.stages], student=run.student.info.describe(),
         student_init=run.student.info.init, stages=run.stage_results, steps=pos.global_step, examples=pos.examples_seen,
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
         model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
-        world_size=run.ranks.world_size, warnings=warnings, **_task_fields(run, parts),
+        world_size=run.ranks.world_size, torch_threads=run.options.threads, warnings=warnings,
+        **_task_fields(run, parts),
     )
 
 

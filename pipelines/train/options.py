@@ -44,8 +44,7 @@ class TrainOptions:
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads (the CLI's --read-threads)
-    # torch CPU threads the run computes with, when the CLI set them on a CPU run (None: not set or not a CPU
-    # run): on CPU a training step's bits depend on it, so recorded_options adds it to the run's identity
+    # torch CPU threads the CLI set for a CPU run (None: not set, or not a CPU run): recorded in the summary
     threads: int | None = field(default=None, metadata=_NO)
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
@@ -83,10 +82,3 @@ def run_options(options: TrainOptions) -> dict[str, Any]:
     """The result fields beyond the method and its options (which are recorded on their own): what a
     rerun must share with a finished or checkpointed run to be that run (--max-steps, --eval-limit, ...)."""
     return {name: getattr(options, name) for name in result_fields() if name not in ("method", "method_options")}
-
-
-def recorded_options(options: TrainOptions) -> dict[str, Any]:
-    """`run_options` plus the CPU thread count when one was set: what a run's identity and summary record. Kept
-    out of the result fields so that the sweep's run ids (which set threads per host) do not change."""
-    threads = {"threads": options.threads} if options.threads is not None else {}
-    return {**run_options(options), **threads}

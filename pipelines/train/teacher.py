@@ -127,7 +127,8 @@ def _dev_sets(task: Task, data_dir, data_file, limit, log) -> dict[str, Examples
 
 
 def _cpu_threads(device: str | torch.device) -> dict:
-    """On CPU a training step's bits depend on torch's thread count: part of the run's identity and card."""
+    """On CPU a training step's last bits depend on torch's thread count: the card records it (not the resume
+    identity: as for `hsk train`, a run may resume under another count)."""
     return {"torch_threads": torch.get_num_threads()} if torch.device(device).type == "cpu" else {}
 
 
@@ -307,7 +308,7 @@ def fine_tune_teacher(
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
-                "batch_size": batch_size, "seed": seed, "max_length": max_length, **_cpu_threads(device)}
+                "batch_size": batch_size, "seed": seed, "max_length": max_length}
     run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
