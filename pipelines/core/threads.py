@@ -11,9 +11,11 @@ user's choice and wins over the default; `--threads` wins over both.
 
 The thread count changes float bits on CPU: checked by hand on torch 2.13 (CPU build), the logits after
 one AdamW step of a 3-layer, 384-wide BERT differ in the last bits between 1, 2 and 4 threads (the forward
-alone did not, for that model). So a dump records it in the store's `compute` record, a CPU training run
-in its identity and `hsk teacher` in its card: a resume with another count is refused instead of giving
-bytes an uninterrupted run would not.
+alone did not, for that model). A dump records it in the store's `compute` record, and a resume with
+another count is refused (a store's bytes equal an uninterrupted dump's). A CPU training run records it in
+its summary (`torch_threads`) and `hsk teacher` in its card, as the rank count is recorded: neither is
+part of a run's identity, since runs resume elastically under another rank count, which changes the last
+bits as well.
 
 torch is imported only by `use_threads`: the CLI's help text is read before torch is.
 """
