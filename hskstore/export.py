@@ -12,6 +12,10 @@ One row per example, one column per store array, named by its path with "/" as "
   (`datasets`' numpy format widens integers to int64: the uint64 `text_hash` shows the same bits
   as int64; its features and the arrow/python views keep uint64).
 
+The `datasets.IterableDataset` differs in one column: its `text_hash` is int64 with the same bits
+(`.view(np.uint64)` gives the hash back), because torch has no uint64 tensors and `datasets` refuses to
+narrow one (`with_format("torch")` would fail with "Overflow when unpacking long long").
+
 Every shard is read digest-checked. The file is written under a temporary name beside OUT and
 renamed in, following the output rule for files (`hskstore.outputs.claim_file_output`); its schema
 metadata (`hsk_export`) names the store's content address. pyarrow is an hskstore dependency;
@@ -111,22 +115,34 @@ def export_parquet(url: str, out: str, *, overwrite: bool = False, progress=None
     return ExportResult(str(path), len(store), len(schema.names), path.stat().st_size)
 
 
+# Columns the iterable dataset gives as int64 with the same bits: torch has no uint64 tensors.
+_AS_INT64 = ("text_hash",)
+
+
+def _signed(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: array.view(np.int64) if name in _AS_INT64 and array.dtype == np.uint64 else array
+            for name, array in columns.items()}
+
+
 def rows(url: str) -> Iterator[dict[str, np.ndarray]]:
-    """The store's examples in order, as the export's columns (every shard digest-checked)."""
+    """The store's examples in order, as the iterable dataset's columns (every shard digest-checked)."""
     store = open_store(url)
     for shard in range(store.n_shards):
-        columns = shard_columns(store, store.read_shard(shard, verify=True))
+        columns = _signed(shard_columns(store, store.read_shard(shard, verify=True)))
         n = len(next(iter(columns.values())))
         for i in range(n):
             yield {name: array[i] for name, array in columns.items()}
 
 
 def iterable_dataset(url: str):
-    """A `datasets.IterableDataset` over the store (decoded rows, digest-checked), typed like the Parquet export.
+    """A `datasets.IterableDataset` over the store (decoded rows, digest-checked), typed like the Parquet export
+    except `text_hash`: int64 with the same bits, so that every format works.
 
     For the Hugging Face Trainer: `iterable_dataset("sst2.zarr").with_format("torch")`.
     """
     import datasets  # only here: hskstore itself does not need datasets
 
-    features = datasets.Features.from_arrow_schema(arrow_schema(open_store(url)))
+    store = open_store(url)
+    first = _signed(shard_columns(store, store.read(slice(0, min(1, len(store))))))
+    features = datasets.Features.from_arrow_schema(arrow_table(first).schema)
     return datasets.IterableDataset.from_generator(rows, features=features, gen_kwargs={"url": str(url)})

@@ -120,7 +120,7 @@ _HOW_TO_PASS = {
     "max_length": "--max-length {}",
     "batch_size": "--batch-size {}",
     "device": "--device {}",
-    "torch_threads": "{} torch threads (OMP_NUM_THREADS={}, or --threads-per-worker {} with --workers)",
+    "torch_threads": "{} torch threads (--threads {})",
 }
 
 

@@ -54,7 +54,7 @@ def quickstart(
         log(f"[1/4] teacher already at {teacher_dir}")
     else:
         log(
-            f"[1/4] hsk teacher --task {task} --base {base} --train-limit {teacher_examples} --epochs 1"
+            f"[1/4] hsk teacher --task {task} --base {base} --limit {teacher_examples} --epochs 1"
             f"{data_flag} --out {teacher_dir}"
         )
         fine_tune_teacher(

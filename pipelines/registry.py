@@ -248,6 +248,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
 # The method registry (pipelines.methods registers the built-in methods when imported)
 
 _REGISTRY: dict[str, Method] = {}
+_FROM_PACKAGE: dict[str, str] = {}  # method name -> the installed package whose `hsk.methods` entry point added it
+_PLUGINS_LOADED = False
 
 
 def register(method: Method) -> Method:
@@ -258,13 +260,45 @@ def register(method: Method) -> Method:
     return method
 
 
+def load_plugins() -> None:
+    """Register the methods of installed packages (entry point group `hsk.methods`, hskstore.plugins), once.
+
+    An entry point names a module (its import registers its methods) or a `Method` (registered here)."""
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED = True
+    from hskstore.plugins import METHODS, PluginError, plugins
+
+    for plugin in plugins(METHODS):
+        before = set(_REGISTRY)
+        try:
+            loaded = plugin.load()
+            if isinstance(loaded, Method):
+                register(loaded)
+        except ValueError as exc:  # register(): the name is taken
+            raise PluginError(f"{plugin.package}: {exc}; uninstall one of the two") from None
+        for name in set(_REGISTRY) - before:
+            _FROM_PACKAGE[name] = plugin.package
+
+
+def method_package(name: str) -> str | None:
+    """The installed package a method comes from (None: built into hsk)."""
+    return _FROM_PACKAGE.get(name)
+
+
 def get_method(name: str) -> Method:
-    """The registered method called `name` (what `hsk train --method` takes)."""
+    """The registered method called `name` (what `hsk train --method` takes); installed packages' methods
+    are loaded the first time a name is not a built-in one."""
     key = name.strip().lower()
+    if key not in _REGISTRY:
+        load_plugins()
     if key not in _REGISTRY:
         raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(_REGISTRY))} (see `hsk methods`)")
     return _REGISTRY[key]
 
 
 def all_methods() -> list[Method]:
+    """Every method: hsk's own and those of installed packages."""
+    load_plugins()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]

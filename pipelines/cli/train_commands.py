@@ -8,6 +8,7 @@ import typer
 
 from hskstore.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
 from hskstore.errors import UserError
+from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -56,7 +57,7 @@ Examples:
 
 \b
   hsk eval runs/qnli-tiny/best --task qnli --data-dir ../shared/data/glue
-  hsk eval runs/sst2/best --task sst2 --limit 200 --json
+  hsk eval runs/sst2/best --task sst2 --eval-limit 200 --json
 """
 
 
@@ -106,10 +107,12 @@ def train(
     ptp_t2: float = typer.Option(None, help="pea: PTP confidence threshold of wrong predictions [default: per task]."),
     set_: list[str] = typer.Option(None, "--set", help="Any method option as NAME=VALUE (repeatable)."),  # noqa: B008
     batch_size: int = typer.Option(None, help="Batch size [default: 32; 64 for QNLI, MNLI, QQP]."),
-    seed: int = typer.Option(42, help="Seed of the student init, dropout and data order."),
+    seed: int = typer.Option(0, help="Seed of the student init, dropout and data order."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
-    workers: int = typer.Option(2, help="Store reading threads."),
-    read_ahead: int = typer.Option(0, help="Shards read ahead [default: one per --workers]; more hides S3 latency."),
+    read_threads: int = typer.Option(2, "--read-threads", help="Threads reading (and decoding) store shards."),
+    read_ahead: int = typer.Option(
+        0, help="Shards read ahead [default: one per --read-threads]; more hides S3 latency."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
     shuffle_window: int = typer.Option(4, help="Shards whose rows are shuffled together (data order; memory)."),
     max_steps: int = typer.Option(None, help="Cap on optimizer steps per stage."),
     eval_every: int = typer.Option(None, help="Evaluate every N steps of stages that keep the best checkpoint."),
@@ -126,7 +129,7 @@ def train(
     ),
     task: str = typer.Option(None, help="Online mode: the GLUE task to train on."),
     config: str = typer.Option(None, help="Online mode: ND,NL,W of the targets, e.g. 1,9,0.1."),
-    train_limit: int = typer.Option(None, help="Online mode: first N training examples."),
+    train_limit: int = typer.Option(None, "--limit", help="Online mode: first N training examples."),
     shard_rows: int = typer.Option(
         SHARD_ROWS.default, help="Online mode: rows per shard (match the dump for the same order)."),
     student_layers: int = typer.Option(
@@ -154,6 +157,8 @@ def train(
     chosen = method_options(dict(stages=stages, epochs_hsk=epochs_hsk, epochs_pred=epochs_pred, lr_hsk=lr_hsk,
                                  lr_pred=lr_pred, temperature=temperature, alpha=alpha, hsk_loss=hsk_loss,
                                  epochs=epochs, lr=lr, beta=beta, ptp_t1=ptp_t1, ptp_t2=ptp_t2, lam=lam), set_)
+    check_threads(threads)
+    from pipelines.core.devices import pick_device
     from pipelines.dump.stage import DumpOptions
     from pipelines.train.ddp import env_rank
     from pipelines.train.distill import train as run_train
@@ -164,9 +169,11 @@ def train(
     if online_mode and parsed is not None:
         online = DumpOptions(config=parsed, shard_rows=shard_rows, ref_student_layers=student_layers,
                              l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
+    used = use_threads(threads, "train")
+    on_cpu = pick_device(device).split(":")[0] == "cpu"  # only there do a step's bits depend on the threads
     options = TrainOptions(
-        method=method, method_options=chosen, batch_size=batch_size, seed=seed,
-        device=device, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
+        method=method, method_options=chosen, batch_size=batch_size, seed=seed, threads=used if on_cpu else None,
+        device=device, workers=read_threads, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
         eval_limit=eval_limit, read_ahead=read_ahead,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,
@@ -186,19 +193,23 @@ def train(
 
 METHODS_HELP = """List the distillation methods `hsk train --method` takes: one line each, and what its store must hold.
 
-Each method is described in docs/methods/<name>.md with the paper it comes from.
+Each method is described in docs/methods/<name>.md with the paper it comes from. Methods of installed
+packages (entry point group hsk.methods: docs/methods/adding-a-method.md) are listed too, with their package.
 """
 
 
 @app.command("methods", help=METHODS_HELP)
 def methods_cmd() -> None:
     from pipelines.methods import all_methods
+    from pipelines.registry import method_package
 
     methods = all_methods()
     width = max(len(m.name) for m in methods) + 2
     for m in methods:
         typer.echo(f"{m.name:<{width}}{m.summary}")
         typer.echo(f"{'':<{width}}store: {m.store_needs}")
+        if method_package(m.name):
+            typer.echo(f"{'':<{width}}from: {method_package(m.name)} (an installed package's hsk.methods entry point)")
 
 
 @app.command("eval", help=EVAL_HELP)
@@ -210,14 +221,18 @@ def eval_(
     batch_size: int = typer.Option(64, help="Evaluation batch size."),
     max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
-    limit: int = typer.Option(None, help="Evaluate on the first N examples only."),
+    limit: int = typer.Option(None, "--eval-limit", help="Evaluate on the first N examples only."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     allow_task_mismatch: bool = typer.Option(
         False, "--allow-task-mismatch", help="Evaluate a model whose labels or task say it was made for another task."
     ),
 ) -> None:
+    check_threads(threads)
     from pipelines.core.devices import pick_device
     from pipelines.train.evaluate import evaluate_model
+
+    use_threads(threads, "eval")
 
     result = evaluate_model(
         model,

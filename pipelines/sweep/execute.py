@@ -137,6 +137,9 @@ def _needed_stores(runs: list[PlannedRun]) -> list[tuple[str, str | None]]:
 
 
 def _run_local(pending: list[PlannedRun], spec: SweepSpec, log: Log, keep_going: bool) -> Failures:
+    from pipelines.core.threads import use_threads
+
+    use_threads(spec.threads, "train")  # as `hsk train` would: the readers keep a core busy
     failures: Failures = []
     for store_config, dtype in _needed_stores(pending):
         ensure_store(spec, store_config, dtype, log=log)
@@ -177,7 +180,7 @@ def _train_task(run: PlannedRun, spec: SweepSpec, threads_per_host: dict[str, in
 
     host = _host(get_worker().address)
     # Dask starts workers with OMP_NUM_THREADS=1; give each run its share of the machine instead.
-    torch.set_num_threads(max(1, threads_per_host.get(host, 1)))
+    torch.set_num_threads(spec.threads or max(1, threads_per_host.get(host, 1)))
     hf_logging.disable_progress_bar()  # a worker's stderr is no terminal: no load bars there
     return run_one(run, spec)
 

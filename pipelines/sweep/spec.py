@@ -70,6 +70,9 @@ class SweepSpec:
     # A finished run's checkpoint/ (model + optimizer state, ~3x the model) is deleted once its row
     # exists; best/ (the student, plain transformers format) is kept either way.
     keep_checkpoints: bool = False
+    # torch CPU threads of each run (None: hsk train's default in this process; with dask, the worker's
+    # share of its host's cores). Not part of a run's id: a sweep's rows are compared across machines.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         self.source = str(self.source)

@@ -16,6 +16,9 @@ from hskstore.config import ConfigError, check_at_least
 if TYPE_CHECKING:  # the dump's options (torch-side); training options do not need them at runtime
     from pipelines.dump.stage import DumpOptions
 
+# TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
+_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -40,7 +43,9 @@ class TrainOptions:
     teacher: str | None = field(default=None, metadata=_NO)  # override of the store's teacher path (hash-checked)
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
-    workers: int = field(default=2, metadata=_NO)  # stream prefetch threads
+    workers: int = field(default=2, metadata=_NO)  # stream prefetch threads (the CLI's --read-threads)
+    # torch CPU threads the CLI set for a CPU run (None: not set, or not a CPU run): recorded in the summary
+    threads: int | None = field(default=None, metadata=_NO)
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
     checkpoint_every: int = field(default=500, metadata=_NO)
@@ -57,10 +62,10 @@ class TrainOptions:
         at_least = {
             "batch_size": 1, "max_steps": 1, "eval_every": 1, "eval_limit": 1, "train_limit": 1,
             "buffer_shards": 1, "workers": 0, "read_ahead": 0, "log_every": 1, "checkpoint_every": 1,
-            "eval_batch_size": 1,
+            "eval_batch_size": 1, "threads": 1,
         }
         for name, low in at_least.items():
-            flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
+            flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(

@@ -75,7 +75,7 @@ class RositaShape:
     def check(self, config: Any) -> None:
         """ConfigError (one line, says what to pass) unless the teacher can be cut to this shape."""
         limits = {
-            "--layers": (self.layers, 1, config.num_hidden_layers),
+            "--student-layers": (self.layers, 1, config.num_hidden_layers),
             "--heads": (self.heads, 1, config.num_attention_heads),
             "--ffn": (self.ffn, 1, config.intermediate_size),
             "--emb-rank": (self.emb_rank, 0, min(config.vocab_size, config.hidden_size)),

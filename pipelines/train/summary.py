@@ -45,6 +45,10 @@ class RunSummary:
     config: str | None = None  # the store's HSK config
     batch_size: int = 0  # the global batch
     world_size: int = 1  # torchrun ranks
+    # torch CPU threads of a CPU run started by `hsk train` (None: a GPU run, or the Python API's own setting).
+    # Recorded, not part of the run's identity: like the rank count, it changes the last bits, and a run
+    # resumes under another count (elastic resume) with results equal to rounding.
+    torch_threads: int | None = None
     warnings: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:

@@ -126,6 +126,12 @@ def _dev_sets(task: Task, data_dir, data_file, limit, log) -> dict[str, Examples
     return dev_sets
 
 
+def _cpu_threads(device: str | torch.device) -> dict:
+    """On CPU a training step's last bits depend on torch's thread count: the card records it (not the resume
+    identity: as for `hsk train`, a run may resume under another count)."""
+    return {"torch_threads": torch.get_num_threads()} if torch.device(device).type == "cpu" else {}
+
+
 def _base_model(task: Task, base: str, seed: int, device, log=print):
     torch.manual_seed(seed)  # the fresh classification head is drawn from this
     model = load_classifier(base, num_labels=task.num_labels, device=device, log=log)
@@ -230,7 +236,7 @@ def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work:
         "epochs": settings["epochs"],
         "steps": run.position.global_step,
         **{k: settings[k] for k in ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
-                                   "device", "max_length")},
+                                   "device", "max_length", "torch_threads") if k in settings},
         "train_examples": len(train),
         "train_source": train.source,
         "train_fingerprint": train.fingerprint,
@@ -282,7 +288,7 @@ def fine_tune_teacher(
 
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
-                   train_limit=train_limit, eval_limit=eval_limit)
+                   limit=train_limit, eval_limit=eval_limit)  # named as the CLI names them
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
@@ -306,7 +312,7 @@ def fine_tune_teacher(
     run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
-                "max_length": max_length}
+                "max_length": max_length, **_cpu_threads(device)}
     summary = _card(task, base, base_hash, tokenizer, run, work, train, dev_sets, settings, log)
     summary["train_seconds"] = round(time.perf_counter() - started, 2)
     summary["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
