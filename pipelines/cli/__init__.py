@@ -26,6 +26,7 @@ from . import (
     train_commands,
 )
 from .quiet import quiet_libraries
+from .types import typed
 
 app = typer.Typer(
     name="hsk",
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                "local path or a storage URL such as s3://bucket/store.zarr")
         return 2
     try:
-        app(args=argv, prog_name="hsk")  # standalone: Typer handles --help and usage errors itself
+        typed(app)(args=argv, prog_name="hsk")  # standalone: click handles --help and usage errors itself
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 130 and _from_ctrl_c(exc):  # Typer turns Ctrl-C into exit 130, silently
