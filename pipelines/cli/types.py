@@ -4,9 +4,11 @@ Typer reads `float` options with Python's float(), which takes 'inf' and 'nan' (
 options without bounds. Neither makes sense for any hsk option: a learning rate of inf trains a NaN
 student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command with
 every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`) in
-0..2**32-1. A bad value is one `hsk: error:` line before anything is imported or written, and option
-declarations stay plain Python types. Ranges particular to one option (a learning rate > 0, --alpha in
-[0, 1]) are checked where its meaning lives (the method's options, hskstore.config's bounds).
+0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path it
+names, so that every command writes it as it writes that path. A bad value is one `hsk: error:` line before anything is
+imported or written, and option declarations stay plain Python types. Ranges particular to one option
+(a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives (the method's options,
+hskstore.config's bounds).
 """
 
 from __future__ import annotations
@@ -27,19 +29,23 @@ def check_seed(flag: str, value: int) -> None:
         raise UserError(f"{flag} takes a seed in 0..{SEED_MAX}, got {value}")
 
 
-def check_value(flag: str, name: str, value: object) -> None:
-    """The rules of the module docstring for one parsed option value."""
+def read_value(flag: str, name: str, value):
+    """One parsed option value under the rules of the module docstring; a file:// URL becomes its local path."""
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{flag} takes a finite number, got {value}")
     if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
         check_seed(flag, value)
+    if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
+        raise UserError(f"{flag} needs a value, got {value!r}")
+    if isinstance(value, str) and value[:7].lower() == "file://":
+        return value[7:]  # as hskstore.location.local_path reads it (not imported here: fsspec and zarr are slow)
+    return value
 
 
 def _checked(callback, flags: dict[str, str]):
     @functools.wraps(callback)
     def run(*args, **kwargs):
-        for name, value in kwargs.items():
-            check_value(flags.get(name, name), name, value)
+        kwargs = {name: read_value(flags.get(name, name), name, value) for name, value in kwargs.items()}
         return callback(*args, **kwargs)
 
     return run
@@ -47,8 +53,8 @@ def _checked(callback, flags: dict[str, str]):
 
 def _flag(param) -> str:
     """The option's first long name (the one the help shows first; aliases come after it)."""
-    opts = list(getattr(param, "opts", None) or [])
-    return next((o for o in opts if o.startswith("--")), opts[0] if opts else param.name)
+    opts = [o for o in getattr(param, "opts", None) or [] if o.startswith("--")]
+    return opts[0] if opts else str(param.name).upper()  # an argument: as the usage line names it
 
 
 def _harden(command) -> None:
