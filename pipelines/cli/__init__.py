@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     code = main()
     if code == 2 and not os.environ.get("HSK_DEBUG"):
-        # After the one line that says what to do, what an object store client stopped midway leaves behind
-        # (coroutines Python reports as "Exception ignored in ..." when it collects them at exit) is noise.
+        # After the one line that says what to do, what zarr's or an object store client's concurrent reads
+        # stopped midway leave behind is noise: coroutines Python reports as "Exception ignored in ..." and
+        # tasks asyncio logs as "Task exception was never retrieved" when they are collected at exit.
         sys.unraisablehook = lambda unraisable: None
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
     sys.exit(code)
