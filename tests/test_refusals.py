@@ -5,6 +5,13 @@ followed. Each through the real CLI, with the user's folder hashed before and af
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -89,3 +96,119 @@ def test_a_reference_student_deeper_than_the_teacher_is_refused_and_the_advice_w
     capsys.readouterr()
     assert main(["info", str(tmp_path / "s.zarr")]) == 0
     assert "teacher [1, 2, 3]" in capsys.readouterr().out  # three distinct teacher layers
+
+
+# -- issue 34 item 10: one line, nothing left behind ----------------------------------------------------------
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hsk(*args: str, env: dict | None = None, cwd: Path | None = None) -> tuple[int, str]:
+    """`hsk ARGS` as a user runs it (a new process: what Python prints at exit is seen too); env values None
+    are unset. Returns (exit status, stdout + stderr)."""
+    full = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    full.update({k: v for k, v in (env or {}).items() if v is not None})
+    for key in [k for k, v in (env or {}).items() if v is None] + ["HSK_DEBUG"]:
+        full.pop(key, None)
+    proc = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", *args], env=full, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def only_line(code: int, text: str, *words: str) -> str:
+    assert code == 2, text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hsk: error: "), text
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_file_urls_are_written_as_the_local_path(store, teacher, glue_dir, tmp_path, capsys):
+    out, derived = tmp_path / "f.zarr", tmp_path / "d.zarr"
+    assert main(dump_args(teacher, glue_dir, f"file://{out}")) == 0
+    assert main(["derive", f"file://{out}", "--config", "1,4,0.25", "--out", f"file://{derived}"]) == 0
+    assert main(["verify", str(derived)]) == 0 and main(["verify", f"file://{out}"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.zarr", "f.zarr"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--out", "ftp://nonexistent.invalid/s.zarr"], ["storage host is unknown", "host name"]),
+    (["--device", "meta", "--out", "o.zarr"], ["--device meta", "cpu, cuda"]),
+    (["--scheduler", "bogus://x", "--out", "o.zarr"], ["--scheduler 'bogus://x' is not a dask scheduler address"]),
+    (["--out", ""], ["--out needs a value"]),
+])
+def test_plausible_dump_mistakes_are_one_line_and_leave_nothing(teacher, glue_dir, tmp_path, extra, words):
+    (tmp_path / "keep.txt").write_text("the user's file")
+    before = folder_hashes(tmp_path)
+    args = [a for a in dump_args(teacher, glue_dir, "unused") if a not in ("--out", "unused")]
+    only_line(*hsk(*args, *extra, cwd=tmp_path), *words)
+    assert folder_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize("student, words", [("sps0", ["student sps0", "at least one layer", "sps3"]),
+                                            ("bert0", ["student bert0", "bert3"]),
+                                            ("bert9", ["bert9 needs 1..4 layers"])])
+def test_a_student_of_no_layers_or_too_many_is_one_line_without_a_wrong_hint(store, glue_dir, tmp_path, capsys,
+                                                                               student, words):
+    before = folder_hashes(tmp_path)
+    line = one_line(capsys, main(["train", "--store", str(store), "--student", student, "--out",
+                                  str(tmp_path / "run"), "--device", "cpu", "--data-dir", str(glue_dir)]), *words)
+    assert "moved" not in line  # the teacher is where the store says: nothing moved
+    assert folder_hashes(tmp_path) == before
+
+
+def test_pack_to_an_empty_name_and_a_catalog_of_an_unknown_scheme_are_one_line(store, tmp_path, capsys,
+                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before, store_before = folder_hashes(tmp_path), folder_hashes(store)
+    one_line(capsys, main(["pack", str(store), ""]), "OUT needs a value")
+    one_line(capsys, main(["catalog", "bogus://x"]), "unknown URL scheme bogus://")
+    assert folder_hashes(tmp_path) == before and folder_hashes(store) == store_before
+
+
+def test_a_croissant_that_is_not_json_is_rendered_again_by_the_rerun(store, teacher, glue_dir, tmp_path, capsys):
+    copy = Path(shutil.copytree(store, tmp_path / "s.zarr"))
+    (copy / "croissant.json").write_text("not json {")
+    assert main(dump_args(teacher, glue_dir, copy)) == 0
+    assert "restored croissant.json" in capsys.readouterr().out
+    assert json.loads((copy / "croissant.json").read_text()) == json.loads((store / "croissant.json").read_text())
+    assert main(["verify", str(copy)]) == 0
+
+
+def test_a_bundle_with_names_zarr_rejects_is_one_line_and_nothing_after_it(store, tmp_path):
+    bundle = tmp_path / "s.hsk.zip"
+    assert main(["pack", str(store), str(bundle)]) == 0
+    with zipfile.ZipFile(bundle, "a") as zf:
+        for name in ("/abs/zarr.json", "../up/zarr.json"):
+            zf.writestr(name, '{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    before = folder_hashes(tmp_path)
+    for command in (["info", str(bundle)], ["verify", str(bundle)], ["unpack", str(bundle), str(tmp_path / "u")]):
+        only_line(*hsk(*command), "damaged")  # no asyncio task reports after it
+    assert folder_hashes(tmp_path) == before
+
+
+# -- issue 34 item 12: object store errors say what is wrong ---------------------------------------------------
+
+
+def test_wrong_secret_and_unreachable_endpoint_are_named_and_the_store_is_not_called_damaged(
+        s3, teacher, glue_dir, tmp_path, capsys):
+    from s3_server import BUCKET
+
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/s.zarr"
+    assert main(dump_args(teacher, glue_dir, url)) == 0
+    capsys.readouterr()
+    (tmp_path / "keep.txt").write_text("the user's file")
+    before = folder_hashes(tmp_path)
+    commands = [["info", url], ["verify", url], ["catalog", url.rsplit("/", 1)[0]], ["export", url, "x.parquet"],
+                ["derive", url, "--config", "1,4,0.25", "--out", url + "-d"],
+                [*dump_args(teacher, glue_dir, url + "-2")],
+                ["train", "--store", url, "--student", "bert3", "--out", "run", "--no-eval", "--device", "cpu"]]
+    for env, words in (({"AWS_SECRET_ACCESS_KEY": "wrong"}, ["refused access (HTTP 403", "AWS_SECRET_ACCESS_KEY"]),
+                       ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, ["cannot be reached", "AWS_ENDPOINT_URL"])):
+        for command in commands:
+            line = only_line(*hsk(*command, env={**s3.env, **env, "AWS_PROFILE": None}, cwd=tmp_path), *words)
+            assert "damaged" not in line
+    assert folder_hashes(tmp_path) == before
+    assert main(["verify", url]) == 0  # with the right secret the store is, as it was, complete and intact
