@@ -212,3 +212,45 @@ def test_wrong_secret_and_unreachable_endpoint_are_named_and_the_store_is_not_ca
             assert "damaged" not in line
     assert folder_hashes(tmp_path) == before
     assert main(["verify", url]) == 0  # with the right secret the store is, as it was, complete and intact
+
+
+# -- issue 34 item 14: `hsk upgrade` killed midway, croissant.json, and `hsk info` -------------------------------
+
+
+def test_upgrade_killed_after_its_metadata_is_finished_by_the_rerun(store, tmp_path, capsys):
+    old = Path(shutil.copytree(store, tmp_path / "s.zarr"))
+    doc = json.loads((old / "zarr.json").read_text())
+    meta = doc["attributes"]["hsk"]
+    meta["format_version"] = 1
+    del meta["manifest"]
+    (old / "zarr.json").write_text(json.dumps(doc))
+    for name in ("README.md", "croissant.json"):  # a format-1 store from before cards and Croissant
+        (old / name).unlink()
+    data = {k: v for k, v in folder_hashes(old).items() if not k.startswith(".") and k != "zarr.json"}
+
+    code, text = hsk("upgrade", str(old), env={"HSK_FAULT": "upgrade-after-metadata"})
+    assert code == 86, text  # killed between the metadata and the card
+    assert not (old / "README.md").exists() and not (old / "croissant.json").exists()
+    assert main(["upgrade", str(old)]) == 0
+    said = capsys.readouterr().out
+    assert "restored README.md and croissant.json" in said and "nothing to do" not in said
+    croissant = json.loads((old / "croissant.json").read_text())
+    assert croissant["@type"] == "sc:Dataset" and croissant["name"]
+    assert main(["upgrade", str(old)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert main(["info", str(old)]) == 0
+    assert "upgraded   from format v1 by hsk" in capsys.readouterr().out
+    assert main(["verify", str(old)]) == 0
+    after = {k: v for k, v in folder_hashes(old).items() if not k.startswith(".") and k not in
+             ("zarr.json", "README.md", "croissant.json")}
+    assert after == data  # the data is untouched
+
+
+def test_an_upgrade_writes_croissant_json(store, tmp_path, capsys):
+    old = Path(shutil.copytree(store, tmp_path / "s.zarr"))
+    doc = json.loads((old / "zarr.json").read_text())
+    del doc["attributes"]["hsk"]["manifest"]
+    (old / "zarr.json").write_text(json.dumps(doc))
+    (old / "croissant.json").unlink()
+    assert main(["upgrade", str(old)]) == 0
+    assert json.loads((old / "croissant.json").read_text())["name"]
