@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import fsspec
 
-from .errors import printable
+from .errors import StoreError, printable
 from .location import is_bundle, location, zip_problem
 from .meta import objective_of
 from .outputs import LEASE_NAME
@@ -194,6 +194,9 @@ def scan(location_url: str, cards: bool = False) -> list[Entry]:
     """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included).
     `cards`: also read each store's card (for the HTML page); otherwise only zarr.json is read."""
     top = location(location_url)
+    problem = top.problem()  # an unknown URL scheme, or one whose package is missing
+    if problem:
+        raise StoreError(problem)
     if not top.exists():
         raise FileNotFoundError(location_url)
     if top.is_file():  # a bundle named itself

@@ -115,8 +115,12 @@ class Bound:
         check_at_least(self.flag, value, self.low)
 
 
-STUDENT_LAYERS = Bound("--student-layers", "ref_student_layers", 4, 1,
-                       "Depth S of the reference student whose layer map picks layers.")
+# The reference student's depth when none is given. The flag's own default is None, so that a depth the user
+# chose can be told apart: one deeper than the teacher is refused (its map repeats teacher layers).
+REF_STUDENT_LAYERS = 4
+STUDENT_LAYERS = Bound("--student-layers", "ref_student_layers", None, 1,
+                       f"Depth S of the reference student whose layer map picks layers, at most the teacher's "
+                       f"depth [default: {REF_STUDENT_LAYERS}].")
 L_TOP = Bound("--l-top", "l_top", None, 1, "Top teacher layer of the layer map [default: round(10/12 * L)].")
 WIDTH_SEED = Bound("--width-seed", "width_seed", 0, 0, "Seed of the rand width mask.")
 MAX_LENGTH = Bound("--max-length", "max_length", None, 2,  # [CLS] and [SEP] at least
@@ -190,7 +194,7 @@ class Selection:
     teacher_layers: tuple[int, ...]  # kept teacher hidden states (0 = embedding output), one per entry
     student_entries: tuple[int, ...] | None  # reference student entries they serve (None: explicit list)
     ranking_layers: tuple[int, ...]  # teacher attention layer (1..L) that ranks the tokens of each entry
-    ref_student_layers: int | None = STUDENT_LAYERS.default
+    ref_student_layers: int | None = REF_STUDENT_LAYERS
     l_top: int | None = None
     token_strategy: str = TOKENS.default
     ranking_map: str = RANKING.default

@@ -237,9 +237,14 @@ def write_croissant(group: zarr.Group, meta: dict, names: list[str], url: str) -
 
 
 def read_croissant(group: zarr.Group) -> dict | None:
-    """The croissant.json of a store, or None (incomplete, or written by an older hsk)."""
+    """The croissant.json of a store, or None (incomplete, written by an older hsk, or not a JSON object: it is
+    rendered from the metadata, outside every checksum, so a damaged one is rendered again, never fatal)."""
     raw = _get(group, CROISSANT_NAME)
-    return None if raw is None else json.loads(raw)
+    try:
+        doc = None if raw is None else json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def dumps(doc: dict) -> str:

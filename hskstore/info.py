@@ -89,6 +89,7 @@ def format_mlm_report(store: MLMStore, report: dict) -> str:
     lines = [
         f"store      {store.url}",
         _status_line(meta, "   objective mlm"),
+        *_upgrade_lines(store.meta),
         f"corpus     rows {report['rows']}   source {meta.dataset.source}",
         f"teacher    {meta.teacher.name} ({meta.teacher.architecture})   weights {meta.teacher.weights_hash[:19]}",
         _tokenizer_line(meta),
@@ -174,6 +175,17 @@ def _status_line(meta: StoreMeta, objective: str = "") -> str:
             f"{objective}   hsk {meta.software_version or '?'}   created {meta.created or '?'}")
 
 
+def _upgrade_lines(meta: dict) -> list[str]:
+    """The `upgraded` line of a store `hsk upgrade` covered (none for others): from which format, when, by which
+    hsk. Its metadata was covered as it was then: nothing vouches for edits made before."""
+    done = meta.get("upgraded")
+    if not isinstance(done, dict):
+        return []
+    return [printable(f"upgraded   from format v{done.get('from_version', '?')} by hsk "
+                      f"{done.get('software_version') or '?'} at {done.get('at') or '?'} (its metadata as it was "
+                      "then is covered; check it)")]
+
+
 def _tokenizer_line(meta: StoreMeta) -> str:
     return (f"tokenizer  vocab {meta.tokenizer.vocab_size}   {meta.tokenizer.vocab_hash[:19]}"
             f"   max length {meta.max_length}")
@@ -210,6 +222,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
     lines = [
         f"store      {printable(store.url)}",
         _status_line(meta),
+        *_upgrade_lines(store.meta),
         f"address    {store.content_address or 'none (' + _no_address(store) + ')'}",
         f"task       {meta.task.name} / {meta.task.split}   rows {report['rows']}"
         f"   source {printable(meta.dataset.source)}",

@@ -20,8 +20,14 @@ def default_l_top(teacher_layers: int) -> int:
     return max(1, round(10 * teacher_layers / 12))
 
 
-def kept_entries(n_keep: int, n_student: int) -> list[int]:
+def kept_entries(n_keep: int, n_student: int, teacher_layers: int | None = None) -> list[int]:
     """'Keep N^D layers' keeps the last N^D student entries; the embedding only when N^D = S + 1."""
+    if teacher_layers is not None and n_keep > teacher_layers + 1:  # no deeper student can help (dump refuses it)
+        raise ConfigError(
+            f"N^D={n_keep} layers asked for, but a {teacher_layers}-layer teacher has only {teacher_layers + 1} "
+            f"hidden states (embeddings + {teacher_layers} layers): keep at most N^D={teacher_layers + 1} (with "
+            f"--student-layers {teacher_layers}, or --layers listing them)"
+        )
     if n_keep > n_student + 1:
         raise ConfigError(
             f"N^D={n_keep} layers asked for, but a {n_student}-layer reference student has only "
@@ -70,7 +76,7 @@ def select_depth(
     l_top = default_l_top(teacher_num_layers) if l_top is None else l_top
     if not 1 <= l_top <= teacher_num_layers:
         raise ConfigError(f"L_top={l_top} must be between 1 and the teacher's {teacher_num_layers} layers")
-    entries = kept_entries(n_keep, ref_student_layers)
+    entries = kept_entries(n_keep, ref_student_layers, teacher_num_layers)
     gmap = layer_map(ref_student_layers, l_top)
     layers = [gmap[s] for s in entries]
     if ranking_map == "ltop12":
@@ -79,6 +85,23 @@ def select_depth(
     else:
         ranking = [max(1, j) for j in layers]
     return layers, entries, ranking
+
+
+def check_chosen_depth(n_keep: int, teacher_num_layers: int, chosen: int, l_top: int | None,
+                       kept: list[int]) -> None:
+    """Refuse a reference student depth the user chose deeper than the teacher: its map keeps teacher layers
+    more than once, and the store would hold copies, not the layers it names. The advice is the deepest depth
+    up to the teacher's that keeps N^D distinct layers (else the teacher's depth)."""
+    if chosen <= teacher_num_layers:
+        return
+    l_top = default_l_top(teacher_num_layers) if l_top is None else l_top
+    fits = [s for s in range(max(1, n_keep - 1), teacher_num_layers + 1)
+            if len(set(layer_map(s, l_top)[s + 1 - n_keep:])) == n_keep]
+    raise ConfigError(
+        f"--student-layers {chosen} is deeper than the teacher's {teacher_num_layers} layers"
+        f"{f' (its map keeps teacher layers {kept}: copies)' if len(set(kept)) < len(kept) else ''}: pass "
+        f"--student-layers {fits[-1] if fits else teacher_num_layers}"
+    )
 
 
 def student_to_store_layers(

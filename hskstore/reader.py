@@ -9,6 +9,7 @@ import numpy as np
 import zarr
 
 from . import card, codec, info
+from .access import raise_if_access
 from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
@@ -94,6 +95,7 @@ def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
     except FileNotFoundError:
         raise StoreError(f"no store at {url}: check the path (make one with `hsk dump`)") from None
     except Exception as exc:
+        raise_if_access(exc, url)  # a healthy store behind a wrong secret or endpoint is not damaged
         raise CorruptStoreError(
             f"{url} cannot be opened as a zarr store ({exc}): it is damaged"
         ) from exc
@@ -184,6 +186,7 @@ class HSKStore:
         try:
             return list_arrays(self.group)
         except Exception as exc:
+            raise_if_access(exc, self.url)
             raise CorruptStoreError(f"{self.url}: array metadata cannot be read ({exc}): the store is "
                                     "damaged") from None
 
@@ -424,6 +427,7 @@ class HSKStore:
             except CorruptStoreError as exc:
                 problems.append(str(exc))
             except Exception as exc:  # an undecodable digest record, say
+                raise_if_access(exc, self.url)
                 problems.append(f"shard {shard} cannot be checked ({exc.__class__.__name__}: {exc})")
         if complete:
             problems += self._checksum_problems()

@@ -67,7 +67,7 @@ from .shard_codec import ShardLayout
 from .zarr_adapter import put_shard
 
 FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap",
-                "between-swap-renames")
+                "between-swap-renames", "upgrade-after-metadata")
 FAULT_EXIT = 86  # what outputs.fault exits with
 
 
@@ -317,18 +317,22 @@ class StoreWriter:
     def complete(self) -> bool:
         return bool(self.meta.get("complete"))
 
-    def repair_card(self, log=None) -> None:
+    def repair_card(self, log=None) -> tuple[str, ...]:
         """Write what is rendered from the metadata of a complete store that lacks it (a writer killed between
-        its metadata and its card or croissant.json)."""
+        its metadata and its card or croissant.json); the names of the files written."""
         names = [spec.name for spec in self.specs]
+        restored = []
         if read_card(self.group) is None:
             write_store_card(self.group, self.meta, names, self.url)
+            restored.append(CARD_NAME)
             if log is not None:
                 log(f"restored the card {CARD_NAME} of {self.url} (derived from its metadata)")
         if read_croissant(self.group) is None:
             write_croissant(self.group, self.meta, names, self.url)
+            restored.append(CROISSANT_NAME)
             if log is not None:
                 log(f"restored {CROISSANT_NAME} of {self.url} (derived from its metadata)")
+        return tuple(restored)
 
     @property
     def n_shards(self) -> int:
@@ -480,6 +484,7 @@ class Upgrade:
     from_version: int
     content_address: str
     changed: bool  # False: the store already had a manifest
+    restored: tuple[str, ...] = ()  # files rendered from the metadata that were missing (an upgrade killed midway)
 
 
 def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
@@ -498,8 +503,10 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
     try:
         store = HSKStore(url, allow_unverified=True)
         version = store.meta["format_version"]
-        if store.content_address is not None:
-            return Upgrade(url, version, store.content_address, changed=False)
+        if store.content_address is not None:  # covered already: finish what a killed upgrade left undone
+            writer = StoreWriter(url, store.meta)
+            restored = writer.repair_card()
+            return Upgrade(url, version, store.content_address, changed=False, restored=restored)
         problems = store.verify()
         if problems:
             raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
@@ -511,7 +518,9 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
         meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
         lease.check()
         group.attrs[META_KEY] = meta
+        _fault("upgrade-after-metadata")  # a kill here leaves the card and croissant.json to the rerun
         write_store_card(group, meta, list(store.specs), url)
+        write_croissant(group, meta, list(store.specs), url)  # after zarr.json: it records its fingerprint
         return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
     finally:
         lease.release()

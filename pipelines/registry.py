@@ -25,6 +25,7 @@ with `declare_loss_term` and implements it with pipelines.train.losses.loss_term
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -207,7 +208,11 @@ class Method:
             raise MethodError(
                 f"method {self.name} has no option {', '.join(unknown)}; its options: {', '.join(sorted(known))}"
             )
-        return self.options(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
+        coerced = {k: _coerce(k, v, hints[k]) for k, v in values.items()}
+        for name, value in coerced.items():  # --set lr=inf reaches here past the command line's check
+            if isinstance(value, float) and not math.isfinite(value):
+                raise MethodError(f"option {name} takes a finite number, got {value}")
+        return self.options(**coerced)
 
     def stages(self, options: Any, ctx: Context) -> list[Stage]:
         """Check the store against the method, then build its stages."""

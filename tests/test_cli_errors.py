@@ -58,7 +58,7 @@ def test_help_teaches(capsys):
         ("3,8,2", "width ratio"),
         ("x,8,0.2", "integers"),
         ("3,0,0.2", "all of ND, NL, W"),
-        ("6,8,0.2", "only 5 entries"),
+        ("6,8,0.2", "only 3 hidden states"),
     ],
 )
 def test_bad_config_strings(teacher_dir, glue_dir, tmp_path, capsys, config, message):

@@ -29,6 +29,7 @@ from . import (
 from .names import HELP_NAMES, add_aliases
 from .quiet import quiet_libraries
 from .terminal import printable_streams
+from .types import typed
 
 app = typer.Typer(
     name="hsk",
@@ -72,7 +73,7 @@ for _module in (bundle_commands, share_commands, store_commands, train_commands,
 
 def command():
     """The `hsk` click group as it runs: Typer's commands, with the old option names as hidden aliases."""
-    return add_aliases(typer.main.get_command(app))
+    return add_aliases(typed(app))
 
 
 def _command(argv: list[str] | None) -> str | None:
@@ -101,11 +102,15 @@ def _error(message: object) -> None:
 
 
 def _environment_message(exc: BaseException) -> str | None:
-    """The one line for a problem of the machine a user can act on (full disk, a name too long, no object
-    store credentials), None for the rest."""
-    if not isinstance(exc, OSError):  # botocore's credential errors
-        return (f"the object store refused hsk: {exc}. Set its credentials (for s3://: AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), or use a local path")
+    """The one line for a problem of the machine a user can act on (full disk, a name too long, storage
+    credentials, permission or endpoint: hskstore.access), None for the rest."""
+    from hskstore.access import access_problem
+
+    access = access_problem(exc)
+    if access is not None:
+        return access
+    if not isinstance(exc, OSError):
+        return None
     if exc.errno == errno.ENOSPC:
         return (f"disk full ({exc}). Nothing written so far is lost: free some space and rerun the same command "
                 "to resume.")
@@ -114,15 +119,6 @@ def _environment_message(exc: BaseException) -> str | None:
         shown = name if len(name) <= 60 else f"{name[:40]}...{name[-12:]} ({len(name)} characters)"
         return f"a file name is too long for the filesystem: {shown}; choose a shorter name"
     return None
-
-
-def _credential_errors() -> tuple[type[BaseException], ...]:
-    """botocore's missing or partial credentials (s3:// without them), when botocore is installed."""
-    try:
-        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
-    except ImportError:
-        return ()
-    return NoCredentialsError, PartialCredentialsError
 
 
 def _in_memory_url(argv: list[str] | None) -> str | None:
@@ -156,19 +152,26 @@ def _main(argv: list[str] | None) -> int:
         return code
     except KeyboardInterrupt:
         return _interrupted(argv)
-    except (OSError, *_credential_errors()) as exc:
-        message = _environment_message(exc)
-        if message is None:
-            raise
-        _error(message)
-        return 2
-    except UserError as exc:  # anything else is a bug: its traceback is shown
+    except UserError as exc:
         if os.environ.get("HSK_DEBUG"):
             raise
         _error(exc)
+        return 2
+    except Exception as exc:  # the machine's problems are one line; anything else is a bug: its traceback is shown
+        message = _environment_message(exc)
+        if message is None or os.environ.get("HSK_DEBUG"):
+            raise
+        _error(message)
         return 2
     return 0
 
 
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    if code == 2 and not os.environ.get("HSK_DEBUG"):
+        # After the one line that says what to do, what zarr's or an object store client's concurrent reads
+        # stopped midway leave behind is noise: coroutines Python reports as "Exception ignored in ..." and
+        # tasks asyncio logs as "Task exception was never retrieved" when they are collected at exit.
+        sys.unraisablehook = lambda unraisable: None
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    sys.exit(code)

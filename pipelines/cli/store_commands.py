@@ -328,7 +328,12 @@ def upgrade(store: str = typer.Argument(..., help="A complete store folder or fs
 
     done = upgrade_store(store, software_version=__version__, log=typer.echo)
     if not done.changed:
-        typer.echo(f"{store} already has a manifest ({done.content_address}): nothing to do")
+        if done.restored:  # an upgrade killed after its metadata, before what is rendered from it
+            restored = " and ".join(done.restored)
+            typer.echo(f"{store} already has a manifest ({done.content_address}); restored {restored} (rendered "
+                       "from its metadata)")
+        else:
+            typer.echo(f"{store} already has a manifest ({done.content_address}): nothing to do")
         return
     typer.echo(f"upgraded {store} from format {done.from_version}: its data matches its checksums, and its "
                f"metadata as it is now is covered by the manifest {done.content_address}")

@@ -10,6 +10,7 @@ import typer
 from hskstore.errors import UserError
 
 from .train_commands import method_options
+from .types import check_seed
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -99,9 +100,12 @@ def _list(text: str, what: str) -> list[str]:
 
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(s) for s in _list(text, "seed")]
+        seeds = [int(s) for s in _list(text, "seed")]
     except ValueError:
         raise UserError(f"--seeds takes comma-separated integers like '0,1,2', got {text!r}") from None
+    for seed in seeds:
+        check_seed("--seeds", seed)
+    return seeds
 
 
 @app.command("derive", help=DERIVE_HELP)

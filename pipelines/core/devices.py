@@ -6,6 +6,8 @@ import torch
 
 from hskstore.config import ConfigError
 
+COMPUTE_DEVICES = ("cpu", "cuda", "mps")
+
 
 def check_device(requested: str | None) -> None:
     """Refuse, in one line, a device torch does not know or cannot use here (None = the default)."""
@@ -17,6 +19,8 @@ def check_device(requested: str | None) -> None:
         raise ConfigError(
             f"--device {requested!r} is not a torch device: use cpu, cuda, cuda:N or mps"
         ) from None
+    if device.type not in COMPUTE_DEVICES:  # meta tensors hold no data; other backends are untested
+        raise ConfigError(f"--device {requested}: hsk computes on {', '.join(COMPUTE_DEVICES)} (cuda:N for one GPU)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {requested} asked for, but torch sees no CUDA GPU: use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():

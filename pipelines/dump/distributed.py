@@ -148,6 +148,21 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
     return job.shard, len(job.rows)
 
 
+SCHEDULER_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")  # what dask's comm registry connects to
+
+
+def check_scheduler(address: str | None) -> None:
+    """Refuse, before anything is written, a --scheduler address dask cannot connect to by its form."""
+    if address is None:
+        return
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "tcp", address  # dask's default
+    if scheme.lower() not in SCHEDULER_SCHEMES or not rest.strip("/"):
+        raise ConfigError(f"--scheduler {address!r} is not a dask scheduler address: give HOST:PORT or "
+                          f"{'|'.join(SCHEDULER_SCHEMES)}://HOST:PORT (what `dask scheduler` prints)")
+
+
 @contextlib.contextmanager
 def cluster_client(workers: int | None, scheduler: str | None, device: str, log=print) -> Iterator:
     """A dask Client: to the scheduler given, or to a LocalCluster of `workers` processes (loopback)."""
@@ -246,6 +261,7 @@ def dump_distributed(
         raise ConfigError("give either --workers N (a local cluster) or --scheduler ADDRESS, not both")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    check_scheduler(scheduler)
     plan = plan_dump(task_name, options, teacher=teacher, out=out, device="cpu", **data)  # driver: no GPU
     plan.model = None  # the workers load their own
     local = "://" not in teacher and os.path.isdir(teacher)  # workers may run in another folder

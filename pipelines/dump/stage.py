@@ -23,6 +23,7 @@ from hskstore.config import (
     DUMP_CHOICES,
     ENGINE,
     RANKING,
+    REF_STUDENT_LAYERS,
     SCORES,
     SHARD_ROWS,
     STUDENT_LAYERS,
@@ -36,7 +37,7 @@ from hskstore.config import (
     check_choices,
 )
 from hskstore.errors import printable
-from hskstore.layermap import default_l_top, select_depth
+from hskstore.layermap import check_chosen_depth, default_l_top, select_depth
 from hskstore.meta import DataRef, TaskRef
 from hskstore.outputs import STORE, claim_output
 from hskstore.schema import attention_row_layers, make_layout
@@ -131,14 +132,18 @@ def build_selection(
     """The selection a dump with `options` keeps; `num_heads` (the teacher's) is needed for attention rows."""
     if options.attention_rows and not num_heads:
         raise ValueError("build_selection: --attention-rows needs the teacher's head count")
+    ref_student_layers = None if options.layers else (options.ref_student_layers or REF_STUDENT_LAYERS)
     teacher_layers, entries, ranking = select_depth(
         options.config.n_layers,
         num_layers,
-        ref_student_layers=None if options.layers else options.ref_student_layers,
+        ref_student_layers=ref_student_layers,
         l_top=options.l_top,
         explicit_layers=options.layers,
         ranking_map=options.ranking_map,
     )
+    if options.ref_student_layers is not None and not options.layers:  # a depth the user chose: no repeats
+        check_chosen_depth(options.config.n_layers, num_layers, options.ref_student_layers, options.l_top,
+                           teacher_layers)
     return Selection(
         config=options.config,
         hidden_size=hidden_size,
@@ -146,7 +151,7 @@ def build_selection(
         teacher_layers=tuple(teacher_layers),
         student_entries=None if entries is None else tuple(entries),
         ranking_layers=tuple(ranking),
-        ref_student_layers=None if options.layers else options.ref_student_layers,
+        ref_student_layers=ref_student_layers,
         l_top=None if options.layers else (options.l_top or default_l_top(num_layers)),
         token_strategy=options.token_strategy,
         ranking_map=options.ranking_map,

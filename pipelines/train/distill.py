@@ -187,6 +187,8 @@ def _build(student: str, options: TrainOptions, teacher: str, num_labels: int, t
     except ModelLoadError as exc:
         if options.student_base or options.teacher or not _TEACHER_LAYERS.fullmatch(student.strip().lower()):
             raise
+        if Path(teacher).expanduser().is_dir():  # the teacher is where the store says: the problem is the student
+            raise
         raise ModelLoadError(
             f"{student} starts from the first layers of the store's teacher, recorded at {teacher}, which cannot "
             f"be loaded ({exc}). If the teacher moved, pass --teacher DIR (where it is now; its weights are checked "

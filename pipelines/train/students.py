@@ -101,6 +101,14 @@ def encoder_depth(config: Any) -> int:
     raise ModelLoadError(f"cannot tell the depth of a {type(config).__name__} student")
 
 
+def _layers_of(name: str, match: re.Match) -> int:
+    """k of bert<k> / sps<k>: at least one layer."""
+    k = int(match.group(1))
+    if k < 1:
+        raise ModelLoadError(f"student {name}: a student needs at least one layer (e.g. {name.rstrip('0123456789')}3)")
+    return k
+
+
 def student_depth(name: str, weights: str | None = None) -> int:
     """The depth a student `name` will have (what `build_student` reports as num_layers), without
     building it: what a sweep checks each planned run's layer pairs with before anything trains."""
@@ -111,9 +119,9 @@ def student_depth(name: str, weights: str | None = None) -> int:
         return TINYBERT4_CONFIG["num_hidden_layers"]
     local = Path(name).expanduser().is_dir()
     if _BERT_K.match(key) and not local:
-        return int(_BERT_K.match(key).group(1))
+        return _layers_of(name, _BERT_K.match(key))
     if _SPS_K.match(key) and not local:
-        return encoder_depth(SPSConfig(num_hidden_layers=int(_SPS_K.match(key).group(1))))
+        return encoder_depth(SPSConfig(num_hidden_layers=_layers_of(name, _SPS_K.match(key))))
     return encoder_depth(load_config(weights or name))
 
 
@@ -218,12 +226,12 @@ def build_student(
         model, init, source, tokenizer, tok_source, warnings = _build_tinybert4(num_labels, weights, tokenizer_fallback)
         kind = "tinybert4"
     elif _BERT_K.match(key) and not Path(name).expanduser().is_dir():
-        k = int(_BERT_K.match(key).group(1))
+        k = _layers_of(name, _BERT_K.match(key))
         model, source = _build_bert_k(k, num_labels, base)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "bert_k"
     elif _SPS_K.match(key) and not Path(name).expanduser().is_dir():
         # PEA-KD: bert<k>'s parameters run as an SPS student (pipelines/train/sps.py).
-        k = int(_SPS_K.match(key).group(1))
+        k = _layers_of(name, _SPS_K.match(key))
         model, source = _build_bert_k(k, num_labels, base)
         model = sps_from_bert(model)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "sps"

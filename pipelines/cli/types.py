@@ -1,0 +1,71 @@
+"""What a number on the command line may be, checked once for every command before its body runs.
+
+Typer reads `float` options with Python's float(), which takes 'inf' and 'nan' (and 1e999), and `int`
+options without bounds. Neither makes sense for any hsk option: a learning rate of inf trains a NaN
+student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command with
+every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`) in
+0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path it
+names, so that every command writes it as it writes that path. A bad value is one `hsk: error:` line before anything is
+imported or written, and option declarations stay plain Python types. Ranges particular to one option
+(a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives (the method's options,
+hskstore.config's bounds).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import typer
+
+from hskstore.errors import UserError
+
+SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes more)
+
+
+def check_seed(flag: str, value: int) -> None:
+    """Refuse a seed numpy would refuse, in one line (also for seeds given in lists, such as --seeds)."""
+    if not 0 <= value <= SEED_MAX:
+        raise UserError(f"{flag} takes a seed in 0..{SEED_MAX}, got {value}")
+
+
+def read_value(flag: str, name: str, value):
+    """One parsed option value under the rules of the module docstring; a file:// URL becomes its local path."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{flag} takes a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
+        check_seed(flag, value)
+    if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
+        raise UserError(f"{flag} needs a value, got {value!r}")
+    if isinstance(value, str) and value[:7].lower() == "file://":
+        return value[7:]  # as hskstore.location.local_path reads it (not imported here: fsspec and zarr are slow)
+    return value
+
+
+def _checked(callback, flags: dict[str, str]):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        kwargs = {name: read_value(flags.get(name, name), name, value) for name, value in kwargs.items()}
+        return callback(*args, **kwargs)
+
+    return run
+
+
+def _flag(param) -> str:
+    """The option's first long name (the one the help shows first; aliases come after it)."""
+    opts = [o for o in getattr(param, "opts", None) or [] if o.startswith("--")]
+    return opts[0] if opts else str(param.name).upper()  # an argument: as the usage line names it
+
+
+def _harden(command) -> None:
+    if command.callback is not None:
+        command.callback = _checked(command.callback, {p.name: _flag(p) for p in command.params})
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _harden(sub)
+
+
+def typed(app: typer.Typer):
+    """The click command of `app`, every command's numbers checked before it runs (module docstring)."""
+    command = typer.main.get_command(app)
+    _harden(command)
+    return command
