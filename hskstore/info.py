@@ -194,6 +194,14 @@ def teacher_fit(teacher: dict) -> str:
     return printable(f"{shown}, {teacher.get('num_labels')} outputs: {verdict}")
 
 
+def _scores_line(teacher) -> list[str]:
+    """How the [CLS] rows were read (docs/guide/teachers.md); stores older than the record show nothing."""
+    if teacher.model_type is None:
+        return []
+    how = f"read by {teacher.scores}" if teacher.scores else "none read (logits only)"
+    return [printable(f"scores     [CLS] attention rows of a {teacher.model_type} teacher, {how}")]
+
+
 def format_report(store: HSKStore, report: dict) -> str:
     """`hsk info`'s text, by the store's kind."""
     return store.format_report(report)
@@ -211,6 +219,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
         f"teacher    {printable(teacher.where)}{f'@{printable(revision)}' if revision else ''}"
         f"   layers {teacher.num_layers}   d={sel.hidden_size}   weights {teacher.weights_hash[:19]}",
         f"made for   {teacher_fit(teacher.record)}",
+        *_scores_line(teacher),
         _tokenizer_line(meta),
         f"config     {sel.config}   A={report['amount_of_hsk']:.3g} units   values {sel.value_dtype}",
         f"layers     teacher {list(sel.teacher_layers)} <- reference student entries {sel.student_entries}"
