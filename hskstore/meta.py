@@ -104,7 +104,8 @@ class TeacherRef:
     revision: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # The teacher's transformers `model_type` and how its [CLS] attention rows were read
-    # (pipelines/dump/scores.py); stores written before hsk recorded them have neither.
+    # (pipelines/dump/scores.py), recorded where that is not the format's default reader,
+    # `projections` (BERT-style query/key Linears): stores read that way, older ones included, have neither.
     model_type: str | None = None
     scores: str | None = None
 

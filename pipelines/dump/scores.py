@@ -91,12 +91,17 @@ def check_attention_rows(config, layers: list[int]) -> None:
         )
 
 
-def score_record(config, ranking_layers: list[int], attention_layers: list[int]) -> str | None:
-    """The store's record of how the [CLS] rows are read (None: none are); refuses what hsk cannot read."""
+def score_record(config, ranking_layers: list[int], attention_layers: list[int]) -> dict:
+    """The teacher metadata's record of how the [CLS] rows are read; refuses what hsk cannot read.
+
+    `projections` is the format's default (what every store before the record holds): it is left unsaid, so
+    such stores keep their bytes. Other readers add `model_type` and `scores`. A logits-only store reads none.
+    """
     if not ranking_layers and not attention_layers:
-        return None
+        return {}
     check_attention_rows(config, attention_layers)
-    return score_reader(config)
+    reader = score_reader(config)
+    return {} if reader == PROJECTIONS else {"model_type": config.model_type, "scores": reader}
 
 
 def _layers_of(model: nn.Module, kind: type | tuple, what: str) -> list[nn.Module]:
