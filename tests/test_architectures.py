@@ -257,3 +257,16 @@ def test_an_architecture_hsk_cannot_read_is_refused_in_one_line(tiny_tokenizer, 
     assert len(err) == 1 and err[0].startswith("hsk: error: hsk cannot read the attention scores of a mpnet teacher")
     assert all(name in err[0] for name in ARCHITECTURES)
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("deberta-v2", "a deberta-v2 teacher adds relative-position terms"),
+    ("modernbert", "teacher layers [2, 4] attend within a local window"),  # its default map keeps layers 2 and 4
+])
+def test_attention_rows_where_undefined_are_refused(model_type, says, tiny_tokenizer, tmp_path, glue_dir, capsys):
+    teacher = save_teacher(model_type, tmp_path / "teacher-mrpc", tiny_tokenizer)
+    capsys.readouterr()
+    assert main(dump_args(teacher, glue_dir, tmp_path / "s.zarr", "--attention-rows")) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hsk: error: --attention-rows") and says in err[0]
+    assert not (tmp_path / "s.zarr").exists()
