@@ -76,7 +76,8 @@ class TeacherProbe:
     @torch.inference_mode()
     def __call__(self, input_ids, token_type_ids, attention_mask, hidden_layers: list[int]) -> ProbeOutput:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None and getattr(self.model.config, "type_vocab_size", 0):
+        # One token type (RoBERTa, XLM-RoBERTa): no segments; none at all (DeBERTa-v3, ModernBERT)
+        if token_type_ids is not None and (getattr(self.model.config, "type_vocab_size", 0) or 0) > 1:
             kwargs["token_type_ids"] = token_type_ids
         with self.reader.active() if self.reader is not None else nullcontext():
             out = self.model(**kwargs, output_hidden_states=bool(hidden_layers))

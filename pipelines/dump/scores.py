@@ -219,15 +219,15 @@ def _cls_rows_attention(module, query, key, value, attention_mask, scaling=None,
     reader = _ACTIVE.get()
     if reader is not None:
         reader.record(query, key, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
-    sdpa = AttentionInterface._global_mapping["sdpa"]
-    return sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    return AttentionInterface()["sdpa"](module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
 def _register_function() -> None:
+    """Register hsk's attention function, with SDPA's mask (a boolean [B, 1, T, T] mask, or None)."""
     from transformers import AttentionInterface, AttentionMaskInterface
 
     AttentionInterface.register(_FUNCTION_NAME, _cls_rows_attention)
-    AttentionMaskInterface.register(_FUNCTION_NAME, AttentionMaskInterface._global_mapping["sdpa"])
+    AttentionMaskInterface.register(_FUNCTION_NAME, AttentionMaskInterface()["sdpa"])
 
 
 class FunctionReader(ScoreReader):
