@@ -4,6 +4,7 @@
 # .ci/run calls it; run it by hand the same way: bash tests/smoke_lowest_transformers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset PYTHONPATH  # the venv sees only what pip installed in it
 lowest=$(python3 -c 'import re; print(re.search(r"\"transformers>=([0-9.]+)", open("pyproject.toml").read()).group(1))')
 venv="${TMPDIR:-/tmp}/hsk-transformers-$lowest"
 work=$(mktemp -d)
