@@ -64,6 +64,8 @@ def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -
             "architecture": teacher.get("architecture"),
             "num_layers": teacher.get("num_layers"),
             "hidden_size": teacher.get("hidden_size"),
+            # recorded since the [CLS] rows of other architectures are read (older cards stay as they were)
+            **{k: teacher[k] for k in ("model_type", "scores") if k in teacher},
         },
         "tokenizer": {"id": tokenizer["name"], "vocab_hash": tokenizer.get("vocab_hash"),
                       "vocab_size": tokenizer.get("vocab_size")},

@@ -211,6 +211,15 @@ def _report(lines: list[str]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
+def _scores_line(teacher, sel) -> list[str]:
+    """How the [CLS] rows were read (docs/guide/teachers.md): unrecorded means the default, `projections`."""
+    if not sel.ranking_layers:
+        return []
+    if teacher.scores is None:
+        return ["scores     [CLS] attention rows read by projections (query and key Linears)"]
+    return [printable(f"scores     [CLS] attention rows of a {teacher.model_type} teacher, read by {teacher.scores}")]
+
+
 def format_report(store: HSKStore, report: dict) -> str:
     """`hsk info`'s text, by the store's kind."""
     return store.format_report(report)
@@ -229,6 +238,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
         f"teacher    {printable(teacher.where)}{f'@{printable(revision)}' if revision else ''}"
         f"   layers {teacher.num_layers}   d={sel.hidden_size}   weights {teacher.weights_hash[:19]}",
         f"made for   {teacher_fit(teacher.record)}",
+        *_scores_line(teacher, sel),
         _tokenizer_line(meta),
         f"config     {sel.config}   A={report['amount_of_hsk']:.3g} units   values {sel.value_dtype}",
         f"layers     teacher {list(sel.teacher_layers)} <- reference student entries {sel.student_entries}"

@@ -103,12 +103,17 @@ class TeacherRef:
     hub_id: str | None = None
     revision: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The teacher's transformers `model_type` and how its [CLS] attention rows were read
+    # (pipelines/dump/scores.py), recorded where that is not the format's default reader,
+    # `projections` (BERT-style query/key Linears): stores read that way, older ones included, have neither.
+    model_type: str | None = None
+    scores: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TeacherRef:
         return cls(d["name"], d.get("weights_hash"), d.get("architecture"), d.get("num_layers"),
                    d.get("hidden_size"), d.get("num_labels"), d.get("vocab_size"), d.get("path"), d.get("hub_id"),
-                   d.get("revision"), dict(d))
+                   d.get("revision"), dict(d), model_type=d.get("model_type"), scores=d.get("scores"))
 
     @property
     def where(self) -> str:

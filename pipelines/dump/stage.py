@@ -61,6 +61,7 @@ from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
 from pipelines.dump.pipeline import ShardWrites, Tokenized, default_tokenize_threads, default_write_depth
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
+from pipelines.dump.scores import score_record
 from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
 from pipelines.dump.targets import encode_batch
 
@@ -233,6 +234,7 @@ def store_metadata(
             **reference,
             "weights_hash": weights_hash(model),
             "architecture": type(model).__name__,
+            **score_record(cfg, list(selection.ranking_layers), attention_probe_layers(selection)),
             "num_layers": cfg.num_hidden_layers,
             "hidden_size": cfg.hidden_size,
             "num_labels": cfg.num_labels,

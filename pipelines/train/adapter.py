@@ -5,8 +5,8 @@ at the batch's masked positions), `hidden_states` (embeddings first, one entry p
 an SPS student's repeated pass adds its own), `attentions` and `attention_scores` (the pre-softmax
 (q, k, heads) of every self-attention call, pipelines.train.attention.ScoreRecorder). A stage names
 what it needs (Stage.outputs); the head it trains picks the adapter (`adapter_for`). Models whose
-forward takes no token_type_ids (or has no type vocabulary, as a pruned ROSITA student may not)
-are called without them.
+forward takes no token_type_ids (or has no type vocabulary, as a pruned ROSITA student may not, or a
+single type, as RoBERTa) are called without them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _forward_parameters(model_class: type) -> frozenset[str]:
 
 def _inputs(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
     kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if "token_type_ids" in _forward_parameters(type(model)) and getattr(model.config, "type_vocab_size", 0):
+    # One token type (RoBERTa, XLM-RoBERTa): no segments, so a pair store's second-segment ids are left out.
+    if "token_type_ids" in _forward_parameters(type(model)) and (getattr(model.config, "type_vocab_size", 0) or 0) > 1:
         kwargs["token_type_ids"] = batch["token_type_ids"]
     return kwargs
 

@@ -41,7 +41,7 @@ def predict(
     out = None
     was_training = model.training
     model.eval()
-    use_types = bool(getattr(model.config, "type_vocab_size", 0))
+    use_types = (getattr(model.config, "type_vocab_size", 0) or 0) > 1  # one type (RoBERTa): no segments
     try:
         starts = range(0, len(order), batch_size)
         for start in tqdm(starts, desc=progress, unit="batch", leave=False, disable=None if progress else True):

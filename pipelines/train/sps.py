@@ -16,6 +16,7 @@ registered with the transformers Auto classes when this module is imported: no r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,12 +98,21 @@ class SPSEncoder(BertEncoder):
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
 
 
-# hidden_states are recorded per call of a BertLayer, so the repeated pass adds its own entries;
-# negative indices count effective layers.
-_RECORD = {
-    "hidden_states": OutputRecorder(BertLayer, index=0, num_hidden_layers_key="sps_effective_layers"),
-    "attentions": OutputRecorder(BertSelfAttention, index=1),
-}
+
+
+def _hidden_states_recorder() -> OutputRecorder:
+    """hidden_states are recorded per call of a BertLayer, so the repeated pass adds its own entries.
+
+    Where transformers can resolve negative `output_hidden_states` indices (`num_hidden_layers_key`;
+    5.24 has it, 5.17 does not), they count effective layers; older versions lack the field, and hsk asks only
+    for all hidden states (a flag), which needs no count.
+    """
+    if "num_hidden_layers_key" in {f.name for f in dataclasses.fields(OutputRecorder)}:
+        return OutputRecorder(BertLayer, index=0, num_hidden_layers_key="sps_effective_layers")
+    return OutputRecorder(BertLayer, index=0)
+
+
+_RECORD = {"hidden_states": _hidden_states_recorder(), "attentions": OutputRecorder(BertSelfAttention, index=1)}
 
 
 class SPSModel(BertModel):

@@ -195,11 +195,16 @@ def _build_bert_k(k: int, num_labels: int, base: str | None) -> tuple[nn.Module,
             f"bert{k} takes the first {k} layers of a checkpoint: pass --student-base (the teacher or its "
             "pre-trained base); by default hsk uses the teacher named in the store's provenance"
         )
-    depth = encoder_depth(load_config(base))
+    config = load_config(base)
+    depth = encoder_depth(config)
     if not 1 <= k <= depth:
         raise ModelLoadError(f"bert{k} needs 1..{depth} layers of {base}, which has {depth}")
-    # from_pretrained with num_hidden_layers=k loads layers 0..k-1 and drops the rest (PKD's init).
-    model = _from_pretrained(base, f"bert{k}", num_labels=num_labels, num_hidden_layers=k, ignore_mismatched_sizes=True)
+    # from_pretrained with num_hidden_layers=k loads layers 0..k-1 and drops the rest (PKD's init); a
+    # per-layer attention list (ModernBERT's layer_types) keeps its first k entries.
+    layers = {"num_hidden_layers": k}
+    if getattr(config, "layer_types", None):
+        layers["layer_types"] = list(config.layer_types[:k])
+    model = _from_pretrained(base, f"bert{k}", num_labels=num_labels, ignore_mismatched_sizes=True, **layers)
     return model, base
 
 
@@ -233,6 +238,9 @@ def build_student(
         # PEA-KD: bert<k>'s parameters run as an SPS student (pipelines/train/sps.py).
         k = _layers_of(name, _SPS_K.match(key))
         model, source = _build_bert_k(k, num_labels, base)
+        if not isinstance(model, BertForSequenceClassification):
+            raise ModelLoadError(f"sps{k} runs BERT layers twice: its base {base} is a {model.config.model_type} "
+                                 f"model (use bert{k}, or pass a BERT checkpoint as --student-base)")
         model = sps_from_bert(model)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "sps"
     else:
