@@ -167,10 +167,9 @@ def dump(
         raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
-    from pipelines.core.tasks import get_task
+    from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
-    from pipelines.train.teacher import default_teacher_dir
 
     options = DumpOptions(
         config=parsed,

@@ -59,8 +59,8 @@ def teacher(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
 ) -> None:
     from pipelines.core.devices import pick_device
-    from pipelines.core.tasks import get_task
-    from pipelines.train.teacher import default_teacher_dir, fine_tune_teacher
+    from pipelines.core.tasks import default_teacher_dir, get_task
+    from pipelines.train.teacher import fine_tune_teacher
 
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
