@@ -15,6 +15,7 @@ from hskstore.config import (
     MASK_SEED,
     MAX_LENGTH,
     MLM_BOUNDS,
+    PRECISION,
     RANKING,
     SCORES,
     SHARD_ROWS,
@@ -125,6 +126,7 @@ def dump(
     shard_rows: int = typer.Option(SHARD_ROWS.default, SHARD_ROWS.flag, help=SHARD_ROWS.help),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     selection_engine: str = typer.Option(ENGINE.default, ENGINE.flag, help=ENGINE.help),
+    precision: str = typer.Option(PRECISION.default, PRECISION.flag, help=PRECISION.help),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an hsk store at --out (swapped in once the new one is complete)."
     ),
@@ -188,6 +190,7 @@ def dump(
         shard_rows=shard_rows,
         device=pick_device(device),
         selection_engine=selection_engine,
+        precision=precision,
         overwrite=overwrite,
         progress=progress,
         allow_task_mismatch=allow_task_mismatch,

@@ -22,6 +22,7 @@ from hskstore.config import (
     DUMP_BOUNDS,
     DUMP_CHOICES,
     ENGINE,
+    PRECISION,
     RANKING,
     SCORES,
     SHARD_ROWS,
@@ -56,6 +57,7 @@ from pipelines.core.models import (
     vocab_hash,
     weights_hash,
 )
+from pipelines.core.precision import FP32, forward_precision, resolve_precision
 from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
 from pipelines.dump.pipeline import ShardWrites, Tokenized, default_tokenize_threads, default_write_depth
@@ -95,6 +97,7 @@ class DumpOptions:
     shard_rows: int = SHARD_ROWS.default
     device: str = "cpu"
     selection_engine: str = ENGINE.default  # torch: on the teacher's device; numpy: the hskstore reference
+    precision: str = PRECISION.default  # the teacher forward's arithmetic (pipelines/core/precision.py)
     # The host pipeline's depth (pipelines/dump/pipeline.py); the store's bytes never depend on it.
     write_depth: int | None = None  # shards written at once; None: 2 off the CPU, 1 on it
     tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: cores, <= 4
@@ -118,6 +121,7 @@ class DumpOptions:
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
         check_device(self.device)
+        resolve_precision(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
 
 
 def teacher_heads(model) -> int:
@@ -214,9 +218,11 @@ def store_metadata(
     max_length: int,
     shard_rows: int,
     identity: dict | None = None,
+    precision: str = FP32,
 ) -> dict:
     """The store's hsk metadata. Teacher and tokenizer are recorded by a portable reference (absolute
-    path, or hub id + revision) with their hashes, and `identity` (what the teacher was fine-tuned for)."""
+    path, or hub id + revision) with their hashes, and `identity` (what the teacher was fine-tuned for).
+    `precision` (resolved) is recorded with the teacher unless fp32: fp32 stores keep their former bytes."""
     cfg = model.config
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
@@ -233,6 +239,7 @@ def store_metadata(
             "num_labels": cfg.num_labels,
             "max_positions": position_limit(cfg),
             **{k: identity.get(k) for k in ("task", "labels", "problem_type", "identity_from", "task_fit")},
+            **({} if precision == FP32 else {"precision": precision}),
         },
         "tokenizer": {
             "name": reference["path"] or reference["hub_id"],
@@ -307,6 +314,7 @@ def compute_shard(
     overlap: bool | None = None,
     engine: str = "torch",
     buffers: dict[str, np.ndarray] | None = None,
+    precision: str = FP32,
 ) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order.
 
@@ -316,6 +324,7 @@ def compute_shard(
     `engine` picks where selection runs (torch: on the device; numpy: the reference, on the host).
     `buffers`: the arrays of an earlier shard, no longer in use, to fill again (every row of every
     array is overwritten); new arrays where their shapes differ. Reuse keeps the dump's heap flat.
+    `precision` (resolved, pipelines/core/precision.py): the forward's arithmetic; selection stays float32.
     """
     if overlap is None:
         overlap = torch.device(device).type != "cpu"
@@ -339,7 +348,8 @@ def compute_shard(
         for batch in length_bucketed_batches(enc["length"], batch_size):
             inputs = batch_inputs(enc, batch, device)
             ids = enc["input_ids"][batch, : inputs["input_ids"].shape[1]]
-            out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
+            with forward_precision(precision, device):
+                out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
             job = _submit_selection(
                 host, engine, copies, out, ids, enc["length"][batch], selection, sep_id, enc["input_ids"].shape[1]
             )
@@ -363,6 +373,7 @@ class DumpPlan:
     selection: Selection
     max_length: int
     meta: dict
+    precision: str = FP32  # resolved: what the teacher's forward runs in
 
 
 def plan_dump(
@@ -411,11 +422,13 @@ def plan_dump(
     if selection.attention_rows and not attention_row_layers(selection.to_dict()):
         raise ConfigError(f"--attention-rows keeps the rows of kept layers above the embeddings, but config "
                           f"{selection.config} keeps only teacher layers {list(selection.teacher_layers)}")
+    precision = resolve_precision(options.precision, options.device)
     meta = store_metadata(
-        task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity
+        task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity,
+        precision,
     )
     meta = {**meta, **options.extra_meta, "compute": compute_record(options.batch_size, options.device)}
-    return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta)
+    return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta, precision)
 
 
 def shard_payload(
@@ -509,7 +522,7 @@ def _write_pending(
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
-                engine=options.selection_engine, buffers=writes.spare(),
+                engine=options.selection_engine, buffers=writes.spare(), precision=plan.precision,
             )
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
