@@ -60,7 +60,13 @@ from pipelines.core.models import (
 from pipelines.core.precision import FP32, forward_precision, resolve_precision
 from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
-from pipelines.dump.pipeline import ShardWrites, Tokenized, default_tokenize_threads, default_write_depth
+from pipelines.dump.pipeline import (
+    ShardWrites,
+    Tokenized,
+    default_tokenize_threads,
+    default_write_depth,
+    overlaps_forward,
+)
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
 from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
 from pipelines.dump.targets import encode_batch
@@ -99,8 +105,9 @@ class DumpOptions:
     selection_engine: str = ENGINE.default  # torch: on the teacher's device; numpy: the hskstore reference
     precision: str = PRECISION.default  # the teacher forward's arithmetic (pipelines/core/precision.py)
     # The host pipeline's depth (pipelines/dump/pipeline.py); the store's bytes never depend on it.
-    write_depth: int | None = None  # shards written at once; None: 2 off the CPU, 1 on it
-    tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: cores, <= 4
+    write_depth: int | None = None  # shards written at once; None: from the host's cores off the CPU, 1 on it
+    tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: from the cores
+    host_overlap: bool | None = None  # host stages alongside the forward; None: off the CPU only
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -504,21 +511,23 @@ def _write_pending(
     bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress or None)
     pin_mmap_threshold()  # large blocks on mmap, not in a heap that fragments: flat RSS (heap.py)
     started = time.perf_counter()
-    threads = options.tokenize_threads or default_tokenize_threads()
+    threads = options.tokenize_threads or default_tokenize_threads(options.device)
     tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hsk-tokenize")
     writes = ShardWrites(writer, options.write_depth or default_write_depth(options.device))
+    overlap = overlaps_forward(options.device) if options.host_overlap is None else options.host_overlap
 
     def tokenized(shard: int) -> Tokenized:
         start, stop = writer.shard_bounds(shard)
         return Tokenized(tokenizing, tokenizer, tuple(col[start:stop] for col in examples.texts), max_length, threads)
 
-    # Three stages overlap (pipelines/dump/pipeline.py): shard k+1 is tokenized while shard k is computed
-    # and earlier shards are written; each shard's arrays are filled again once it is written.
+    # Off the CPU three stages overlap (pipelines/dump/pipeline.py): shard k+1 is tokenized while shard k is
+    # computed and earlier shards are written. On a CPU they take turns: shard k is computed, then written
+    # while shard k+1 is tokenized. Each shard's arrays are filled again once it is written.
     next_enc = tokenized(pending[0]) if pending else None
     try:
         for i, shard in enumerate(pending):
             enc = next_enc.result()
-            if i + 1 < len(pending):
+            if overlap and i + 1 < len(pending):
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
@@ -527,6 +536,11 @@ def _write_pending(
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
             writes.submit(shard, arrays, computed)
+            if not overlap:  # between forwards: this write and the next shard's tokenizing, on the cores
+                if i + 1 < len(pending):
+                    next_enc = tokenized(pending[i + 1])
+                writes.drain()
+                next_enc.wait()
             release_free_memory()  # the heap's free pages back to the OS once per shard: flat RSS (heap.py)
         writes.drain()
     finally:
