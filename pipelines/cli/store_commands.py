@@ -162,6 +162,8 @@ def dump(
 
     sharing = _sharing(license, creator)
     if objective == "mlm":
+        if precision not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
+            raise ConfigError(f"--precision {precision}: a masked-LM dump (--objective mlm) runs its teacher in fp32")
         _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
