@@ -109,3 +109,12 @@ def test_engines_write_the_same_bytes_in_half_precision(teacher, glue_dir, tmp_p
                               "int8", "--selection-engine", engine)) == 0
         sums.append(open_store(str(out)).meta["checksums"])
     assert sums[0] == sums[1]
+
+
+def test_a_masked_lm_dump_refuses_another_precision(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a film\n")
+    assert main(["dump", "--objective", "mlm", "--text-file", str(corpus), "--teacher", "t", "--out",
+                 str(tmp_path / "m.zarr"), "--precision", "fp16"]) == 2
+    assert "--objective mlm" in one_error_line(capsys)
+    assert not (tmp_path / "m.zarr").exists()
