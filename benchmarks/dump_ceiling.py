@@ -131,7 +131,7 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
                                 shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
                                 overwrite=True, write_depth=args.write_depth,
-                                tokenize_threads=args.tokenize_threads)
+                                tokenize_threads=args.tokenize_threads, host_overlap=True)  # a GPU's schedule
     try:
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)

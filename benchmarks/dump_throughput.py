@@ -1,7 +1,10 @@
 """Dump throughput relative to the teacher's plain forward, measured in one run on the same batches.
 
     python benchmarks/dump_throughput.py --data-dir ../shared/data/glue            # CPU
-    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue --device cuda --size base
+    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue --device cuda --size base --precision fp16
+
+From Python (benchmarks/gpu_suite.py): `measure(size, device, precision, limit, batch_size)` returns a dict
+with `dump_ex_per_s`, `forward_ex_per_s` and `ratio` (medians over alternated rounds).
 
 The baseline is the bare teacher forward (logits only, default attention implementation) over
 the same length-bucketed batches a dump uses. The dump is the real `hsk dump` path: tokenizing,
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -101,9 +105,90 @@ def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     return per_ex
 
 
+DATA_DIR = str(Path(__file__).resolve().parents[1].parent / "shared/data/glue")
+
+
+def resolved_precision(precision: str, device: str) -> str:
+    from pipelines.core.precision import resolve_precision
+
+    return resolve_precision(precision, device)
+
+
+def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", limit: int = 1024,
+            batch_size: int = 32, *, rounds: int = 3, data_dir: str = DATA_DIR, task_name: str = "qnli",
+            split: str = "dev", config: str = "3,8,0.2", max_length: int = 128, host_overlap: bool | None = None,
+            log=print) -> dict:
+    """The dump against the bare forward in `precision` (both), `rounds` alternated rounds, medians reported.
+
+    Returns `dump_ex_per_s`, `forward_ex_per_s` and `ratio` (medians over rounds; ratio per round, then the
+    median) plus the rounds, the resolved precision, torch's threads and the load average (callers such as
+    benchmarks/gpu_suite.py read the first three).
+    """
+    from pipelines.core.precision import forward_precision
+
+    task = get_task(task_name)
+    precision = resolved_precision(precision, device)
+    work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
+    try:
+        teacher = make_teacher(size, task.num_labels, work / "teacher")
+        model = BertForSequenceClassification.from_pretrained(teacher).to(device).eval()
+        examples = load_examples(task, split, data_dir=data_dir, limit=limit)
+        tok = BertTokenizerFast.from_pretrained(teacher)
+        enc = encode(tok, examples.texts, max_length)
+        options = DumpOptions(config=HSKConfig.parse(config), max_length=max_length, batch_size=batch_size,
+                              device=device, precision=precision, progress=False, overwrite=True,
+                              host_overlap=host_overlap)
+
+        def forward_s() -> float:
+            with forward_precision(precision, device):
+                return bare_forward(model, enc, batch_size, device)
+
+        def dump_s() -> float:
+            return dump(task.name, options, teacher=teacher, out=str(work / "store.zarr"), split=split,
+                        data_dir=data_dir, limit=limit, log=lambda *_: None).seconds
+
+        forward_s()  # warm-up
+        rows = []
+        for r in range(rounds):
+            timed = {}
+            for arm in (("forward", "dump") if r % 2 == 0 else ("dump", "forward")):  # the order flips each round
+                timed[arm] = forward_s() if arm == "forward" else dump_s()
+            rows.append({"round": r, "forward_ex_per_s": len(examples) / timed["forward"],
+                         "dump_ex_per_s": len(examples) / timed["dump"], "ratio": timed["forward"] / timed["dump"],
+                         "load_average": [round(x, 2) for x in os.getloadavg()]})
+            last = rows[-1]
+            log(f"round {r}: bare forward {last['forward_ex_per_s']:.1f} ex/s, dump {last['dump_ex_per_s']:.1f} "
+                f"ex/s, ratio {last['ratio']:.3f} (load {last['load_average']})")
+        return {
+            "size": size, "device": device, "precision": precision, "examples": len(examples), "task": task.name,
+            "split": split, "config": config, "max_length": max_length, "batch_size": batch_size,
+            "torch_threads": torch.get_num_threads(), "host_overlap": host_overlap,
+            "forward_ex_per_s": statistics.median(r["forward_ex_per_s"] for r in rows),
+            "dump_ex_per_s": statistics.median(r["dump_ex_per_s"] for r in rows),
+            "ratio": statistics.median(r["ratio"] for r in rows), "rounds": rows,
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def host_side(args) -> dict:
+    """host_side_ms_per_example on a fresh teacher of the measured size (in fp32: the host's work)."""
+    task = get_task(args.task)
+    work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
+    try:
+        teacher = make_teacher(args.size, task.num_labels, work / "teacher")
+        model = BertForSequenceClassification.from_pretrained(teacher).to(args.device).eval()
+        texts = load_examples(task, args.split, data_dir=args.data_dir, limit=args.limit).texts
+        options = DumpOptions(config=HSKConfig.parse(args.config), max_length=args.max_length,
+                              batch_size=args.batch_size, device=args.device)
+        return host_side_ms_per_example(model, BertTokenizerFast.from_pretrained(teacher), texts, options)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--task", default="qnli")
     ap.add_argument("--split", default="dev")
     ap.add_argument("--limit", type=int, default=1024)
@@ -113,76 +198,24 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="auto", help="auto, fp32, tf32, fp16, bf16 (hsk dump --precision); "
+                    "the bare forward runs in the same")
+    ap.add_argument("--host-overlap", choices=["auto", "on", "off"], default="auto",
+                    help="The host stages beside the forward (on), between forwards (off), or the dump's default.")
     ap.add_argument("--out", default="benchmarks/results/dump_throughput.json")
     args = ap.parse_args()
-
-    task = get_task(args.task)
-    work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
-    try:
-        teacher = make_teacher(args.size, task.num_labels, work / "teacher")
-        model = BertForSequenceClassification.from_pretrained(teacher).to(args.device).eval()
-        examples = load_examples(task, args.split, data_dir=args.data_dir, limit=args.limit)
-        tok = BertTokenizerFast.from_pretrained(teacher)
-        enc = encode(tok, examples.texts, args.max_length)
-        options = DumpOptions(
-            config=HSKConfig.parse(args.config),
-            max_length=args.max_length,
-            batch_size=args.batch_size,
-            device=args.device,
-            progress=False,
-            overwrite=True,
-        )
-        bare_forward(model, enc, args.batch_size, args.device)  # warm-up
-        rows = []
-        for r in range(args.rounds):
-            base_s = bare_forward(model, enc, args.batch_size, args.device)
-            dump_s = dump(
-                task.name,
-                options,
-                teacher=teacher,
-                out=str(work / "store.zarr"),
-                split=args.split,
-                data_dir=args.data_dir,
-                limit=args.limit,
-                log=lambda *_: None,
-            ).seconds
-            rows.append(
-                {
-                    "round": r,
-                    "bare_forward_ex_s": len(examples) / base_s,
-                    "dump_ex_s": len(examples) / dump_s,
-                    "ratio": base_s / dump_s,
-                }
-            )
-            print(
-                f"round {r}: bare forward {rows[-1]['bare_forward_ex_s']:.1f} ex/s, "
-                f"dump {rows[-1]['dump_ex_s']:.1f} ex/s, ratio {rows[-1]['ratio']:.3f}"
-            )
-        host = host_side_ms_per_example(model, tok, examples.texts, options)
-        print(
-            f"host side: tokenize {host['tokenize_ms']:.3f} ms/ex, selection + encoding "
-            f"{host['select_encode_ms']:.3f} ms/ex: host ceiling for a GPU dump {host['host_ceiling_ex_s']:.0f} ex/s"
-        )
-        result = {
-            "task": task.name,
-            "split": args.split,
-            "examples": len(examples),
-            "size": args.size,
-            "config": args.config,
-            "max_length": args.max_length,
-            "batch_size": args.batch_size,
-            "device": args.device,
-            "torch_threads": torch.get_num_threads(),
-            "rounds": rows,
-            "median_ratio": statistics.median(r["ratio"] for r in rows),
-            "host_side": host,
-            "note": "dump time: tokenizing, forward, selection, encoding, writing (not model/data loading)",
-        }
-        print(f"median dump / bare-forward throughput ratio: {result['median_ratio']:.3f}")
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    overlap = {"auto": None, "on": True, "off": False}[args.host_overlap]
+    result = measure(args.size, args.device, args.precision, args.limit, args.batch_size, rounds=args.rounds,
+                     data_dir=args.data_dir, task_name=args.task, split=args.split, config=args.config,
+                     max_length=args.max_length, host_overlap=overlap)
+    host = host_side(args)
+    print(f"host side: tokenize {host['tokenize_ms']:.3f} ms/ex, selection + encoding "
+          f"{host['select_encode_ms']:.3f} ms/ex: host ceiling for a GPU dump {host['host_ceiling_ex_s']:.0f} ex/s")
+    result.update(host_side=host, median_ratio=result["ratio"],
+                  note="dump time: tokenizing, forward, selection, encoding, writing (not model/data loading)")
+    print(f"median dump / bare-forward throughput ratio: {result['ratio']:.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -
             "hidden_size": teacher.get("hidden_size"),
             # recorded since the [CLS] rows of other architectures are read (older cards stay as they were)
             **{k: teacher[k] for k in ("model_type", "scores") if k in teacher},
+            # recorded only when not fp32 (hskstore.meta.TeacherRef): fp32 stores keep their cards
+            **({"precision": teacher["precision"]} if teacher.get("precision") else {}),
         },
         "tokenizer": {"id": tokenizer["name"], "vocab_hash": tokenizer.get("vocab_hash"),
                       "vocab_size": tokenizer.get("vocab_size")},
@@ -94,6 +96,12 @@ def with_front_matter(fields: dict, body: str) -> str:
     return "---\n" + "\n".join(_yaml(fields)) + "\n---\n" + body
 
 
+def _precision_words(teacher: dict) -> str:
+    """' (its forward in bf16)' for a teacher that ran in another precision than fp32; nothing for fp32 (the cards of
+    stores written before `--precision` existed stay as they were)."""
+    return f" (its forward in {teacher['precision']})" if teacher.get("precision") else ""
+
+
 def task_body(meta: dict, fields: dict, name: str) -> str:
     """A task store's card below its front matter: what it holds and how to open it."""
     task, sel = meta["task"], meta["selection"]
@@ -102,7 +110,7 @@ def task_body(meta: dict, fields: dict, name: str) -> str:
 # {fields['pretty_name']}
 
 An offline feature store for teacher-free knowledge distillation, written by hsk. It holds
-what the teacher `{meta['teacher']['name']}` computed
+what the teacher `{meta['teacher']['name']}` computed{_precision_words(meta['teacher'])}
 once over the {fields['rows']} rows of {task['name']}/{task['split']}: its logits, and the hidden-state
 knowledge (HSK) kept at config `{sel['config']}`: teacher layers {layers}, {sel['config'].split(',')[1]}
 tokens per example ranked by [CLS] attention ({sel['token_strategy']}), and a fraction

@@ -55,8 +55,13 @@ ENGINE = Choice("--selection-engine", "selection_engine", "selection engine",
                 "Where tokens are ranked, masked and encoded", (
                     ("torch", "on the teacher's device; only the selected bytes leave it"),
                     ("numpy", "the reference, on the host")), note="Both write the same bytes.")
+# The teacher forward's arithmetic: recorded with the teacher (meta["teacher"]["precision"], absent = fp32).
+PRECISION = Choice("--precision", "precision", "teacher precision", "The teacher forward's arithmetic", (
+    ("auto", "fp32 on a CPU, fp16 on a CUDA GPU of compute capability 7.0 or more"), ("fp32", ""),
+    ("tf32", "fp32 with TF32 tensor-core matmuls, Ampere GPUs on"), ("fp16", "autocast"), ("bf16", "autocast")),
+    note="Recorded in the store; a resume must use the same.")
 STORE_CHOICES = (TOKENS, WIDTH, SCORES, RANKING, VALUES)  # what a store's selection records
-DUMP_CHOICES = (*STORE_CHOICES, ENGINE)
+DUMP_CHOICES = (*STORE_CHOICES, ENGINE, PRECISION)
 
 TOKEN_STRATEGIES = TOKENS.values
 WIDTH_STRATEGIES = WIDTH.values

@@ -108,12 +108,16 @@ class TeacherRef:
     # `projections` (BERT-style query/key Linears): stores read that way, older ones included, have neither.
     model_type: str | None = None
     scores: str | None = None
+    # The forward's arithmetic (`hsk dump --precision`). Recorded only when not fp32, so fp32 stores keep the
+    # bytes (and content address) of stores written before the option existed.
+    precision: str = "fp32"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TeacherRef:
         return cls(d["name"], d.get("weights_hash"), d.get("architecture"), d.get("num_layers"),
                    d.get("hidden_size"), d.get("num_labels"), d.get("vocab_size"), d.get("path"), d.get("hub_id"),
-                   d.get("revision"), dict(d), model_type=d.get("model_type"), scores=d.get("scores"))
+                   d.get("revision"), dict(d), model_type=d.get("model_type"), scores=d.get("scores"),
+                   precision=d.get("precision") or "fp32")
 
     @property
     def where(self) -> str:

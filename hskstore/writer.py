@@ -133,7 +133,7 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
     """One line naming the values a resume of the interrupted dump at url must be given, or None when it may."""
     diff = _differences(existing, meta)
     if diff:
-        wanted = [_HOW_TO_PASS[k].format(existing[k]) for k in diff if k in _HOW_TO_PASS]
+        wanted = [_HOW_TO_PASS[k].format(existing[k]) for k in diff if k in _HOW_TO_PASS] + _precision(existing, meta)
         return (f"{url} holds an interrupted dump with a different {', '.join(diff)}: rerun with its original "
                 f"arguments to resume it{' (' + ', '.join(wanted) + ')' if wanted else ''}, pass --overwrite to "
                 "replace it, or choose another --out")
@@ -144,6 +144,12 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
         return (f"{url} holds an interrupted dump computed with {', '.join(wanted)}; its bytes depend on "
                 f"{', '.join(diff)}: resume with the same, or pass --overwrite to start again")
     return None
+
+
+def _precision(existing: dict, meta: dict) -> list[str]:
+    """`--precision P` when the teacher's forward precision (part of its record; absent = fp32) differs."""
+    old, new = ((m.get("teacher") or {}).get("precision") or "fp32" for m in (existing, meta))
+    return [f"--precision {old}"] if old != new else []
 
 
 def _moved(existing: dict, meta: dict) -> list[str]:
@@ -295,9 +301,10 @@ class StoreWriter:
         creation was cut short before any shard; StoreExistsError when it is another store."""
         diff = _differences(existing, meta)
         if diff and existing.get("complete"):
+            made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
             raise StoreExistsError(
-                f"{url} holds a complete store with a different {', '.join(diff)}: pass --overwrite to replace "
-                "it, or choose another --out"
+                f"{url} holds a complete store with a different {', '.join(diff)}{made}: pass --overwrite to "
+                "replace it, or choose another --out"
             )
         if existing.get("complete"):
             writer = cls(url, existing)

@@ -171,10 +171,12 @@ def test_overlapped_selection_writes_the_same_bytes(teacher_dir, glue_dir, tmp_p
 
 
 def test_pipelined_dump_writes_the_same_bytes_as_depth_one(teacher_dir, glue_dir, tmp_path):
-    """Three shards written at once and each shard tokenized in three pieces on three threads write the
-    store of a serial host pipeline (one shard written at a time, tokenized whole)."""
+    """Three shards written at once beside the forward (a GPU's schedule) and each shard tokenized in three
+    pieces on three threads write the store of a serial host pipeline (one shard written at a time, tokenized
+    whole, between forwards: a CPU's schedule)."""
     run_dump(teacher_dir, glue_dir, tmp_path / "serial.zarr", limit=88, write_depth=1, tokenize_threads=1)
-    run_dump(teacher_dir, glue_dir, tmp_path / "deep.zarr", limit=88, write_depth=3, tokenize_threads=3)
+    run_dump(teacher_dir, glue_dir, tmp_path / "deep.zarr", limit=88, write_depth=3, tokenize_threads=3,
+             host_overlap=True)
     serial, deep = open_store(str(tmp_path / "serial.zarr")), open_store(str(tmp_path / "deep.zarr"))
     assert serial.meta["checksums"] == deep.meta["checksums"]
     assert chunk_bytes(tmp_path / "serial.zarr") == chunk_bytes(tmp_path / "deep.zarr")
@@ -195,11 +197,11 @@ def test_pipelined_dump_stops_at_a_failed_write_and_resumes_to_identical_bytes(
 
     monkeypatch.setattr(StoreWriter, "write_shard", dying_write)
     with pytest.raises(OSError):
-        run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2)
+        run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2, host_overlap=True)
     monkeypatch.setattr(StoreWriter, "write_shard", original)
     done = zarr.open_group(str(tmp_path / "cut.zarr"), mode="r")[PROGRESS_DONE][:]
     assert done.tolist() == [1, 0, 1, 0]  # shard 2 was in flight beside the failing 1; 3 never submitted
-    resumed = run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2)
+    resumed = run_dump(teacher_dir, glue_dir, tmp_path / "cut.zarr", limit=64, write_depth=2, host_overlap=True)
     assert resumed.examples_written == 32
     full, cut = open_store(str(tmp_path / "full.zarr")), open_store(str(tmp_path / "cut.zarr"))
     assert full.meta["checksums"] == cut.meta["checksums"]

@@ -15,6 +15,7 @@ from hskstore.config import (
     MASK_SEED,
     MAX_LENGTH,
     MLM_BOUNDS,
+    PRECISION,
     RANKING,
     SCORES,
     SHARD_ROWS,
@@ -126,6 +127,7 @@ def dump(
     shard_rows: int = typer.Option(SHARD_ROWS.default, SHARD_ROWS.flag, help=SHARD_ROWS.help),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     selection_engine: str = typer.Option(ENGINE.default, ENGINE.flag, help=ENGINE.help),
+    precision: str = typer.Option(PRECISION.default, PRECISION.flag, help=PRECISION.help),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an hsk store at --out (swapped in once the new one is complete)."
     ),
@@ -162,6 +164,8 @@ def dump(
 
     sharing = _sharing(license, creator)
     if objective == "mlm":
+        if precision not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
+            raise ConfigError(f"--precision {precision}: a masked-LM dump (--objective mlm) runs its teacher in fp32")
         use_threads(threads, "dump")
         _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
@@ -170,10 +174,9 @@ def dump(
         raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
-    from pipelines.core.tasks import get_task
+    from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
-    from pipelines.train.teacher import default_teacher_dir
 
     options = DumpOptions(
         config=parsed,
@@ -192,6 +195,7 @@ def dump(
         shard_rows=shard_rows,
         device=pick_device(device),
         selection_engine=selection_engine,
+        precision=precision,
         overwrite=overwrite,
         progress=progress,
         allow_task_mismatch=allow_task_mismatch,

@@ -62,8 +62,8 @@ def teacher(
 ) -> None:
     check_threads(threads)
     from pipelines.core.devices import pick_device
-    from pipelines.core.tasks import get_task
-    from pipelines.train.teacher import default_teacher_dir, fine_tune_teacher
+    from pipelines.core.tasks import default_teacher_dir, get_task
+    from pipelines.train.teacher import fine_tune_teacher
 
     use_threads(threads, "teacher")
     if objective == "mlm":

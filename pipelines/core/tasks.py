@@ -170,6 +170,12 @@ _GENERIC_LABEL = re.compile(r"^label[_ ]?\d+$", re.IGNORECASE)
 FITS, UNKNOWN, MISMATCH_ALLOWED = "fits", "unknown", "mismatch allowed"
 
 
+def default_teacher_dir(task: str | Task) -> str:
+    """Where `hsk teacher` saves and `hsk dump` looks when no --teacher is given (here, not in
+    pipelines.train, so that a dump imports no training code)."""
+    return f"runs/teacher-{get_task(task).name}"
+
+
 def _label_key(name: object) -> str:
     # "NEGATIVE", "not entailment", "not-entailment" name the same labels as the task's.
     return re.sub(r"[\s-]+", "_", str(name).strip().lower())

@@ -138,10 +138,11 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
     """Worker task: compute and write one whole shard; returns (shard, rows)."""
     pin_mmap_threshold()  # the worker's RSS flat over its shards, as the local dump's (heap.py)
     probe, tokenizer, device = _teacher(job.teacher)
-    selection = Selection.from_dict(StoreMeta.parse(job.meta).selection)
+    meta = StoreMeta.parse(job.meta)
+    selection = Selection.from_dict(meta.selection)
     enc = encode(tokenizer, job.texts, job.max_length)
     computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
-                             engine=job.selection_engine)
+                             engine=job.selection_engine, precision=meta.teacher.precision)
     arrays = shard_payload(computed, enc, job.rows, job.text_hash, job.label)
     _writer(job.url, job.meta).write_shard(job.shard, arrays)
     release_free_memory()

@@ -1,11 +1,18 @@
 """The dump's host pipeline: tokenizing ahead, and shards written in the background with bounded depth.
 
-Three stages overlap: the next shard is tokenized (in pieces, on several threads: the fast tokenizer's
-Rust encoding releases the GIL) while the current one is computed (forward, selection, encoding) and
-earlier ones are compressed and written (Blosc's zstd releases the GIL too). Every queue is bounded:
-one shard tokenized ahead, at most `depth` shards being written, and their arrays reused once written,
-so the dump's memory does not grow with its length. No stage changes what another computes: the store's
-bytes are the same at every depth and piece count (tests/test_dump.py).
+Off the CPU (a GPU), three stages overlap: the next shard is tokenized (in pieces, on several threads:
+the fast tokenizer's Rust encoding releases the GIL) while the current one is computed (forward,
+selection, encoding) and earlier ones are compressed and written (Blosc's zstd releases the GIL too).
+Every queue is bounded: one shard tokenized ahead, at most `depth` shards being written, and their
+arrays reused once written, so the dump's memory does not grow with its length.
+
+On a CPU the forward already runs on every core (torch's OpenMP threads), and a host thread that takes
+one of those cores stalls the others at the forward's next barrier: a tokenizing or writing thread
+there cost the forward about twice its own CPU time (the dump fell to 0.8 of the bare forward, issue 35).
+So on a CPU the stages take turns (`overlaps_forward`): after a shard is computed, its write and the
+next shard's tokenizing run together, spread over the cores, and the next forward starts once both are
+done. No stage changes what another computes: the store's bytes are the same at every depth, piece count
+and either schedule (tests/test_dump.py).
 """
 
 from __future__ import annotations
@@ -23,16 +30,32 @@ from pipelines.core.tokenize import encode
 Arrays = dict[str, np.ndarray]
 
 
-def default_tokenize_threads() -> int:
-    """Threads that tokenize a shard's pieces: the host's cores, at most 4 (more gains little: the rest
-    of a shard's tokenizing, building its arrays, holds the GIL)."""
-    return max(1, min(4, os.cpu_count() or 1))
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def overlaps_forward(device: str) -> bool:
+    """Whether host stages run alongside the teacher's forward: off the CPU only (see the module docstring)."""
+    return device.split(":")[0] != "cpu"
+
+
+def default_tokenize_threads(device: str = "cpu") -> int:
+    """Threads that tokenize a shard's pieces. On a CPU: its cores (at most 4), used between forwards. Off
+    it: a quarter of the host's cores, 2 to 8, beside the writers (more gains little: building a piece's
+    arrays from the Rust encodings holds the GIL, about a third of tokenizing's CPU)."""
+    cores = host_cores()
+    return max(1, min(4, cores)) if not overlaps_forward(device) else max(2, min(8, cores // 4))
 
 
 def default_write_depth(device: str) -> int:
-    """Shards written at once: 2 where the forward runs off the host (its cores are free for zstd), 1 on
-    a CPU, whose forward already uses every core."""
-    return 1 if device.split(":")[0] == "cpu" else 2
+    """Shards written at once: on a GPU a quarter of the host's cores, 2 to 8 (zstd releases the GIL, so each
+    shard in flight uses a core; each holds one shard's arrays, the memory bound); 1 on a CPU, where a write
+    runs between forwards."""
+    return 1 if not overlaps_forward(device) else max(2, min(8, host_cores() // 4))
 
 
 class Tokenized:
@@ -45,6 +68,11 @@ class Tokenized:
             pool.submit(encode, tokenizer, tuple(col[start : start + step] for col in texts), max_length)
             for start in range(0, n, step)
         ]
+
+    def wait(self) -> None:
+        """Until every piece is tokenized (raising a piece's failure)."""
+        for part in self._parts:
+            part.result()
 
     def result(self) -> Arrays:
         parts = [part.result() for part in self._parts]

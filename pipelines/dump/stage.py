@@ -22,6 +22,7 @@ from hskstore.config import (
     DUMP_BOUNDS,
     DUMP_CHOICES,
     ENGINE,
+    PRECISION,
     RANKING,
     REF_STUDENT_LAYERS,
     SCORES,
@@ -57,9 +58,16 @@ from pipelines.core.models import (
     vocab_hash,
     weights_hash,
 )
+from pipelines.core.precision import FP32, forward_precision, resolve_precision
 from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
-from pipelines.dump.pipeline import ShardWrites, Tokenized, default_tokenize_threads, default_write_depth
+from pipelines.dump.pipeline import (
+    ShardWrites,
+    Tokenized,
+    default_tokenize_threads,
+    default_write_depth,
+    overlaps_forward,
+)
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
 from pipelines.dump.scores import score_record
 from pipelines.dump.select_torch import HostCopies, host_arrays, select_batch
@@ -97,9 +105,11 @@ class DumpOptions:
     shard_rows: int = SHARD_ROWS.default
     device: str = "cpu"
     selection_engine: str = ENGINE.default  # torch: on the teacher's device; numpy: the hskstore reference
+    precision: str = PRECISION.default  # the teacher forward's arithmetic (pipelines/core/precision.py)
     # The host pipeline's depth (pipelines/dump/pipeline.py); the store's bytes never depend on it.
-    write_depth: int | None = None  # shards written at once; None: 2 off the CPU, 1 on it
-    tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: cores, <= 4
+    write_depth: int | None = None  # shards written at once; None: from the host's cores off the CPU, 1 on it
+    tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: from the cores
+    host_overlap: bool | None = None  # host stages alongside the forward; None: off the CPU only
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -120,6 +130,7 @@ class DumpOptions:
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
         check_device(self.device)
+        resolve_precision(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
 
 
 def teacher_heads(model) -> int:
@@ -220,9 +231,11 @@ def store_metadata(
     max_length: int,
     shard_rows: int,
     identity: dict | None = None,
+    precision: str = FP32,
 ) -> dict:
     """The store's hsk metadata. Teacher and tokenizer are recorded by a portable reference (absolute
-    path, or hub id + revision) with their hashes, and `identity` (what the teacher was fine-tuned for)."""
+    path, or hub id + revision) with their hashes, and `identity` (what the teacher was fine-tuned for).
+    `precision` (resolved) is recorded with the teacher unless fp32: fp32 stores keep their former bytes."""
     cfg = model.config
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
@@ -240,6 +253,7 @@ def store_metadata(
             "num_labels": cfg.num_labels,
             "max_positions": position_limit(cfg),
             **{k: identity.get(k) for k in ("task", "labels", "problem_type", "identity_from", "task_fit")},
+            **({} if precision == FP32 else {"precision": precision}),
         },
         "tokenizer": {
             "name": reference["path"] or reference["hub_id"],
@@ -314,6 +328,7 @@ def compute_shard(
     overlap: bool | None = None,
     engine: str = "torch",
     buffers: dict[str, np.ndarray] | None = None,
+    precision: str = FP32,
 ) -> dict[str, np.ndarray]:
     """Teacher forward + selection + encoding for the rows of one shard, back in source order.
 
@@ -323,6 +338,7 @@ def compute_shard(
     `engine` picks where selection runs (torch: on the device; numpy: the reference, on the host).
     `buffers`: the arrays of an earlier shard, no longer in use, to fill again (every row of every
     array is overwritten); new arrays where their shapes differ. Reuse keeps the dump's heap flat.
+    `precision` (resolved, pipelines/core/precision.py): the forward's arithmetic; selection stays float32.
     """
     if overlap is None:
         overlap = torch.device(device).type != "cpu"
@@ -346,7 +362,8 @@ def compute_shard(
         for batch in length_bucketed_batches(enc["length"], batch_size):
             inputs = batch_inputs(enc, batch, device)
             ids = enc["input_ids"][batch, : inputs["input_ids"].shape[1]]
-            out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
+            with forward_precision(precision, device):
+                out = probe(**inputs, hidden_layers=sorted(set(selection.teacher_layers)))
             job = _submit_selection(
                 host, engine, copies, out, ids, enc["length"][batch], selection, sep_id, enc["input_ids"].shape[1]
             )
@@ -370,6 +387,7 @@ class DumpPlan:
     selection: Selection
     max_length: int
     meta: dict
+    precision: str = FP32  # resolved: what the teacher's forward runs in
 
 
 def plan_dump(
@@ -418,11 +436,13 @@ def plan_dump(
     if selection.attention_rows and not attention_row_layers(selection.to_dict()):
         raise ConfigError(f"--attention-rows keeps the rows of kept layers above the embeddings, but config "
                           f"{selection.config} keeps only teacher layers {list(selection.teacher_layers)}")
+    precision = resolve_precision(options.precision, options.device)
     meta = store_metadata(
-        task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity
+        task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity,
+        precision,
     )
     meta = {**meta, **options.extra_meta, "compute": compute_record(options.batch_size, options.device)}
-    return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta)
+    return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta, precision)
 
 
 def shard_payload(
@@ -498,29 +518,36 @@ def _write_pending(
     bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress or None)
     pin_mmap_threshold()  # large blocks on mmap, not in a heap that fragments: flat RSS (heap.py)
     started = time.perf_counter()
-    threads = options.tokenize_threads or default_tokenize_threads()
+    threads = options.tokenize_threads or default_tokenize_threads(options.device)
     tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hsk-tokenize")
     writes = ShardWrites(writer, options.write_depth or default_write_depth(options.device))
+    overlap = overlaps_forward(options.device) if options.host_overlap is None else options.host_overlap
 
     def tokenized(shard: int) -> Tokenized:
         start, stop = writer.shard_bounds(shard)
         return Tokenized(tokenizing, tokenizer, tuple(col[start:stop] for col in examples.texts), max_length, threads)
 
-    # Three stages overlap (pipelines/dump/pipeline.py): shard k+1 is tokenized while shard k is computed
-    # and earlier shards are written; each shard's arrays are filled again once it is written.
+    # Off the CPU three stages overlap (pipelines/dump/pipeline.py): shard k+1 is tokenized while shard k is
+    # computed and earlier shards are written. On a CPU they take turns: shard k is computed, then written
+    # while shard k+1 is tokenized. Each shard's arrays are filled again once it is written.
     next_enc = tokenized(pending[0]) if pending else None
     try:
         for i, shard in enumerate(pending):
             enc = next_enc.result()
-            if i + 1 < len(pending):
+            if overlap and i + 1 < len(pending):
                 next_enc = tokenized(pending[i + 1])
             computed = compute_shard(
                 probe, enc, selection, tokenizer.sep_token_id, options.batch_size, options.device, bar,
-                engine=options.selection_engine, buffers=writes.spare(),
+                engine=options.selection_engine, buffers=writes.spare(), precision=plan.precision,
             )
             start, stop = writer.shard_bounds(shard)
             arrays = shard_payload(computed, enc, examples.rows[start:stop], hashes[start:stop], labels[start:stop])
             writes.submit(shard, arrays, computed)
+            if not overlap:  # between forwards: this write and the next shard's tokenizing, on the cores
+                if i + 1 < len(pending):
+                    next_enc = tokenized(pending[i + 1])
+                writes.drain()
+                next_enc.wait()
             release_free_memory()  # the heap's free pages back to the OS once per shard: flat RSS (heap.py)
         writes.drain()
     finally:

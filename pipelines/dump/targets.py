@@ -5,8 +5,6 @@ The dump writes these; online training computes them the same way, so both see i
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -14,6 +12,7 @@ from hskstore import codec
 from hskstore.config import Selection
 from hskstore.schema import layer_names
 from hskstore.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
+from pipelines.dump.attention_scores import query_key_scores
 from pipelines.dump.probe import ProbeOutput
 
 
@@ -38,12 +37,9 @@ def attention_rows(
     """
     b, t, d = k.shape
     n = positions.shape[1]
-    head = d // num_heads
     idx = torch.from_numpy(np.maximum(positions, 0).astype(np.int64)).to(q.device)
-    rows = q.float().gather(1, idx[..., None].expand(-1, -1, d))  # [B, N^L, d]
-    scores = torch.einsum(
-        "bnhe,bthe->bhnt", rows.view(b, n, num_heads, head), k.float().view(b, t, num_heads, head)
-    ) / math.sqrt(head)
+    rows = q.gather(1, idx[..., None].expand(-1, -1, d))  # [B, N^L, d]
+    scores = query_key_scores(rows, k, num_heads)  # the same bits on every device
     keep = (positions >= 0)[:, None, :, None] & (np.arange(t)[None, :] < lengths[:, None])[:, None, None, :]
     out = np.zeros((b, num_heads, n, max_length), dtype=np.float16)
     out[..., :t] = np.where(keep, np.clip(scores.cpu().numpy(), -FP16_MAX, FP16_MAX), 0.0)

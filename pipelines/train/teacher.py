@@ -77,13 +77,6 @@ def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if math.isnan(v) else round(float(v), 6)) for k, v in metrics.items()}
 
 
-def default_teacher_dir(task: str | Task) -> str:
-    """Where `hsk teacher` saves and `hsk dump` looks when no --teacher is given."""
-    from pipelines.core.tasks import get_task
-
-    return f"runs/teacher-{get_task(task).name}"
-
-
 def work_dir(out: Path) -> Path:
     """Where the loop trains (resumable): a hidden sibling of the teacher folder, removed at the end."""
     return out.parent / f".{out.name}.hsk-train"
