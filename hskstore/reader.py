@@ -390,9 +390,8 @@ class HSKStore:
     def dense(self, data: dict[str, np.ndarray], layer: KeptLayer | str) -> np.ndarray:
         """Zero-filled teacher vectors [n, N^L, d] float32 of a kept layer (docs/METHOD.md section 3)."""
         name = layer if isinstance(layer, str) else layer.name
-        return codec.dense(
-            data[f"{name}/values"], data[f"{name}/masks"], self.hidden_size, data.get(f"{name}/scale")
-        )
+        return codec.dense(self.selection.value_dtype, data[f"{name}/values"], data[f"{name}/masks"],
+                           self.hidden_size, data.get(f"{name}/scale"))
 
     # --- checking ----------------------------------------------------------------------------
     def verify(self, progress=None) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from zarr.codecs import BloscCodec, BloscShuffle
 
-from . import codec
+from . import codecs
 from .config import HSKConfig
 from .meta import MLM, TASK, Layout, objective_of
 
@@ -111,7 +111,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
         spec("token_type_ids", (length,), "uint8"),
         spec("length", (), "int16"),
     ]
-    values = codec.value_arrays(sel["value_dtype"], n_width)
+    values = codecs.get(sel["value_dtype"]).arrays(n_width)
     for layer in layer_names(n_layers):
         specs += [
             spec(f"{layer}/positions", (n_tokens,), "int16"),
