@@ -172,10 +172,5 @@ def shard_bounds(meta: dict, shard: int) -> tuple[int, int]:
 
 
 def make_layout(n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: int | None = None) -> dict:
-    """Rows per shard (the unit of writing and of streaming) and per chunk (the unit of random reads)."""
-    shard_rows = max(1, min(shard_rows, max(n_rows, 1)))
-    if chunk_rows is None:
-        chunk_rows = shard_rows // 4 if shard_rows % 4 == 0 and shard_rows >= 64 else shard_rows
-    if shard_rows % chunk_rows:
-        raise ValueError(f"shard_rows {shard_rows} must be a multiple of chunk_rows {chunk_rows}")
-    return Layout(n_rows, shard_rows, chunk_rows, n_width).to_dict()
+    """Layout.of as its mapping (hskstore.meta)."""
+    return Layout.of(n_rows, n_width, shard_rows, chunk_rows).to_dict()

@@ -37,9 +37,19 @@ from hskstore.config import (
 )
 from hskstore.errors import printable
 from hskstore.layermap import default_l_top, select_depth
-from hskstore.meta import DataRef, TaskRef
+from hskstore.meta import (
+    TASK,
+    TASK_TEACHER_KEYS,
+    TASK_TOKENIZER_KEYS,
+    DataRef,
+    Layout,
+    StoreMeta,
+    TaskRef,
+    TeacherRef,
+    TokenizerRef,
+)
 from hskstore.outputs import STORE, claim_output
-from hskstore.schema import attention_row_layers, make_layout
+from hskstore.schema import attention_row_layers
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, load_examples
@@ -220,33 +230,27 @@ def store_metadata(
     cfg = model.config
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
-    return {
-        "task": TaskRef(task.name, split, task.labels, task.is_regression, task.metric).to_dict(),
-        "dataset": DataRef(examples.source, examples.fingerprint, len(examples)).to_dict(),
-        "teacher": {
-            "name": reference["path"] or reference["hub_id"],
-            **reference,
-            "weights_hash": weights_hash(model),
-            "architecture": type(model).__name__,
-            "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size,
-            "num_labels": cfg.num_labels,
-            "max_positions": position_limit(cfg),
+    name = reference["path"] or reference["hub_id"]
+    return StoreMeta(
+        objective=TASK,
+        task=TaskRef(task.name, split, task.labels, task.is_regression, task.metric),
+        dataset=DataRef(examples.source, examples.fingerprint, len(examples)),
+        teacher=TeacherRef(
+            name, **reference, weights_hash=weights_hash(model), architecture=type(model).__name__,
+            num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, num_labels=cfg.num_labels,
+            max_positions=position_limit(cfg),
             **{k: identity.get(k) for k in ("task", "labels", "problem_type", "identity_from", "task_fit")},
-        },
-        "tokenizer": {
-            "name": reference["path"] or reference["hub_id"],
-            **reference,
-            "vocab_hash": vocab_hash(tokenizer),
-            "vocab_size": len(tokenizer),
-            "cls_id": tokenizer.cls_token_id,
-            "sep_id": tokenizer.sep_token_id,
-            "pad_id": tokenizer.pad_token_id,
-        },
-        "max_length": max_length,
-        "selection": selection.to_dict(),
-        "layout": make_layout(len(examples), selection.n_width, shard_rows),
-    }
+            written=TASK_TEACHER_KEYS,
+        ),
+        tokenizer=TokenizerRef(
+            name, **reference, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
+            cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id, pad_id=tokenizer.pad_token_id,
+            written=TASK_TOKENIZER_KEYS,
+        ),
+        max_length=max_length,
+        selection=selection.to_dict(),
+        layout=Layout.of(len(examples), selection.n_width, shard_rows),
+    ).to_dict()
 
 
 def compute_record(batch_size: int, device: str, torch_threads: int | None = None) -> dict:
