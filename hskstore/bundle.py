@@ -103,7 +103,7 @@ def _is_bundle_file(path: Path) -> bool:
 
 def _is_store_folder(path: Path) -> bool:
     try:
-        return META_KEY in zarr.open_group(str(path), mode="r").attrs
+        return META_KEY in zarr.open_group(zarr_location(str(path)), mode="r").attrs
     except Exception:
         return False
 

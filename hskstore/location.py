@@ -15,6 +15,7 @@ stdlib + fsspec + zarr's zip stores only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import shutil
@@ -29,7 +30,7 @@ import fsspec
 import zarr
 
 from .errors import StoreError
-from .zarr_adapter import RemoteZipStore, zip_store
+from .zarr_adapter import ObjectReader, RemoteZipStore, local_store, read_files_here, zip_store
 
 # Where outputs can go besides local folders: object stores and network filesystems (fsspec protocols).
 # memory:// is for code in one process (tests); a command refuses it, since it is gone when hsk exits.
@@ -81,6 +82,17 @@ class Location(ABC):
 
     url: str
     writable = True  # a command may write outputs here
+
+    # --- array data: zarr reads and writes through a store made here, never from a URL string ---
+    @abstractmethod
+    def zarr_store(self, mode: str = "r") -> zarr.abc.store.Store:
+        """The zarr store over this folder, opened in `mode` ("r": read-only; "r+", "w-", ...) as zarr
+        opens a path or URL string: a new backend is a Location subclass, not a URL zarr knows."""
+
+    def object_reader(self) -> ObjectReader | None:
+        """A reader of raw objects under this folder that beats asking the zarr store (the loader's shard
+        objects), or None: the zarr store is asked, concurrently on its event loop."""
+        return None
 
     # --- naming ---
     @abstractmethod
@@ -314,6 +326,12 @@ class LocalLocation(Location):
                 out.append(LocalLocation(str(sibling)))
         return out
 
+    def zarr_store(self, mode: str = "r") -> zarr.storage.LocalStore:
+        return local_store(self.path, mode)
+
+    def object_reader(self) -> ObjectReader:
+        return functools.partial(read_files_here, self.path)  # picklable, like the store that holds it
+
     def zip_store(self):
         if not self.path.is_file():
             raise StoreError(f"no bundle at {self.url}: check the path (make one with `hsk pack STORE "
@@ -501,6 +519,9 @@ class RemoteLocation(Location):
             self.fs.rm_file(path)
         return found
 
+    def zarr_store(self, mode: str = "r") -> zarr.abc.store.Store:
+        return zarr.storage.FsspecStore.from_url(self.url, read_only=mode == "r")
+
     def zip_store(self):
         return RemoteZipStore(self.url)
 
@@ -564,7 +585,17 @@ def is_bundle(url: str) -> bool:
     return str(url).rstrip("/").lower().endswith(".zip")
 
 
-def zarr_location(url: str):
-    """What zarr.open_group should open for url: a read-only ZipStore for a bundle, else the URL itself."""
+def zarr_location(url: str, mode: str = "r") -> zarr.abc.store.Store:
+    """The zarr store for url, made by its Location: a read-only ZipStore for a bundle, else the folder's
+    store opened in `mode` (a bundle is only read)."""
     url = str(url)
-    return location(url).zip_store() if is_bundle(url) else url
+    if is_bundle(url):
+        if mode != "r":
+            raise StoreError(f"{url} is a bundle: it is only read (unpack it to write)")
+        return location(url).zip_store()
+    return location(url).zarr_store(mode)
+
+
+def object_reader(url: str) -> ObjectReader | None:
+    """The Location's own reader of url's raw objects (None for a bundle, and where zarr's store is better)."""
+    return None if is_bundle(str(url)) else location(str(url)).object_reader()
