@@ -119,7 +119,7 @@ def measure(values16: np.ndarray) -> dict:
     for name, (fn, nominal_bits) in CANDIDATES.items():
         decoded, codes, scales = fn(v)
         err = decoded - v
-        stored = sum(stored_bytes(a.reshape(a.shape[0], -1), "noshuffle" if a.itemsize == 1 else "bitshuffle")
+        stored = sum(stored_bytes(a.reshape(a.shape[0], -1), "noshuffle" if a.itemsize == 1 else "bitshuffle")[0]
                      for a in (codes, scales))
         rows[name] = {
             "rel_rmse": float(np.sqrt((err**2).sum()) / norm),
