@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from hskstore import codecs
-from hskstore.codecs import int4, mxfp4
+from hskstore.codecs import int4, mxfp4, nf3
 from hskstore.codecs.layout import GROUP, n_groups
 
 _ON_DEVICE: dict[tuple, torch.Tensor] = {}
@@ -160,6 +160,53 @@ class MXFP4(TorchCodec):
         return torch.where(nib >= 8, -mag, mag) * per_value(per_group, nib.shape[-1])
 
 
+class NF3(TorchCodec):
+    """hskstore.codecs.nf3 on tensors: the scale byte from frexp and root comparisons, no logarithm."""
+
+    name = "nf3"
+
+    def _scale_values(self, b: torch.Tensor) -> torch.Tensor:
+        k = b.to(torch.int64) - nf3.BIAS
+        roots = cached(("nf3 roots",), b.device, lambda: torch.from_numpy(nf3.ROOTS))
+        return roots.index_select(0, (k % nf3.STEPS).flatten()).view(k.shape) * _power_of_two(
+            torch.div(k, nf3.STEPS, rounding_mode="floor"))
+
+    def quantize(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        groups = grouped(values)
+        peak = groups.abs().amax(dim=-1)
+        frac, exp = torch.frexp(peak)
+        roots = cached(("nf3 roots",), peak.device, lambda: torch.from_numpy(nf3.ROOTS))
+        j = torch.searchsorted(roots, (2 * frac).contiguous(), side="left")
+        k = (nf3.STEPS * (exp.to(torch.int64) - 1) + j).clamp(-nf3.BIAS, nf3.BIAS - 1)
+        b = torch.where(peak > 0, k + nf3.BIAS, 0).to(torch.uint8)
+        x = groups / self._scale_values(b)[..., None]
+        mids = cached(("nf3 mids",), peak.device, lambda: torch.from_numpy(nf3.NF3_MID))
+        idx = torch.searchsorted(mids, x.contiguous(), side="left")
+        codes = ((idx - nf3.ZERO_INDEX) % 8).flatten(-2)[..., : values.shape[-1]]
+        return self._pack3(codes), b
+
+    @staticmethod
+    def _pack3(codes: torch.Tensor) -> torch.Tensor:
+        n = codes.shape[-1]
+        c = torch.nn.functional.pad(codes.to(torch.int32), (0, -n % 8)).view(*codes.shape[:-1], -(-n // 8), 8)
+        shifts = cached(("nf3 shifts",), codes.device, lambda: 3 * torch.arange(8, dtype=torch.int32))
+        word = (c << shifts).sum(-1, dtype=torch.int32)
+        out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1).to(torch.uint8)
+        return out.flatten(-2)[..., : -(-3 * n // 8)]
+
+    def decode(self, values: torch.Tensor, scale: torch.Tensor, n_width: int | None = None) -> torch.Tensor:
+        nbytes = values.shape[-1]
+        blocks = -(-nbytes // 3)  # explicit: a view of no rows cannot infer it
+        b = torch.nn.functional.pad(values.to(torch.int32), (0, -nbytes % 3)).view(*values.shape[:-1], blocks, 3)
+        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+        shifts = cached(("nf3 shifts",), values.device, lambda: 3 * torch.arange(8, dtype=torch.int32))
+        codes = ((word.unsqueeze(-1) >> shifts) & 7).flatten(-2)
+        codes = codes[..., : n_width if n_width is not None else 8 * nbytes // 3]
+        grid = cached(("nf3 grid",), values.device, lambda: torch.from_numpy(nf3.NF3_GRID))
+        level = grid.index_select(0, ((codes + nf3.ZERO_INDEX) % 8).flatten().long()).view(codes.shape)
+        return level * per_value(self._scale_values(scale), codes.shape[-1])
+
+
 _TWINS: dict[str, TorchCodec] = {}
 
 
@@ -175,5 +222,5 @@ def get(name: str) -> TorchCodec:
     return _TWINS[name]
 
 
-for _twin in (Float16(), Int8(), Int4(), MXFP4()):
+for _twin in (Float16(), Int8(), Int4(), MXFP4(), NF3()):
     register(_twin)
