@@ -17,7 +17,10 @@ as the store writes them).
 - int4/pow2/16: the same with groups of 16, i.e. the bytes of fp16 scales at 32: 4.5;
 - e2m1/pow2/32 via int8: MXFP4 (OCP microscaling; format 2's `mxfp4`): e2m1 codes
   {0,.5,1,1.5,2,3,4,6}, shared scale 2^(floor(log2 max) - 2), values beyond 6*scale saturate: 4.25;
-- e2m1/fp16/32: e2m1 codes with an fp16 scale max/6 per group: 4.5.
+- e2m1/fp16/32: e2m1 codes with an fp16 scale max/6 per group: 4.5;
+- nf3/log8/32 via int8: the `nf3` codec: 3-bit NormalFloat codes, 8 per 3 bytes, one scale byte
+  2^(b/8) per group of 32: 3.25. benchmarks/results/value_codecs_3bit.md: the 3-bit candidates it
+  was chosen from (int3, e2m0, no-zero and fitted grids; fp16, power-of-two and log scales).
 
 Writes benchmarks/results/value_codecs.json.
 """
@@ -99,6 +102,7 @@ CANDIDATES = {
     "int4/pow2/16": (lambda v: int4_pow2(v, 16), 4.5),
     "e2m1/pow2/32 via int8 (mxfp4)": (registered("mxfp4"), 4.25),
     "e2m1/fp16/32": (e2m1_fp16, 4.5),
+    "nf3/log8/32 via int8 (nf3)": (registered("nf3"), 3.25),
 }
 
 
