@@ -157,7 +157,7 @@ def run_offline(step: FakeStep, stream: StoreStream, layers, steps: int, epoch: 
     stream.set_epoch(epoch)
     t0 = time.perf_counter()
     it = iter(stream)
-    first = decode_batch(next(it), layers, D, "cpu")
+    first = decode_batch(next(it), layers, D, "cpu", stream.store.selection.value_dtype)
     startup = time.perf_counter() - t0
     step(first)
     wait = decode = 0.0
@@ -171,7 +171,7 @@ def run_offline(step: FakeStep, stream: StoreStream, layers, steps: int, epoch: 
             it = iter(stream)
             batch = next(it)
         b = time.perf_counter()
-        targets = decode_batch(batch, layers, D, "cpu")
+        targets = decode_batch(batch, layers, D, "cpu", stream.store.selection.value_dtype)
         c = time.perf_counter()
         step(targets)
         wait, decode = wait + b - a, decode + c - b
@@ -218,7 +218,7 @@ def main() -> None:
         warm = StoreStream(store, batch_size=args.batch_size, buffer_shards=args.buffer_shards, names=names)
         memory = []
         for batch in warm:
-            memory.append(decode_batch(batch, store.layers, D, "cpu"))
+            memory.append(decode_batch(batch, store.layers, D, "cpu", store.selection.value_dtype))
             if len(memory) == 64:
                 break
         step = calibrate(args.step_ms, args.batch_size, store.config.n_tokens, memory[0])

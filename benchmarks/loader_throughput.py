@@ -58,7 +58,7 @@ def breakdown(store, batch_size: int) -> dict[str, float]:
     stream = time.process_time() - cpu
     cpu = time.process_time()
     for batch in batches:
-        decode_batch(batch, store.layers, store.hidden_size, "cpu")
+        decode_batch(batch, store.layers, store.hidden_size, "cpu", store.selection.value_dtype)
     decode = time.process_time() - cpu
     return {"read_verify_us": round(read / n * 1e6, 1), "stream_us": round(stream / n * 1e6, 1),
             "decode_us": round(decode / n * 1e6, 1)}
@@ -69,7 +69,7 @@ def one_epoch(store, batch_size: int, workers: int, epoch: int) -> dict[str, flo
     stream.set_epoch(epoch)
     wall, cpu, n = time.perf_counter(), time.process_time(), 0
     for batch in stream:
-        out = decode_batch(batch, store.layers, store.hidden_size, "cpu")
+        out = decode_batch(batch, store.layers, store.hidden_size, "cpu", store.selection.value_dtype)
         n += int(out["input_ids"].shape[0])
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"examples": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),

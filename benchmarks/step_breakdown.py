@@ -47,7 +47,7 @@ def measure(store, names: list[str], batch_size: int) -> dict[str, float]:
     pool = {n: a.copy() for n, a in data.items()}
     slots = np.random.default_rng(0).permutation(shard_rows)[:batch_size]
     batch = stream._batch(pool, slots)
-    decode = cpu(lambda: decode_batch(batch, store.layers, D, "cpu"), 50)
+    decode = cpu(lambda: decode_batch(batch, store.layers, D, "cpu", store.selection.value_dtype), 50)
     return {
         "read_decompress_ms": cpu(lambda: store.read_shard(1, verify=False, names=names), 3) / per_shard * 1e3,
         "digest_ms": cpu(lambda: [shard_digest(data[n]) for n in names], 3) / per_shard * 1e3,

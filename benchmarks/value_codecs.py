@@ -17,7 +17,10 @@ as the store writes them).
 - int4/pow2/16: the same with groups of 16, i.e. the bytes of fp16 scales at 32: 4.5;
 - e2m1/pow2/32 via int8: MXFP4 (OCP microscaling; format 2's `mxfp4`): e2m1 codes
   {0,.5,1,1.5,2,3,4,6}, shared scale 2^(floor(log2 max) - 2), values beyond 6*scale saturate: 4.25;
-- e2m1/fp16/32: e2m1 codes with an fp16 scale max/6 per group: 4.5.
+- e2m1/fp16/32: e2m1 codes with an fp16 scale max/6 per group: 4.5;
+- nf3/log8/32 via int8: the `nf3` codec: 3-bit NormalFloat codes, 8 per 3 bytes, one scale byte
+  2^(b/8) per group of 32: 3.25. benchmarks/results/value_codecs_3bit.md: the 3-bit candidates it
+  was chosen from (int3, e2m0, no-zero and fitted grids; fp16, power-of-two and log scales).
 
 Writes benchmarks/results/value_codecs.json.
 """
@@ -30,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hskstore import codec
+from hskstore import codecs
+from hskstore.codecs import int4, layout, mxfp4
 from hskstore.selection import width_mask
 
 try:  # run as a script (python benchmarks/value_codecs.py) or as a module
@@ -53,54 +57,52 @@ def int4_pow2(v: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     """int4 codes under one power-of-two scale per group (the smallest 2^e >= max/7, an int8 exponent)."""
     grouped = _groups(v, size)
     peak = np.abs(grouped).max(axis=-1)
-    exp = np.ceil(np.log2(np.maximum(peak, 1e-30) / codec.INT4_MAX)).astype(np.int8)
+    exp = np.ceil(np.log2(np.maximum(peak, 1e-30) / int4.INT4_MAX)).astype(np.int8)
     scale = np.where(peak > 0, np.exp2(exp.astype(np.float32)), 0.0)
     safe = np.where(scale > 0, scale, 1.0)[..., None]
-    q = np.clip(np.rint(grouped / safe), -codec.INT4_MAX, codec.INT4_MAX)
+    q = np.clip(np.rint(grouped / safe), -int4.INT4_MAX, int4.INT4_MAX)
     decoded = (q * scale[..., None]).reshape(*v.shape[:-1], -1)[..., : v.shape[-1]]
-    packed = codec.pack_nibbles(q.reshape(*v.shape[:-1], -1)[..., : v.shape[-1]].astype(np.int8))
+    packed = layout.pack_nibbles(q.reshape(*v.shape[:-1], -1)[..., : v.shape[-1]].astype(np.int8))
     return decoded, packed, exp
 
 
 def e2m1_fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """e2m1 codes under an fp16 scale max/6 per group of 32 (not in the format)."""
-    grouped = _groups(v, codec.GROUP)
+    grouped = _groups(v, layout.GROUP)
     scale16 = (np.abs(grouped).max(axis=-1) / 6.0).astype(np.float16)
     scale = scale16.astype(np.float32)
     # an fp16 scale is 2^e times a mantissa: quantise v / mantissa with MXFP4's rounding at exponent e
-    codes, _ = codec.quantize_mxfp4_values((grouped / np.where(scale > 0, scale, 1.0)[..., None] * 4.0
+    codes, _ = mxfp4.quantize_mxfp4_values((grouped / np.where(scale > 0, scale, 1.0)[..., None] * 4.0
                                             ).reshape(*v.shape[:-1], -1)[..., : v.shape[-1]])
-    mag = codec.E2M1_GRID[codes & 7] * np.where(codes & 8, -1, 1)
-    decoded = mag * np.repeat(scale, codec.GROUP, axis=-1)[..., : v.shape[-1]]
-    return decoded, codec.pack_nibbles(codes), scale16
+    mag = mxfp4.E2M1_GRID[codes & 7] * np.where(codes & 8, -1, 1)
+    decoded = mag * np.repeat(scale, layout.GROUP, axis=-1)[..., : v.shape[-1]]
+    return decoded, layout.pack_nibbles(codes), scale16
 
 
-def int8(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q, s = codec.quantize_int8(v.astype(np.float16))
-    return codec.decode_values(q, s), q, s
-
-
-def four_bit(dtype: str):
+def registered(name: str):
+    """A registered codec (hskstore.codecs), exactly as a dump stores it."""
     def run(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        packed, s = codec.quantize_4bit(dtype, v.astype(np.float16))
-        return codec.decode_values(packed, s, v.shape[-1]), packed, s
+        codec = codecs.get(name)
+        values, s = codec.encode(v.astype(np.float16))
+        return codec.decode(values, s, v.shape[-1]), values, s
     return run
 
 
 def int4_direct(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    codes, s = codec.quantize_int4_values(v.astype(np.float16).astype(np.float32))
-    packed = codec.pack_nibbles(codes)
-    return codec.decode_values(packed, s, v.shape[-1]), packed, s
+    codec = codecs.get("int4")
+    values, s = codec.quantize(v.astype(np.float16).astype(np.float32))
+    return codec.decode(values, s, v.shape[-1]), values, s
 
 
 CANDIDATES = {
-    "int8": (int8, 8.0),
+    "int8": (registered("int8"), 8.0),
     "int4/fp16/32 direct": (int4_direct, 4.5),
-    "int4/fp16/32 via int8 (int4)": (four_bit("int4"), 4.5),
+    "int4/fp16/32 via int8 (int4)": (registered("int4"), 4.5),
     "int4/pow2/32": (lambda v: int4_pow2(v, 32), 4.25),
     "int4/pow2/16": (lambda v: int4_pow2(v, 16), 4.5),
-    "e2m1/pow2/32 via int8 (mxfp4)": (four_bit("mxfp4"), 4.25),
+    "e2m1/pow2/32 via int8 (mxfp4)": (registered("mxfp4"), 4.25),
     "e2m1/fp16/32": (e2m1_fp16, 4.5),
+    "nf3/log8/32 via int8 (nf3)": (registered("nf3"), 3.25),
 }
 
 
@@ -121,7 +123,7 @@ def measure(values16: np.ndarray) -> dict:
     for name, (fn, nominal_bits) in CANDIDATES.items():
         decoded, codes, scales = fn(v)
         err = decoded - v
-        stored = sum(stored_bytes(a.reshape(a.shape[0], -1), "noshuffle" if a.itemsize == 1 else "bitshuffle")
+        stored = sum(stored_bytes(a.reshape(a.shape[0], -1), "noshuffle" if a.itemsize == 1 else "bitshuffle")[0]
                      for a in (codes, scales))
         rows[name] = {
             "rel_rmse": float(np.sqrt((err**2).sum()) / norm),

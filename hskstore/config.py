@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from . import codecs
 from .errors import UserError
 
 
@@ -47,10 +48,8 @@ SCORES = Choice("--scores", "attention_scores", "attention scores", "Ranking sco
     ("pre-softmax", "reference code"), ("post-softmax", "paper text")))
 RANKING = Choice("--ranking", "ranking_map", "ranking map", "Attention ranking the tokens", (
     ("ltop12", "L_top=L map"), ("own", "each kept layer's own attention")))
-VALUES = Choice("--values", "value_dtype", "value dtype", "Value encoding", (  # int4 and mxfp4: format 2
-    ("float16", ""), ("int8", "an fp16 scale per vector"),
-    ("int4", "4-bit codes, an fp16 scale per group of 32 kept values"),
-    ("mxfp4", "OCP MXFP4: e2m1 codes, a power-of-two scale per 32")))
+VALUES = Choice("--values", "value_dtype", "value dtype", "Value encoding",  # the registered codecs
+                tuple((c.name, c.help) for c in codecs.declared()))
 ENGINE = Choice("--selection-engine", "selection_engine", "selection engine",
                 "Where tokens are ranked, masked and encoded", (
                     ("torch", "on the teacher's device; only the selected bytes leave it"),

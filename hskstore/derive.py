@@ -12,9 +12,9 @@ Every selection step of a dump is nested, so a smaller config is a sub-selection
   the whole vector. rand is the prefix of one seeded permutation. uniform index sets of two
   widths are not nested: only the same width can be derived.
 - values: precision only goes down, float16 -> int8 -> int4 or mxfp4, each step exactly as the
-  dump encodes (the dump's 4-bit codes are themselves quantised from its int8 values, so int8 ->
-  int4 here equals a direct int4 dump); quantised stores keep only codes, so they cannot re-rank
-  a narrower width.
+  dump encodes: a codec is quantised through its chain (hskstore.codecs: the dump's 4-bit codes are
+  themselves quantised from its int8 values, so int8 -> int4 here equals a direct int4 dump); only
+  a lossless store (float16) can re-rank a narrower width, quantised ones keep only codes.
 - attention rows (TinyBERT): one row per kept token slot, in the slots' order, so the first N^L'
   rows are kept; they are copied, or dropped with `attention_rows=False`.
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import codec
+from . import codec, codecs
 from .config import VALUE_DTYPES, ConfigError, HSKConfig, Selection, check_choices
 from .digest import array_checksum
 from .errors import CorruptStoreError, StoreExistsError
@@ -64,12 +64,12 @@ class DerivePlan:
 
 
 def _check_values(where: str, src: Selection, new_dtype: str, narrower: bool) -> None:
-    """Precision only goes down (float16 -> int8 -> int4 or mxfp4); only float16 re-ranks a narrower width."""
+    """Precision only goes down (along the target codec's chain); only a lossless store re-ranks a narrower width."""
     check_choices([("value dtype", new_dtype, VALUE_DTYPES)])
-    if not codec.can_convert(src.value_dtype, new_dtype):
+    if not codecs.can_convert(src.value_dtype, new_dtype):
         raise ConfigError(f"{where}: {src.value_dtype} values cannot become {new_dtype} (the precision is gone); "
                           "derive from the float16 store instead")
-    if narrower and src.value_dtype != "float16":
+    if narrower and not codecs.get(src.value_dtype).lossless:
         raise ConfigError(
             f"{where}: an {src.value_dtype} store keeps only quantised codes, which cannot re-rank a narrower "
             "width exactly; derive from the float16 store instead"
@@ -171,16 +171,12 @@ def _narrow(values16: np.ndarray, src_mask: np.ndarray, valid: np.ndarray, plan:
 def _requantize(data: dict[str, np.ndarray], src_name: str, nl: int, plan: DerivePlan) -> dict[str, np.ndarray]:
     """Values (and scales) of the same kept values in a lower precision, exactly as the dump encodes them."""
     values = data[f"{src_name}/values"][:, :nl]
-    if plan.src_dtype == plan.new_dtype:
-        out = {"values": values}
-        if f"{src_name}/scale" in data:
-            out["scale"] = data[f"{src_name}/scale"][:, :nl]
-        return out
-    if plan.src_dtype == "float16":  # the dump's own encoder on the same fp16 values
-        q, scale = codec.encode_kept(values, plan.new_dtype)
-    else:  # int8 -> 4-bit: the second step of the dump's float16 -> int8 -> 4-bit chain
-        q, scale = codec.quantize_4bit(plan.new_dtype, values, data[f"{src_name}/scale"][:, :nl])
-    return {"values": q, "scale": scale}
+    scale = data[f"{src_name}/scale"][:, :nl] if f"{src_name}/scale" in data else None
+    if plan.src_dtype != plan.new_dtype:  # the rest of the dump's chain, from the source's decoded values
+        source = codecs.get(plan.src_dtype)
+        decoded = source.decode(values, scale, plan.src_width)
+        values, scale = codecs.get(plan.new_dtype).requantize(plan.src_dtype, decoded)
+    return {"values": values} if scale is None else {"values": values, "scale": scale}
 
 
 def derive_layer(

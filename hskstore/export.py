@@ -47,13 +47,14 @@ def column_name(array: str) -> str:
 def shard_columns(store: HSKStore, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The exported columns of one shard's arrays: values decoded, scales folded in, float16 widened."""
     n_width = store.metadata.layout.n_width
+    values = store.metadata.selection.get("value_dtype")  # the store's codec, by name
     out = {}
     for name, array in data.items():
         if name.endswith("/scale"):
             continue  # folded into the decoded values
         if name.startswith("layers/") and name.endswith("/values"):
             scale = data.get(name[: -len("values")] + "scale")
-            array = codec.decode_values(array, scale, n_width)[..., :n_width].astype(np.float32)
+            array = codec.decode_values(values, array, scale, n_width)[..., :n_width].astype(np.float32)
         elif array.dtype == np.float16:
             array = array.astype(np.float32)
         out[column_name(name)] = array

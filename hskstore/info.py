@@ -239,7 +239,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
         f"   layers {teacher.num_layers}   d={sel.hidden_size}   weights {teacher.weights_hash[:19]}",
         f"made for   {teacher_fit(teacher.record)}",
         *_scores_line(teacher, sel),
-        f"precision  {printable(teacher.precision)} (the teacher's forward)",
+        f"precision  {printable(teacher.forward_precision)} (the teacher's forward)",
         _tokenizer_line(meta),
         f"config     {sel.config}   A={report['amount_of_hsk']:.3g} units   values {sel.value_dtype}",
         f"layers     teacher {list(sel.teacher_layers)} <- reference student entries {sel.student_entries}"

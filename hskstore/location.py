@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import os
 import shutil
@@ -34,7 +35,7 @@ import fsspec
 import zarr
 
 from .errors import CorruptStoreError, StoreError
-from .zarr_adapter import RemoteZipStore, zip_store
+from .zarr_adapter import ObjectReader, RemoteZipStore, local_store, read_files_here, zip_store
 
 # Where outputs can go besides local folders: object stores and network filesystems (fsspec protocols).
 # memory:// is for code in one process (tests); a command refuses it, since it is gone when hsk exits.
@@ -199,6 +200,17 @@ class Location(ABC):
 
     url: str
     writable = True  # a command may write outputs here
+
+    # --- array data: zarr reads and writes through a store made here, never from a URL string ---
+    @abstractmethod
+    def zarr_store(self, mode: str = "r") -> zarr.abc.store.Store:
+        """The zarr store over this folder, opened in `mode` ("r": read-only; "r+", "w-", ...) as zarr
+        opens a path or URL string: a new backend is a Location subclass, not a URL zarr knows."""
+
+    def object_reader(self) -> ObjectReader | None:
+        """A reader of raw objects under this folder that beats asking the zarr store (the loader's shard
+        objects), or None: the zarr store is asked, concurrently on its event loop."""
+        return None
 
     # --- naming ---
     @abstractmethod
@@ -441,6 +453,12 @@ class LocalLocation(Location):
                 out.append(LocalLocation(str(sibling)))
         return out
 
+    def zarr_store(self, mode: str = "r") -> zarr.storage.LocalStore:
+        return local_store(self.path, mode)
+
+    def object_reader(self) -> ObjectReader:
+        return functools.partial(read_files_here, self.path)  # picklable, like the store that holds it
+
     def zip_store(self):
         if not self.path.is_file():
             raise StoreError(f"no bundle at {self.url}: check the path (make one with `hsk pack STORE "
@@ -646,6 +664,9 @@ class RemoteLocation(Location):
             self.fs.rm_file(path)
         return found
 
+    def zarr_store(self, mode: str = "r") -> zarr.abc.store.Store:
+        return zarr.storage.FsspecStore.from_url(self.url, read_only=mode == "r")
+
     def zip_store(self):
         return RemoteZipStore(self.url)
 
@@ -725,14 +746,21 @@ def check_bundle(url: str) -> None:
         raise CorruptStoreError(f"{url} is not a trustworthy bundle: {problem}; ask for it again or pack it again")
 
 
-def zarr_location(url: str):
-    """What zarr.open_group should open for url: a read-only ZipStore for a bundle (its zip directory checked),
-    a local folder after `check_plain_tree`, else the URL itself."""
+def zarr_location(url: str, mode: str = "r") -> zarr.abc.store.Store:
+    """The zarr store for url, made by its Location: a read-only ZipStore for a bundle (its zip directory
+    checked), else the folder's store opened in `mode` after `check_plain_tree` (a bundle is only read)."""
     url = str(url)
     loc = location(url)
     if is_bundle(url):
+        if mode != "r":
+            raise StoreError(f"{url} is a bundle: it is only read (unpack it to write)")
         store = loc.zip_store()  # refuses a local path that is no file
         check_bundle(url)
         return store
     loc.check_plain_tree()
-    return url
+    return loc.zarr_store(mode)
+
+
+def object_reader(url: str) -> ObjectReader | None:
+    """The Location's own reader of url's raw objects (None for a bundle, and where zarr's store is better)."""
+    return None if is_bundle(str(url)) else location(str(url)).object_reader()

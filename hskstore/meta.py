@@ -10,7 +10,7 @@ written through them are byte-identical. numpy-free and torch-free.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 TASK = "task"  # meta["objective"] of a task store (the key is absent from task stores)
@@ -20,6 +20,16 @@ MLM = "mlm"  # meta["objective"] of a masked-LM store
 def objective_of(meta: Mapping[str, Any]) -> str:
     """The store kind a metadata dict describes: `task` unless it says otherwise."""
     return meta.get("objective", TASK)
+
+
+def _serialise(record: Any, written: tuple[str, ...] | None, extra: Mapping[str, Any]) -> dict:
+    """A reference record as its mapping: the `written` keys in that order (None included: a writer that
+    records a key records it even when empty), or, when `written` is None, every field that is not None
+    in declaration order. Keys that are no field (from a newer hsk) come from `extra`, the record read."""
+    names = {f.name for f in fields(record) if f.name not in ("record", "written")}
+    if written is None:
+        written = tuple(f.name for f in fields(record) if f.name in names and getattr(record, f.name) is not None)
+    return {key: getattr(record, key) if key in names else extra.get(key) for key in written}
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,16 @@ class Layout:
     def to_dict(self) -> dict:
         return {"n_rows": self.n_rows, "shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows,
                 "n_width": self.n_width}
+
+    @classmethod
+    def of(cls, n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: int | None = None) -> Layout:
+        """Rows per shard (the unit of writing and of streaming) and per chunk (the unit of random reads)."""
+        shard_rows = max(1, min(shard_rows, max(n_rows, 1)))
+        if chunk_rows is None:
+            chunk_rows = shard_rows // 4 if shard_rows % 4 == 0 and shard_rows >= 64 else shard_rows
+        if shard_rows % chunk_rows:
+            raise ValueError(f"shard_rows {shard_rows} must be a multiple of chunk_rows {chunk_rows}")
+        return cls(n_rows, shard_rows, chunk_rows, n_width)
 
     @property
     def n_shards(self) -> int:
@@ -84,12 +104,25 @@ class DataRef:
         return {"source": self.source, "fingerprint": self.fingerprint, "n_rows": self.n_rows}
 
 
+# The keys each dump writes, in its order (to_dict with `written`): stores' bytes stay what they were.
+TASK_TEACHER_KEYS = ("name", "path", "hub_id", "revision", "weights_hash", "architecture", "num_layers",
+                     "hidden_size", "num_labels", "max_positions", "task", "labels", "problem_type", "identity_from",
+                     "task_fit")
+MLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "num_layers", "hidden_size", "vocab_size")
+TASK_TOKENIZER_KEYS = ("name", "path", "hub_id", "revision", "vocab_hash", "vocab_size", "cls_id", "sep_id",
+                       "pad_id")
+MLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "cls_id", "sep_id", "pad_id", "mask_id")
+
+
 @dataclass(frozen=True)
 class TeacherRef:
-    """The teacher by portable reference (path, or hub id + revision) and weights hash.
+    """The teacher by portable reference (path, or hub id + revision) and weights hash, and what it was
+    fine-tuned for (`teacher_identity`).
 
     `record` is the recorded mapping as it is (model resolution and `hsk info`'s fit line read fields
-    that older stores lack).
+    that older stores lack); `written` the keys `to_dict` writes, in order (None: every field that is
+    set). A new field: add it with a None default (and to the writer's key list if every store of that
+    kind records it); stores without it read as None and serialise as before.
     """
 
     name: str
@@ -102,6 +135,12 @@ class TeacherRef:
     path: str | None = None
     hub_id: str | None = None
     revision: str | None = None
+    max_positions: int | None = None
+    task: str | None = None
+    labels: list[str] | None = None
+    problem_type: str | None = None
+    identity_from: str | None = None
+    task_fit: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # The teacher's transformers `model_type` and how its [CLS] attention rows were read
     # (pipelines/dump/scores.py), recorded where that is not the format's default reader,
@@ -110,14 +149,21 @@ class TeacherRef:
     scores: str | None = None
     # The forward's arithmetic (`hsk dump --precision`). Recorded only when not fp32, so fp32 stores keep the
     # bytes (and content address) of stores written before the option existed.
-    precision: str = "fp32"
+    precision: str | None = None
+    written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TeacherRef:
-        return cls(d["name"], d.get("weights_hash"), d.get("architecture"), d.get("num_layers"),
-                   d.get("hidden_size"), d.get("num_labels"), d.get("vocab_size"), d.get("path"), d.get("hub_id"),
-                   d.get("revision"), dict(d), model_type=d.get("model_type"), scores=d.get("scores"),
-                   precision=d.get("precision") or "fp32")
+        known = {f.name for f in fields(cls)} - {"name", "record", "written"}
+        return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
+
+    def to_dict(self) -> dict:
+        return _serialise(self, self.written, self.record)
+
+    @property
+    def forward_precision(self) -> str:
+        """The arithmetic of the teacher's forward: the recorded precision, fp32 where none is recorded."""
+        return self.precision or "fp32"
 
     @property
     def where(self) -> str:
@@ -136,11 +182,19 @@ class TokenizerRef:
     sep_id: int | None = None
     pad_id: int | None = None
     mask_id: int | None = None
+    path: str | None = None
+    hub_id: str | None = None
+    revision: str | None = None
+    record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TokenizerRef:
-        return cls(d["name"], d.get("vocab_hash"), d.get("vocab_size"), d.get("cls_id"), d.get("sep_id"),
-                   d.get("pad_id"), d.get("mask_id"))
+        known = {f.name for f in fields(cls)} - {"name", "record", "written"}
+        return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
+
+    def to_dict(self) -> dict:
+        return _serialise(self, self.written, self.record)
 
 
 @dataclass(frozen=True)
@@ -159,6 +213,11 @@ class MaskedLMSelection:
     def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
         return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
                    d["max_masked"], d["top_k"])
+
+
+# StoreMeta fields after the description, as the writer adds them (hskstore.writer)
+_BOOKKEEPING = ("sharing", "derived_from", "format_version", "complete", "identity", "created", "software_version",
+                "inputs_hash", "checksums", "stored_bytes", "manifest")
 
 
 @dataclass(frozen=True)
@@ -205,6 +264,19 @@ class StoreMeta:
             checksums=meta.get("checksums") or {}, derived_from=meta.get("derived_from"),
             sharing=meta.get("sharing"), raw=meta,
         )
+
+    def to_dict(self) -> dict:
+        """The serialised form a writer starts from: what the store describes (the objective only for a
+        kind other than `task`), then the bookkeeping fields that are set, in the writer's order."""
+        out = {} if self.objective == TASK else {"objective": self.objective}
+        out.update(task=self.task.to_dict(), dataset=self.dataset.to_dict(), teacher=self.teacher.to_dict(),
+                   tokenizer=self.tokenizer.to_dict(), max_length=self.max_length, selection=dict(self.selection),
+                   layout=self.layout.to_dict())
+        for name in _BOOKKEEPING:
+            value = getattr(self, name)
+            if value not in (None, {}, False):
+                out[name] = dict(value) if isinstance(value, Mapping) else value
+        return out
 
     @property
     def inputs(self) -> str | None:

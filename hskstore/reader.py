@@ -13,7 +13,7 @@ from .access import raise_if_access
 from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
-from .location import url_problem, zarr_location
+from .location import object_reader, url_problem, zarr_location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
 from .outputs import recover_swap
@@ -88,12 +88,13 @@ def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
         raise StoreError(problem)
     if recover:
         recover_swap(url, only_if_missing=True)  # an --overwrite killed between its renames: the old store is back
-    location = zarr_location(url)  # a folder or URL as it is; a bundle through its zip reader
-    try:
-        group = zarr.open_group(location, mode="r")
+    try:  # the store its Location makes: a folder's or URL's, a bundle's zip reader
+        group = zarr.open_group(zarr_location(url), mode="r")
         meta = group.attrs.asdict().get(META_KEY)
     except FileNotFoundError:
         raise StoreError(f"no store at {url}: check the path (make one with `hsk dump`)") from None
+    except StoreError:  # the Location's own refusal (no bundle there)
+        raise
     except Exception as exc:
         raise_if_access(exc, url)  # a healthy store behind a wrong secret or endpoint is not damaged
         raise CorruptStoreError(
@@ -160,6 +161,7 @@ class HSKStore:
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
         self._formats: dict[str, ShardLayout | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
+        self._objects = object_reader(self.url)  # the Location's own shard-object reads (a local folder's)
         members = self._members()
         self._check_arrays(members)
         if meta.get("complete"):
@@ -339,7 +341,8 @@ class HSKStore:
         if any(f is None for f in formats):
             return self._read_copied(slice(start, stop), names, out)
         into = None if out is None else [out[name] for name in names]
-        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start, into))
+        return self._checked(names, read_shards([self._array(n) for n in names], formats, shard, stop - start, into,
+                                                       self._objects))
 
     def _read_copied(self, rows: slice, names: list[str], out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """zarr's read of the rows, copied into `out` when given."""
@@ -396,9 +399,8 @@ class HSKStore:
     def dense(self, data: dict[str, np.ndarray], layer: KeptLayer | str) -> np.ndarray:
         """Zero-filled teacher vectors [n, N^L, d] float32 of a kept layer (docs/METHOD.md section 3)."""
         name = layer if isinstance(layer, str) else layer.name
-        return codec.dense(
-            data[f"{name}/values"], data[f"{name}/masks"], self.hidden_size, data.get(f"{name}/scale")
-        )
+        return codec.dense(self.selection.value_dtype, data[f"{name}/values"], data[f"{name}/masks"],
+                           self.hidden_size, data.get(f"{name}/scale"))
 
     # --- checking ----------------------------------------------------------------------------
     def verify(self, progress=None) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from zarr.codecs import BloscCodec, BloscShuffle
 
-from . import codec
+from . import codecs
 from .config import HSKConfig
 from .meta import MLM, TASK, Layout, objective_of
 
@@ -111,7 +111,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
         spec("token_type_ids", (length,), "uint8"),
         spec("length", (), "int16"),
     ]
-    values = codec.value_arrays(sel["value_dtype"], n_width)
+    values = codecs.get(sel["value_dtype"]).arrays(n_width)
     for layer in layer_names(n_layers):
         specs += [
             spec(f"{layer}/positions", (n_tokens,), "int16"),
@@ -172,10 +172,5 @@ def shard_bounds(meta: dict, shard: int) -> tuple[int, int]:
 
 
 def make_layout(n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: int | None = None) -> dict:
-    """Rows per shard (the unit of writing and of streaming) and per chunk (the unit of random reads)."""
-    shard_rows = max(1, min(shard_rows, max(n_rows, 1)))
-    if chunk_rows is None:
-        chunk_rows = shard_rows // 4 if shard_rows % 4 == 0 and shard_rows >= 64 else shard_rows
-    if shard_rows % chunk_rows:
-        raise ValueError(f"shard_rows {shard_rows} must be a multiple of chunk_rows {chunk_rows}")
-    return Layout(n_rows, shard_rows, chunk_rows, n_width).to_dict()
+    """Layout.of as its mapping (hskstore.meta)."""
+    return Layout.of(n_rows, n_width, shard_rows, chunk_rows).to_dict()

@@ -40,7 +40,7 @@ from .digest import array_checksum, shard_digest
 from .errors import CorruptStoreError, StoreExistsError
 from .lease import Lease, LeaseHeldError
 from .lineage import data_origin
-from .location import location
+from .location import location, zarr_location
 from .manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
 from .outputs import (
     LEASE_NAME,
@@ -82,7 +82,7 @@ def _read_meta(url: str) -> dict | None:
     if output_kind(url) is None:
         return None
     try:
-        group = zarr.open_group(url, mode="r", zarr_format=3)
+        group = zarr.open_group(zarr_location(url), mode="r", zarr_format=3)
     except FileNotFoundError:
         return None  # the lease alone: creation stopped before the group was written
     except Exception as exc:  # zarr.json unreadable
@@ -178,7 +178,7 @@ def remove_partials(url: str) -> list[str]:
 def _has_written_shards(url: str) -> bool:
     """Whether any shard of the store at url is marked written (False when its progress is unreadable)."""
     try:
-        return bool(zarr.open_array(f"{url.rstrip('/')}/{PROGRESS_DONE}", mode="r")[:].any())
+        return bool(zarr.open_array(zarr_location(url), path=PROGRESS_DONE, mode="r")[:].any())
     except Exception:  # missing or damaged progress records: nothing trustworthy was written
         return False
 
@@ -198,7 +198,7 @@ def _clear_structure(url: str) -> None:
 
 def _create_structure(url: str, meta: dict) -> None:
     """Write the group (hsk attributes in the same write) and every array; keeps the writer lease."""
-    group = zarr.create_group(url, attributes={META_KEY: meta}, zarr_format=3)
+    group = zarr.create_group(zarr_location(url, "w-"), attributes={META_KEY: meta}, zarr_format=3)
     _fault("after-group-created")
     specs = array_specs(meta)
     for i, spec in enumerate(specs):
@@ -218,7 +218,7 @@ def _create_structure(url: str, meta: dict) -> None:
 
 
 def _structure_complete(url: str, meta: dict) -> bool:
-    group = zarr.open_group(url, mode="r", zarr_format=3)
+    group = zarr.open_group(zarr_location(url), mode="r", zarr_format=3)
     names = {spec.name for spec in array_specs(meta)} | {PROGRESS_DONE, PROGRESS_DIGESTS}
     try:
         return all(isinstance(group.get(name), zarr.Array) for name in names)
@@ -236,7 +236,7 @@ class StoreWriter:
     def __init__(self, url: str, meta: dict, io_threads: int = 8):
         self.url = url
         self.meta = meta
-        self.group = zarr.open_group(url, mode="r+")
+        self.group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
         self.specs = array_specs(meta)
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
         # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
@@ -521,7 +521,7 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
         meta["upgraded"] = {"from_version": version, "software_version": software_version,
                             "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         meta.pop(MANIFEST_KEY, None)
-        group = zarr.open_group(url, mode="r+")
+        group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
         meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
         lease.check()
         group.attrs[META_KEY] = meta

@@ -24,6 +24,7 @@ import os
 import threading
 import warnings
 import zipfile
+from collections.abc import Callable
 
 import fsspec
 import numpy as np
@@ -65,24 +66,18 @@ def _shard_key(array: zarr.Array, shard: int) -> str:
     return f"{array.path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
 
 
-def _read_file(path: str) -> np.ndarray | None | BaseException:
-    try:  # never through a link (one planted after the store was opened and checked): ELOOP, reported as damage
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            return np.frombuffer(f.read(), dtype=np.uint8)
-    except FileNotFoundError:
-        return None  # not written: the fill value, as zarr reads it
-    except OSError as exc:
-        return exc
+ObjectReader = Callable[[list[str]], list[bytes | None | BaseException]]  # Location.object_reader()
 
 
-def fetch_objects(arrays: list[zarr.Array], shard: int) -> list[np.ndarray | None | BaseException]:
+def fetch_objects(arrays: list[zarr.Array], shard: int,
+                  objects: ObjectReader | None = None) -> list[np.ndarray | None | BaseException]:
     """The bytes of shard `shard`'s object of each array (None: not written; or the exception raised).
-    A local folder's files are read in the calling thread (a hop to zarr's event loop and its file
-    threads costs more CPU than the read); other stores are asked concurrently on zarr's event loop."""
+    With `objects` (the store's Location reads them itself: a local folder's files, in the calling
+    thread, since a hop to zarr's event loop and its file threads costs more CPU than the read) through
+    it; otherwise the zarr store is asked concurrently on zarr's event loop."""
     keys = [_shard_key(a, shard) for a in arrays]
-    store = arrays[0].store if arrays else None
-    if isinstance(store, zarr.storage.LocalStore) and all(a.store is store for a in arrays):
-        return [_read_file(str(store.root / key)) for key in keys]
+    if objects is not None:
+        return [np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, bytes) else raw for raw in objects(keys)]
 
     async def get(array: zarr.Array, key: str) -> np.ndarray | None:
         buf = await array.store.get(key, prototype=default_buffer_prototype())
@@ -95,13 +90,14 @@ def fetch_objects(arrays: list[zarr.Array], shard: int) -> list[np.ndarray | Non
 
 
 def read_shards(arrays: list[zarr.Array], formats: list[ShardLayout], shard: int, rows: int,
-                out: list[np.ndarray] | None = None) -> list[np.ndarray | BaseException]:
+                out: list[np.ndarray] | None = None, objects: ObjectReader | None = None
+                ) -> list[np.ndarray | BaseException]:
     """Whole shard `shard` of several arrays (its first `rows` rows): the shard objects fetched
     (fetch_objects), then decoded in the calling thread (blosc and numpy release the GIL, so reader
     threads decode in parallel); each result is the data or the exception raised. With `out` (one
     C-contiguous [rows, ...] array per array), the data is decoded into it."""
     results: list[np.ndarray | BaseException] = []
-    for i, (raw, fmt) in enumerate(zip(fetch_objects(arrays, shard), formats)):
+    for i, (raw, fmt) in enumerate(zip(fetch_objects(arrays, shard, objects), formats)):
         try:
             results.append(raw if isinstance(raw, BaseException) else _decode_into(raw, fmt, rows, out and out[i]))
         except Exception as exc:  # a damaged object: reported like zarr's own read errors
@@ -167,6 +163,26 @@ class RemoteZipStore(zarr.storage.ZipStore):
         self._file = fsspec.open(self.url, "rb").open()
         self._zf = zipfile.ZipFile(self._file, mode="r")
         self._is_open = True
+
+
+def local_store(root, mode: str) -> zarr.storage.LocalStore:
+    """zarr's LocalStore over a folder, opened in `mode` exactly as zarr opens a path string."""
+    return sync(zarr.storage.LocalStore.open(root=root, mode=mode, read_only=mode == "r"))
+
+
+def read_files_here(root, keys: list[str]) -> list[bytes | None | BaseException]:
+    """The objects `keys` under a local folder, read in the calling thread (None: not written)."""
+    out: list[bytes | None | BaseException] = []
+    for key in keys:
+        try:  # never through a link (one planted after the store was opened and checked): ELOOP, reported as damage
+            with os.fdopen(os.open(f"{root}/{key}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC),
+                           "rb") as f:
+                out.append(f.read())
+        except FileNotFoundError:
+            out.append(None)  # not written: the fill value, as zarr reads it
+        except OSError as exc:
+            out.append(exc)
+    return out
 
 
 def zip_store(path: str) -> zarr.storage.ZipStore:

@@ -23,6 +23,8 @@ DIGEST_DTYPE = {
     "int64": "<i8", "uint64": "<u8", "float16": "<f2", "float32": "<f4", "float64": "<f8",
 }
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+# "nf3: 3-bit values": the levels in ascending order; code c is level (c + 3) mod 8
+NF3 = np.array([-1.0, -0.5350, -0.2469, 0.0, 0.1833, 0.3819, 0.6229, 1.0], dtype=np.float32)
 
 
 # --- canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
@@ -183,8 +185,24 @@ def nibbles(packed: np.ndarray, n: int) -> np.ndarray:
     return both.reshape(*packed.shape[:-1], -1)[..., :n]
 
 
+def triplets(packed: np.ndarray, n: int) -> np.ndarray:
+    """"nf3: 3-bit values": code 8m + i is bits 3i..3i+2 of the little-endian 24-bit word of bytes 3m..3m+2."""
+    bits = np.unpackbits(packed, axis=-1, bitorder="little")[..., : 3 * n]
+    bits = bits.reshape(*packed.shape[:-1], n, 3).astype(np.uint8)
+    return bits[..., 0] | (bits[..., 1] << 1) | (bits[..., 2] << 2)
+
+
+def nf3_scale(b: np.ndarray) -> np.ndarray:
+    """s = 2^((b - 128) / 8): 2^(r/8) rounded to float32, times 2^q, for b - 128 = 8q + r, 0 <= r < 8."""
+    q, r = np.divmod(b.astype(np.int64) - 128, 8)
+    return (np.float32(2.0) ** (r / 8)).astype(np.float32) * (2.0 ** q).astype(np.float32)
+
+
 def decode(values: np.ndarray, scale: np.ndarray | None, value_dtype: str, n_width: int) -> np.ndarray:
     """Stored values -> the kept values as float32 [..., N^W]."""
+    if value_dtype == "nf3":
+        group = np.arange(n_width) // 32
+        return NF3[(triplets(values, n_width) + 3) % 8] * nf3_scale(scale)[..., group]
     if value_dtype == "float16":
         return values.astype(np.float32)
     if value_dtype == "int8":

@@ -15,7 +15,9 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore import codec, open_store
+from hskstore import codec, codecs, open_store
+from hskstore.codecs import layout, mxfp4
+from hskstore.codecs.int8 import quantize_int8
 from hskstore.info import format_report, storage_report
 from pipelines.cli import main
 from pipelines.train.stream import decode_batch, dense_targets
@@ -32,25 +34,25 @@ def heavy_tailed(shape, seed=0) -> np.ndarray:
 
 
 def per_value(group_scale: np.ndarray, n: int) -> np.ndarray:
-    return np.repeat(group_scale, codec.GROUP, axis=-1)[..., :n]
+    return np.repeat(group_scale, layout.GROUP, axis=-1)[..., :n]
 
 
 @pytest.mark.parametrize("n_width", [1, 7, 32, 38, 77])
 def test_int4_round_trip_within_half_a_step(n_width):
     v16 = heavy_tailed((40, 3, n_width), seed=n_width)
-    packed, scale = codec.quantize_4bit("int4", v16)
+    packed, scale = codec.encode_kept(v16, "int4")
     assert packed.shape == (40, 3, (n_width + 1) // 2) and packed.dtype == np.uint8
     assert scale.shape == (40, 3, -(-n_width // 32)) and scale.dtype == np.float16
-    decoded = codec.decode_values(packed, scale, n_width)
-    q8, s8 = codec.quantize_int8(v16)
-    int8_values = codec.decode_values(q8, s8)
+    decoded = codec.decode_values("int4", packed, scale, n_width)
+    q8, s8 = quantize_int8(v16)
+    int8_values = codec.decode_values("int8", q8, s8)
     step = per_value(scale.astype(np.float32), n_width)
     tol = 1e-6 * np.abs(int8_values).max()
     assert (np.abs(decoded - int8_values) <= step / 2 + tol).all()
     err = np.abs(decoded - v16.astype(np.float32))
     assert (err <= step / 2 + s8.astype(np.float32)[..., None] / 2 + tol).all()
     # the group scale is max|v| / 7: the largest value of each group gets code +-7
-    codes = codec.unpack_nibbles(packed, n_width)
+    codes = layout.unpack_nibbles(packed, n_width)
     assert ((codes == 7) | (codes == 9)).any()
 
 
@@ -60,9 +62,9 @@ def test_int4_nibble_order_and_exact_values():
     k = np.array([7, -3, 0, 5, -7, 1, 2, -1] * 4 + [-7, 4, 0, 6, 3], dtype=np.int8)  # groups: 32 + 5
     t = np.repeat(np.array([3, 2]), [32, 5])
     q8 = (k * t).astype(np.int8)[None]
-    packed, scale = codec.quantize_4bit("int4", q8, s8)
+    packed, scale = codecs.get("int4").requantize("int8", codec.decode_values("int8", q8, s8))
     np.testing.assert_array_equal(scale[0].astype(np.float32), [0.75, 0.5])
-    np.testing.assert_array_equal(codec.decode_values(packed, scale, 37)[0], q8[0] * np.float32(0.25))
+    np.testing.assert_array_equal(codec.decode_values("int4", packed, scale, 37)[0], q8[0] * np.float32(0.25))
     # value 2k in the low nibble, 2k+1 in the high nibble, 4-bit two's complement; odd tail padded 0
     assert packed[0, 0] == (7 | ((-3 & 0xF) << 4)) and packed[0, -1] == 3
 
@@ -75,10 +77,10 @@ def e2m1_half_step(mag: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("n_width", [5, 38, 77])
 def test_mxfp4_round_trip_within_half_a_step(n_width):
     v16 = heavy_tailed((40, 3, n_width), seed=10 + n_width)
-    packed, exps = codec.quantize_4bit("mxfp4", v16)
+    packed, exps = codec.encode_kept(v16, "mxfp4")
     assert exps.dtype == np.uint8 and exps.shape == (40, 3, -(-n_width // 32))
-    decoded = codec.decode_values(packed, exps, n_width)
-    int8_values = codec.decode_values(*codec.quantize_int8(v16))
+    decoded = codec.decode_values("mxfp4", packed, exps, n_width)
+    int8_values = codec.decode_values("int8", *quantize_int8(v16))
     scale = per_value(np.exp2(exps.astype(np.float32) - 127), n_width)
     # OCP MX: scale = 2^(floor(log2 max) - 2), so every value is below 8 scales
     assert (np.abs(int8_values) < 8 * scale).all()
@@ -87,19 +89,19 @@ def test_mxfp4_round_trip_within_half_a_step(n_width):
 
 
 def test_mxfp4_exact_on_the_grid_ties_to_even():
-    grid = np.concatenate([codec.E2M1_GRID, -codec.E2M1_GRID[1:]])  # 15 values
+    grid = np.concatenate([mxfp4.E2M1_GRID, -mxfp4.E2M1_GRID[1:]])  # 15 values
     x = np.resize(grid, 32).astype(np.float32) * 0.5  # group max 6 * 2^-1: scale 2^-1
-    codes, exps = codec.quantize_mxfp4_values(x[None])
+    codes, exps = mxfp4.quantize_mxfp4_values(x[None])
     assert exps[0, 0] == 127 - 1
-    np.testing.assert_array_equal(codec.decode_4bit(codec.pack_nibbles(codes), exps, 32)[0], x)
+    np.testing.assert_array_equal(codec.decode_values("mxfp4", layout.pack_nibbles(codes), exps, 32)[0], x)
     # midpoints go to the even code: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4
     mids = np.array([[0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]], dtype=np.float32)
-    codes, exps = codec.quantize_mxfp4_values(mids)
+    codes, exps = mxfp4.quantize_mxfp4_values(mids)
     assert exps[0, 0] == 127
-    np.testing.assert_array_equal(codec.E2M1_GRID[codes[0] & 7], [0, 1, 1, 2, 2, 4, 4, 6])
+    np.testing.assert_array_equal(mxfp4.E2M1_GRID[codes[0] & 7], [0, 1, 1, 2, 2, 4, 4, 6])
 
 
-@pytest.mark.parametrize("value_dtype", ["float16", "int8", "int4", "mxfp4"])
+@pytest.mark.parametrize("value_dtype", codecs.names())
 def test_torch_decode_equals_numpy(value_dtype):
     from hskstore.selection import width_mask
 
@@ -110,9 +112,9 @@ def test_torch_decode_equals_numpy(value_dtype):
     mask = width_mask(vectors, n_width, "mag", valid=valid)
     values, scale = codec.encode_values(vectors, mask, n_width, value_dtype)
     packed = codec.pack_mask(mask)
-    expected = codec.dense(values, packed, d, scale)
+    expected = codec.dense(value_dtype, values, packed, d, scale)
     got = dense_targets(torch.from_numpy(values), torch.from_numpy(packed), d,
-                        None if scale is None else torch.from_numpy(scale))
+                        None if scale is None else torch.from_numpy(scale), codec=value_dtype)
     np.testing.assert_array_equal(got.numpy(), expected)
     assert not expected[0, 3].any() and (expected[mask] != 0).any()
 
@@ -198,10 +200,10 @@ def test_format_1_store_still_opens_decodes_and_derives(tmp_path, capsys, monkey
     assert store.meta["format_version"] == 1 and store.verify() == []
     shard = store.read_shard(0)
     dense = store.dense(shard, store.layers[0])
-    expected = codec.decode_values(shard["layers/0/values"], shard["layers/0/scale"])
+    expected = codec.decode_values("int8", shard["layers/0/values"], shard["layers/0/scale"])
     np.testing.assert_array_equal(dense[codec.unpack_mask(shard["layers/0/masks"], 16)],
                                   expected[shard["layers/0/positions"] >= 0].reshape(-1))
-    batch = decode_batch(shard, store.layers, store.hidden_size, "cpu")
+    batch = decode_batch(shard, store.layers, store.hidden_size, "cpu", store.selection.value_dtype)
     np.testing.assert_array_equal(batch["dense_1"].numpy(), store.dense(shard, store.layers[1]))
     out = tmp_path / "v2-int4.zarr"
     assert main(["derive", str(src), "--config", "1,2,0.25", "--values", "int4", "--out", str(out),

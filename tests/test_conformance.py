@@ -15,9 +15,11 @@ import conformance_reader as reader
 import numpy as np
 import pytest
 
+from hskstore import codecs
+
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
-NAMES = ["float16", "int8", "int4", "mxfp4", "attention", "derived", "mlm"]
+NAMES = [*codecs.names(), "attention", "derived", "mlm"]  # a vector per registered value codec
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
 
 

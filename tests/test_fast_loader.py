@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_stream import D, build
 
-from hskstore import CorruptStoreError, codec, open_store
+from hskstore import CorruptStoreError, codec, codecs, open_store
 from hskstore.shard_codec import EMPTY_CHUNK, ShardLayout
 from pipelines.train.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
 
-CODECS = ["float16", "int8", "int4", "mxfp4"]
+CODECS = list(codecs.names())
 
 
 def zero_logits(shard: int, arrays: dict) -> None:
@@ -75,12 +75,12 @@ def test_damaged_shard_objects_are_refused(tmp_path):
     assert open_store(store.url).read_shard(1, verify=True)["row"].tolist() == list(range(8, 16))
 
 
-def assert_dense_same(values, masks, scale=None, d=D):
+def assert_dense_same(value_dtype, values, masks, scale=None, d=D):
     t = [torch.from_numpy(values), torch.from_numpy(masks), d, None if scale is None else torch.from_numpy(scale)]
-    new, old = dense_by_scatter(*t), dense_by_gather(*t)
+    new, old = dense_by_scatter(*t, codec=value_dtype), dense_by_gather(*t, codec=value_dtype)
     assert new.dtype == old.dtype == torch.float32
     assert same_bits(new.numpy(), old.numpy())
-    assert same_bits(new.numpy(), codec.dense(values, masks, d, scale))
+    assert same_bits(new.numpy(), codec.dense(value_dtype, values, masks, d, scale))
     return new
 
 
@@ -88,14 +88,14 @@ def assert_dense_same(values, masks, scale=None, d=D):
 def test_cpu_decode_is_bit_identical(stores, value_dtype):
     store = stores[value_dtype]
     for batch in StoreStream(store, batch_size=7, buffer_shards=3, seed=1):
-        out = decode_batch(batch, store.layers, store.hidden_size, "cpu")  # CPU tensors: dense_by_scatter
+        out = decode_batch(batch, store.layers, store.hidden_size, "cpu", value_dtype)  # CPU tensors: dense_by_scatter
         for i, layer in enumerate(store.layers):
             arrays = [batch[f"{layer.name}/values"], batch[f"{layer.name}/masks"], batch.get(f"{layer.name}/scale")]
-            new = assert_dense_same(*arrays)
+            new = assert_dense_same(value_dtype, *arrays)
             assert same_bits(out[f"dense_{i}"].numpy(), new.numpy())
             assert (new.numpy() != 0).any()
     unused = np.zeros_like(batch[f"{layer.name}/masks"])  # no used slot at all: zeros
-    assert not assert_dense_same(arrays[0], unused, arrays[2]).any()
+    assert not assert_dense_same(value_dtype, arrays[0], unused, arrays[2]).any()
 
 
 @pytest.mark.parametrize("d", [D, 64])  # masks of 3 bytes (padding bits), and of 8 (counted as one word)
@@ -109,19 +109,19 @@ def test_uneven_bit_counts_decode_alike(d):
     values = rng.normal(size=(5, 3, n_width)).astype(np.float16)
     values[0, 0, 0] = -0.0  # the sign of a kept zero survives
     t = [torch.from_numpy(values), torch.from_numpy(codec.pack_mask(mask)), d]
-    new, old = dense_by_scatter(*t), dense_by_gather(*t)
+    new, old = dense_by_scatter(*t, codec="float16"), dense_by_gather(*t, codec="float16")
     assert same_bits(new.numpy(), old.numpy())
-    assert torch.equal(dense_targets(*t), new)
+    assert torch.equal(dense_targets(*t, codec="float16"), new)
     assert np.count_nonzero(new.numpy()) == mask.sum() - 1  # all kept values but the -0.0
     assert np.signbit(new[0, 0, np.flatnonzero(mask[0, 0])[0]].item())
     full = np.zeros_like(mask)  # every vector keeps N^W: the uniform path
     for v in range(15):
         full.reshape(-1, d)[v, rng.choice(d, n_width, replace=False)] = True
     t[1] = torch.from_numpy(codec.pack_mask(full))
-    assert same_bits(dense_by_scatter(*t).numpy(), codec.dense(values, t[1].numpy(), d))
+    assert same_bits(dense_by_scatter(*t, codec="float16").numpy(), codec.dense("float16", values, t[1].numpy(), d))
 
 
-@pytest.mark.parametrize("value_dtype", ["float16", "int8", "mxfp4"])
+@pytest.mark.parametrize("value_dtype", CODECS)
 @pytest.mark.parametrize("d", [D, 64])
 def test_full_width_decodes_alike(value_dtype, d):
     """N^W = d (every value kept, HSK's full-width configs): the values are the vectors, no scatter."""
@@ -129,10 +129,10 @@ def test_full_width_decodes_alike(value_dtype, d):
     mask = np.ones((4, 3, d), dtype=bool)
     mask[1, 2] = mask[3, 0] = False  # unused token slots
     values, scale = codec.encode_values(rng.normal(size=(4, 3, d)).astype(np.float32), mask, d, value_dtype)
-    assert_dense_same(values, codec.pack_mask(mask), scale, d)
+    assert_dense_same(value_dtype, values, codec.pack_mask(mask), scale, d)
     mask[:] = True  # every slot used
     values, scale = codec.encode_values(rng.normal(size=(4, 3, d)).astype(np.float32), mask, d, value_dtype)
-    assert_dense_same(values, codec.pack_mask(mask), scale, d)
+    assert_dense_same(value_dtype, values, codec.pack_mask(mask), scale, d)
 
 
 def test_read_shard_into_given_arrays(stores):

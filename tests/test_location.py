@@ -124,3 +124,31 @@ def test_store_writer_shuts_its_pool(tmp_path):
         again.write_shard(shard, shard_arrays(meta, *again.shard_bounds(shard)))
         again.finalize()
     assert _write_threads() == [] and again.complete
+
+
+def test_array_data_goes_through_the_location(tmp_path, monkeypatch):
+    """The writer and the reader get their zarr store from the Location (a new backend is one class): every
+    store the dump's writer and the reader open here is made by LocalLocation.zarr_store."""
+    from test_store import make_meta, shard_arrays
+
+    from hskstore.errors import StoreError
+    from hskstore.location import zarr_location
+    from hskstore.reader import open_store
+    from hskstore.writer import writing
+
+    made = []
+    original = LocalLocation.zarr_store
+    monkeypatch.setattr(LocalLocation, "zarr_store", lambda self, mode="r": made.append(mode) or original(self, mode))
+    url, meta = str(tmp_path / "s.zarr"), make_meta()
+    with writing(url, meta) as writer:
+        for shard in writer.pending_shards():
+            writer.write_shard(shard, shard_arrays(meta, *writer.shard_bounds(shard)))
+        writer.finalize()
+    assert {"w-", "r+"} <= set(made)
+    made.clear()
+    store = open_store(url)
+    assert made and set(made) == {"r"} and store.group.store.read_only
+    assert store._objects is not None  # a local folder's shard objects are read by its Location
+    assert set(store.read_shard(0)) == set(store.specs)
+    with pytest.raises(StoreError, match="only read"):
+        zarr_location(str(tmp_path / "x.hsk.zip"), "r+")

@@ -156,7 +156,7 @@ def test_codec_round_trip(dtype):
     valid = np.array([[1, 1, 0]] * 4, dtype=bool)
     mask = width_mask(vectors, 6, "mag", valid=valid)
     values, scale = codec.encode_values(vectors, mask, 6, dtype)
-    dense = codec.dense(values, codec.pack_mask(mask), 20, scale)
+    dense = codec.dense(dtype, values, codec.pack_mask(mask), 20, scale)
     expected = np.where(mask, vectors, 0.0)
     tol = 1e-3 if dtype == "float16" else np.abs(vectors).max() / 127
     np.testing.assert_allclose(dense, expected, atol=tol, rtol=1e-3)

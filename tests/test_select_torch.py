@@ -14,13 +14,14 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore import codec, open_store
+from hskstore import codec, codecs, open_store
+from hskstore.codecs import mxfp4
 from hskstore.config import HSKConfig
 from pipelines.cli import main
+from pipelines.core import codecs_torch
 from pipelines.dump import select_torch
 from pipelines.dump.probe import ProbeOutput
 from pipelines.dump.select_torch import HostCopies, host_arrays, pack_mask, select_batch
-from pipelines.dump.select_torch import quantize_mxfp4_values as mxfp4_torch
 from pipelines.dump.stage import DumpOptions, build_selection
 from pipelines.dump.targets import encode_batch
 
@@ -80,7 +81,7 @@ def selection_for(config="3,6,0.3", **kw):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("values", ["float16", "int8", "int4", "mxfp4"])
+@pytest.mark.parametrize("values", codecs.names())
 @pytest.mark.parametrize("scores", ["pre-softmax", "post-softmax"])
 def test_every_codec_and_score_kind_gives_the_reference_bytes(seed, values, scores):
     probe, ids, lengths = crafted_probe(seed)
@@ -112,11 +113,11 @@ def test_codec_pieces_on_their_edges():
     mask = rng.random((7, 3, 45)) < 0.4
     assert pack_mask(torch.from_numpy(mask)).numpy().tobytes() == codec.pack_mask(mask).tobytes()
     # mxfp4: every grid midpoint (ties to the even code), saturation, zero groups, tiny and huge peaks
-    mids = np.concatenate([codec._E2M1_MID, codec.E2M1_GRID, [7.0, -0.25, -5.0, 0.0]]).astype(np.float32)
+    mids = np.concatenate([mxfp4.E2M1_MID, mxfp4.E2M1_GRID, [7.0, -0.25, -5.0, 0.0]]).astype(np.float32)
     groups = np.stack([mids * 2.0 ** e for e in (-20, -1, 0, 3, 40)] + [np.zeros_like(mids)])
     groups[:, 0] = 6.0 * 2.0 ** np.array([-20, -1, 0, 3, 40, 0]) * (groups[:, 0] != 0)  # peak sets the scale
-    ref_codes, ref_scale = codec.quantize_mxfp4_values(groups)
-    codes, scale = mxfp4_torch(torch.from_numpy(groups))
+    ref_codes, ref_scale = mxfp4.quantize_mxfp4_values(groups)
+    codes, scale = codecs_torch.get("mxfp4").quantize_codes(torch.from_numpy(groups))
     assert codes.numpy().tobytes() == ref_codes.tobytes() and scale.numpy().tobytes() == ref_scale.tobytes()
 
 
@@ -126,7 +127,7 @@ def test_cuda_engine_gives_the_reference_bytes():
     on_gpu = ProbeOutput(probe.logits.cuda(), {j: h.cuda() for j, h in probe.hidden.items()},
                          {k: s.cuda() for k, s in probe.cls_scores.items()},
                          {k: (q.cuda(), kk.cuda()) for k, (q, kk) in probe.qk.items()})
-    for values, scores in itertools.product(["float16", "int8", "int4", "mxfp4"], ["pre-softmax", "post-softmax"]):
+    for values, scores in itertools.product(codecs.names(), ["pre-softmax", "post-softmax"]):
         selection = selection_for(value_dtype=values, attention_scores=scores)
         ref = encode_batch(probe, ids, lengths, selection, SEP, T)
         copies = HostCopies()

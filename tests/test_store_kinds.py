@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hskstore import open_store
-from hskstore.meta import DataRef, Layout, StoreMeta, TaskRef
+from hskstore.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.outputs import STORE_ENTRIES
 from hskstore.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
 from hskstore.schema import array_specs, make_layout
@@ -61,6 +61,36 @@ def test_the_records_serialise_to_the_stored_bytes(name):
         assert json.dumps(again) == json.dumps(meta[key]), key
     layout = meta["layout"]
     assert make_layout(layout["n_rows"], layout["n_width"], layout["shard_rows"], layout["chunk_rows"]) == layout
+
+
+DESCRIPTION = ("objective", "task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
+
+
+@pytest.mark.parametrize("name", ["int8", "mlm", "derived", "attention"])
+def test_store_meta_serialises_to_the_stored_description(name):
+    """Reading and writing share one definition: StoreMeta.parse(meta).to_dict() gives the description the
+    dump wrote (teacher and tokenizer included) key for key, in order, and the typed bookkeeping."""
+    meta = _stored_meta(VECTORS / f"{name}.hsk.zip")
+    again = StoreMeta.parse(meta).to_dict()
+    described = [k for k in meta if k in DESCRIPTION]
+    assert list(again)[: len(described)] == described
+    assert json.dumps({k: again[k] for k in described}) == json.dumps({k: meta[k] for k in described})
+    for key in ("manifest", "checksums", "identity", "inputs_hash", "format_version", "derived_from"):
+        assert again.get(key) == meta.get(key), key
+
+
+def test_teacher_ref_grows_without_changing_old_bytes():
+    """A record read keeps its keys and order (unknown keys from a newer hsk too); one built without
+    `written` writes the fields that are set, so a new optional field costs old stores nothing."""
+    recorded = {"name": "t", "revision": None, "weights_hash": "sha256:1", "precision": "bf16", "num_layers": 2}
+    ref = TeacherRef.from_dict(recorded)
+    assert json.dumps(ref.to_dict()) == json.dumps(recorded) and ref.revision is None and ref.num_labels is None
+    assert TeacherRef("t", weights_hash="sha256:1", num_layers=2).to_dict() == {
+        "name": "t", "weights_hash": "sha256:1", "num_layers": 2}
+    written = TeacherRef("t", hub_id="org/t", written=("name", "path", "hub_id")).to_dict()
+    assert json.dumps(written) == json.dumps({"name": "t", "path": None, "hub_id": "org/t"})
+    tok = TokenizerRef.from_dict({"name": "t", "vocab_hash": "h", "mask_id": 4})
+    assert tok.to_dict() == {"name": "t", "vocab_hash": "h", "mask_id": 4} and tok.mask_id == 4
 
 
 @pytest.mark.parametrize("name", ["int8", "mlm", "attention"])

@@ -205,7 +205,7 @@ def test_decode_matches_codec_dense(tmp_path, value_dtype):
     store = build(tmp_path / "d.zarr", n_rows=30, shard_rows=16, value_dtype=value_dtype)
     stream = StoreStream(store, batch_size=7, buffer_shards=2)
     for batch in stream:
-        out = decode_batch(batch, store.layers, store.hidden_size, torch.device("cpu"))
+        out = decode_batch(batch, store.layers, store.hidden_size, torch.device("cpu"), value_dtype)
         for i, layer in enumerate(store.layers):
             expected = store.dense(batch, layer)
             assert out[f"dense_{i}"].dtype == torch.float32
@@ -226,7 +226,7 @@ def test_regression_labels_and_names_subset(tmp_path):
     stream = StoreStream(store, batch_size=4, names=["label", "logits"])
     batch = next(iter(stream))
     assert set(batch) == {"row", "label", "logits"}
-    out = decode_batch(batch, store.layers, store.hidden_size, "cpu")
+    out = decode_batch(batch, store.layers, store.hidden_size, "cpu", store.selection.value_dtype)
     assert set(out) == {"labels", "logits"} and out["labels"].dtype == torch.float32
     with pytest.raises(ValueError, match="no arrays"):
         StoreStream(store, batch_size=4, names=["nope"])

@@ -130,21 +130,24 @@ def dump_stores(work: Path) -> list[str]:
     """Every vector as a store folder in `work`; returns their names, in the order of the vectors."""
     (work / DATA_FILE).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS), encoding="utf-8")
     (work / "corpus.txt").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    from hskstore import codecs
+
     task = ["dump", "--task", "sst2", "--teacher", "teacher", "--data-file", DATA_FILE, *COMMON]
+    values_vectors = list(codecs.names())  # one vector per registered value codec
     with _cwd(work):
-        for values in ("float16", "int8", "int4", "mxfp4"):
+        for values in values_vectors:
             _hsk(*task, "--config", CONFIG, "--values", values, "--out", f"{values}.zarr")
         # pre-softmax scores: numpy's float32 exp (post-softmax) differs between CPU instruction sets
         _hsk(*task, "--config", CONFIG, "--attention-rows", "--tokens", "att", "--out", "attention.zarr")
         _hsk("dump", "--objective", "mlm", "--teacher", "mlm-teacher", "--text-file", "corpus.txt", "--top-k", "3",
              "--mask-seed", "1", "--max-length", "32", "--shard-rows", "2", "--device", "cpu", "--no-progress",
              "--out", "mlm.zarr")
-        for name in ("float16", "int8", "int4", "mxfp4", "attention", "mlm"):
+        for name in (*values_vectors, "attention", "mlm"):
             pin(f"{name}.zarr")
         # derive reads the pinned float16 store: its derived_from names the pinned source
         _hsk("derive", "float16.zarr", "--config", "2,3,0.3", "--values", "int4", "--out", "derived.zarr")
         pin("derived.zarr")
-    return ["float16", "int8", "int4", "mxfp4", "attention", "derived", "mlm"]
+    return [*values_vectors, "attention", "derived", "mlm"]
 
 
 def pin(url: str) -> None:
@@ -203,9 +206,10 @@ def expected(bundle: Path) -> dict:
                    for name, a in arrays.items()},
     }
     if meta.get("objective") != "mlm" and meta["layout"]["n_width"]:
-        n_width = meta["layout"]["n_width"]
+        n_width, codec = meta["layout"]["n_width"], meta["selection"]["value_dtype"]  # the store's codec, by name
         doc["decoded_values"] = {
-            name[: -len("/values")]: _numbers(decode_values(a, arrays.get(name[: -len("values")] + "scale"), n_width))
+            name[: -len("/values")]: _numbers(decode_values(codec, a, arrays.get(name[: -len("values")] + "scale"),
+                                                            n_width))
             for name, a in arrays.items() if name.endswith("/values")
         }
     return doc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hskstore.config import ConfigError
+from hskstore.config import VALUES, ConfigError
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -19,7 +19,7 @@ def catalog(
     teacher: str = typer.Option(None, "--teacher", help="Only stores of this teacher: weights hash (a prefix is "
                                 "enough) or part of its name."),
     config: str = typer.Option(None, "--config", help="Only stores of this config, e.g. 3,8,0.2."),
-    values: str = typer.Option(None, "--values", help="Only stores whose values are float16, int8, int4 or mxfp4."),
+    values: str = typer.Option(None, "--values", help=f"Only stores whose values are {', '.join(VALUES.values)}."),
     derived_from: str = typer.Option(None, "--derived-from", help="Only stores derived (at any depth) from the "
                                      "store with this content address (a prefix is enough)."),
     as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON (cards too with --html)."),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from hskstore.config import VALUES
 from hskstore.errors import UserError
 
 from .train_commands import method_options
@@ -113,7 +114,7 @@ def derive_cmd(
     store: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
     config: str = typer.Option(..., "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
     out: str = typer.Option(..., "--out", "-o", help="Path or fsspec URL of the new store."),
-    values: str = typer.Option(None, help="Value encoding: float16, int8, int4 or mxfp4, never more precise "
+    values: str = typer.Option(None, help=f"Value encoding: {', '.join(VALUES.values)}, never more precise "
                                "than the source's [default: the source's]."),
     attention_rows: bool = typer.Option(
         None,

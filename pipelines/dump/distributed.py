@@ -142,7 +142,7 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
     selection = Selection.from_dict(meta.selection)
     enc = encode(tokenizer, job.texts, job.max_length)
     computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
-                             engine=job.selection_engine, precision=meta.teacher.precision)
+                             engine=job.selection_engine, precision=meta.teacher.forward_precision)
     arrays = shard_payload(computed, enc, job.rows, job.text_hash, job.label)
     _writer(job.url, job.meta).write_shard(job.shard, arrays)
     release_free_memory()

@@ -25,8 +25,17 @@ from tqdm.auto import tqdm
 
 from hskstore import __version__
 from hskstore.config import ConfigError
-from hskstore.meta import MLM, DataRef, TaskRef
-from hskstore.schema import make_layout
+from hskstore.meta import (
+    MLM,
+    MLM_TEACHER_KEYS,
+    MLM_TOKENIZER_KEYS,
+    DataRef,
+    Layout,
+    StoreMeta,
+    TaskRef,
+    TeacherRef,
+    TokenizerRef,
+)
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, _read_table
@@ -180,24 +189,24 @@ def load_mlm_teacher(teacher: str, device: str) -> Any:
 def mlm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, masking: Masking,
                  max_length: int, top_k: int, shard_rows: int) -> dict:
     cfg = model.config
-    return {
-        "objective": MLM,
-        "task": TaskRef(MLM, "train").to_dict(),
-        "dataset": DataRef(corpus.source, corpus.fingerprint, len(corpus)).to_dict(),
-        "teacher": {
-            "name": teacher, "revision": model_revision(teacher), "weights_hash": weights_hash(model),
-            "architecture": type(model).__name__, "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
-        },
-        "tokenizer": {
-            "name": teacher, "vocab_hash": vocab_hash(tokenizer), "vocab_size": len(tokenizer),
-            "cls_id": tokenizer.cls_token_id, "sep_id": tokenizer.sep_token_id, "pad_id": tokenizer.pad_token_id,
-            "mask_id": tokenizer.mask_token_id,
-        },
-        "max_length": max_length,
-        "selection": masking.to_meta(max_length, top_k),
-        "layout": make_layout(len(corpus), top_k, shard_rows),
-    }
+    return StoreMeta(
+        objective=MLM,
+        task=TaskRef(MLM, "train"),
+        dataset=DataRef(corpus.source, corpus.fingerprint, len(corpus)),
+        teacher=TeacherRef(
+            teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
+            architecture=type(model).__name__, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size, written=MLM_TEACHER_KEYS,
+        ),
+        tokenizer=TokenizerRef(
+            teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer), cls_id=tokenizer.cls_token_id,
+            sep_id=tokenizer.sep_token_id, pad_id=tokenizer.pad_token_id, mask_id=tokenizer.mask_token_id,
+            written=MLM_TOKENIZER_KEYS,
+        ),
+        max_length=max_length,
+        selection=masking.to_meta(max_length, top_k),
+        layout=Layout.of(len(corpus), top_k, shard_rows),
+    ).to_dict()
 
 
 def compute_mlm_shard(model: Any, enc: dict, rows: np.ndarray, masking: Masking, tokenizer: Any, top_k: int,

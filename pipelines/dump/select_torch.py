@@ -1,9 +1,10 @@
 """Selection and encoding on the teacher's device, in torch: the same bytes as the numpy reference.
 
-`hskstore.selection` and `hskstore.codec` (numpy) stay the reference that `derive` and the readers
-use; this module computes the same arrays from a ProbeOutput without moving hidden states to the
-host: eligibility, ranking scores, top-N^L positions (stable: descending score, then ascending
-position), gathering, width masks, value codes and packed masks, batched over the batch and every
+`hskstore.selection` and `hskstore.codecs` (numpy) stay the reference that `derive` and the readers
+use (value codes: each codec's torch twin, pipelines/core/codecs_torch.py); this module computes the
+same arrays from a ProbeOutput without moving hidden states to the host: eligibility, ranking scores,
+top-N^L positions (stable: descending score, then ascending position), gathering, width masks, value
+codes and packed masks, batched over the batch and every
 kept layer. Only the selected arrays leave the device (`HostCopies`).
 
 Bit-exactness rules followed below (each checked against the reference in tests/test_select_torch.py):
@@ -26,10 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hskstore import codec
 from hskstore.config import Selection
 from hskstore.schema import layer_names
 from hskstore.selection import attention_scores, static_width_indices
+from pipelines.core import codecs_torch
 from pipelines.dump.attention_scores import query_key_scores
 from pipelines.dump.probe import ProbeOutput
 
@@ -166,74 +167,6 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     return (bits.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
-# --- value encoding -------------------------------------------------------------------------------------
-def quantize_int8(values16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """hskstore.codec.quantize_int8 on tensors: (int8 codes, fp16 scale [...])."""
-    v = values16.float()
-    scale16 = (v.abs().amax(dim=-1) / _const(127.0, v)).to(torch.float16)
-    scale = scale16.float()
-    safe = torch.where(scale > 0, scale, _const(1.0, scale))[..., None]
-    return torch.clamp(torch.round(v / safe), -127, 127).to(torch.int8), scale16
-
-
-def _grouped(values: torch.Tensor) -> torch.Tensor:
-    n = values.shape[-1]
-    padded = torch.nn.functional.pad(values.float(), (0, codec.n_groups(n) * codec.GROUP - n))
-    return padded.view(*values.shape[:-1], -1, codec.GROUP)
-
-
-def quantize_int4_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    grouped = _grouped(values)
-    scale16 = (grouped.abs().amax(dim=-1) / _const(codec.INT4_MAX, grouped)).to(torch.float16)
-    scale = scale16.float()
-    safe = torch.where(scale > 0, scale, _const(1.0, scale))[..., None]
-    q = torch.clamp(torch.round(grouped / safe), -codec.INT4_MAX, codec.INT4_MAX).to(torch.int8)
-    return q.flatten(-2)[..., : values.shape[-1]], scale16
-
-
-def _power_of_two(exp: torch.Tensor) -> torch.Tensor:
-    """2^exp as float32 for integer exp in [-127, 127], from its bits (2^-127 is subnormal)."""
-    bits = torch.where(exp >= -126, (exp + 127) << 23, torch.full_like(exp, 1 << 22))
-    return bits.to(torch.int32).view(torch.float32)
-
-
-def quantize_mxfp4_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    grouped = _grouped(values)
-    peak = grouped.abs().amax(dim=-1)
-    exp = torch.frexp(peak).exponent.to(torch.int64) - 1 - codec.E2M1_EMAX
-    exp = torch.where(peak > 0, exp.clamp(-codec.E8M0_BIAS, codec.E8M0_BIAS), -codec.E8M0_BIAS)
-    mag = torch.minimum(grouped.abs() / _power_of_two(exp)[..., None], _const(float(codec.E2M1_GRID[-1]), grouped))
-    mids = _cached(("e2m1",), grouped.device, lambda: torch.from_numpy(codec._E2M1_MID))
-    idx = torch.searchsorted(mids, mag.contiguous(), side="left")
-    nearest_mid = mids[idx.clamp(max=len(mids) - 1)]
-    tie_up = (idx < len(mids)) & (idx % 2 == 1) & (mag == nearest_mid)  # ties to the even code
-    idx = torch.where(tie_up, idx + 1, idx)
-    codes = idx | torch.where((grouped < 0) & (idx > 0), 8, 0)
-    scale = (exp + codec.E8M0_BIAS).to(torch.uint8)
-    return codes.to(torch.int8).flatten(-2)[..., : values.shape[-1]], scale
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    nib = (codes.to(torch.int16) & 0xF).to(torch.uint8)
-    nib = torch.nn.functional.pad(nib, (0, nib.shape[-1] % 2))
-    return nib[..., 0::2] | (nib[..., 1::2] << 4)
-
-
-def encode_kept(values16: torch.Tensor, value_dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """hskstore.codec.encode_kept on tensors (4-bit via int8, as the reference)."""
-    if value_dtype == "float16":
-        return values16, None
-    codes8, scale8 = quantize_int8(values16)
-    if value_dtype == "int8":
-        return codes8, scale8
-    if value_dtype not in codec.FOUR_BIT:
-        raise ValueError(f"unknown value dtype {value_dtype!r}")
-    dequantized = codes8.float() * scale8.float()[..., None]
-    quantize = quantize_int4_values if value_dtype == "int4" else quantize_mxfp4_values
-    codes, scale = quantize(dequantized)
-    return pack_nibbles(codes), scale
-
-
 # --- attention rows -------------------------------------------------------------------------------------
 def attention_rows(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
                    num_heads: int, max_length: int) -> torch.Tensor:
@@ -266,7 +199,7 @@ def _layer_arrays(probe: ProbeOutput, selection: Selection, teacher_layer: int, 
     mask = mask_from_indices(kept, vectors.shape[-1], valid)
     values16 = torch.where(valid[..., None], vectors.gather(-1, kept).to(torch.float16),
                            torch.zeros((), dtype=torch.float16, device=vectors.device))
-    values, scale = encode_kept(values16, selection.value_dtype)
+    values, scale = codecs_torch.get(selection.value_dtype).encode(values16)
     arrays = {"positions": ranked.positions, "scores": ranked.scores, "values": values, "masks": pack_mask(mask)}
     if scale is not None:
         arrays["scale"] = scale

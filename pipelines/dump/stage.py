@@ -39,9 +39,19 @@ from hskstore.config import (
 )
 from hskstore.errors import printable
 from hskstore.layermap import check_chosen_depth, default_l_top, select_depth
-from hskstore.meta import DataRef, TaskRef
+from hskstore.meta import (
+    TASK,
+    TASK_TEACHER_KEYS,
+    TASK_TOKENIZER_KEYS,
+    DataRef,
+    Layout,
+    StoreMeta,
+    TaskRef,
+    TeacherRef,
+    TokenizerRef,
+)
 from hskstore.outputs import STORE, claim_output
-from hskstore.schema import attention_row_layers, make_layout
+from hskstore.schema import attention_row_layers
 from hskstore.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, load_examples
@@ -239,35 +249,37 @@ def store_metadata(
     cfg = model.config
     reference = model_reference(teacher)
     identity = identity or teacher_identity(teacher, cfg)
-    return {
-        "task": TaskRef(task.name, split, task.labels, task.is_regression, task.metric).to_dict(),
-        "dataset": DataRef(examples.source, examples.fingerprint, len(examples)).to_dict(),
-        "teacher": {
-            "name": reference["path"] or reference["hub_id"],
-            **reference,
-            "weights_hash": weights_hash(model),
-            "architecture": type(model).__name__,
-            **score_record(cfg, list(selection.ranking_layers), attention_probe_layers(selection)),
-            "num_layers": cfg.num_hidden_layers,
-            "hidden_size": cfg.hidden_size,
-            "num_labels": cfg.num_labels,
-            "max_positions": position_limit(cfg),
+    name = reference["path"] or reference["hub_id"]
+    scores = score_record(cfg, list(selection.ranking_layers), attention_probe_layers(selection))
+    recorded = {**scores, **({} if precision == FP32 else {"precision": precision})}
+    return StoreMeta(
+        objective=TASK,
+        task=TaskRef(task.name, split, task.labels, task.is_regression, task.metric),
+        dataset=DataRef(examples.source, examples.fingerprint, len(examples)),
+        teacher=TeacherRef(
+            name, **reference, weights_hash=weights_hash(model), architecture=type(model).__name__,
+            num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, num_labels=cfg.num_labels,
+            max_positions=position_limit(cfg),
             **{k: identity.get(k) for k in ("task", "labels", "problem_type", "identity_from", "task_fit")},
-            **({} if precision == FP32 else {"precision": precision}),
-        },
-        "tokenizer": {
-            "name": reference["path"] or reference["hub_id"],
-            **reference,
-            "vocab_hash": vocab_hash(tokenizer),
-            "vocab_size": len(tokenizer),
-            "cls_id": tokenizer.cls_token_id,
-            "sep_id": tokenizer.sep_token_id,
-            "pad_id": tokenizer.pad_token_id,
-        },
-        "max_length": max_length,
-        "selection": selection.to_dict(),
-        "layout": make_layout(len(examples), selection.n_width, shard_rows),
-    }
+            **recorded, written=teacher_keys(scores, precision),
+        ),
+        tokenizer=TokenizerRef(
+            name, **reference, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
+            cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id, pad_id=tokenizer.pad_token_id,
+            written=TASK_TOKENIZER_KEYS,
+        ),
+        max_length=max_length,
+        selection=selection.to_dict(),
+        layout=Layout.of(len(examples), selection.n_width, shard_rows),
+    ).to_dict()
+
+
+def teacher_keys(scores: dict, precision: str) -> tuple[str, ...]:
+    """The teacher record's keys in the order stores have them: the score reader after `architecture` and the
+    precision last, each only where it is not the format's default (older stores keep their bytes)."""
+    at = TASK_TEACHER_KEYS.index("architecture") + 1
+    return (TASK_TEACHER_KEYS[:at] + tuple(scores) + TASK_TEACHER_KEYS[at:]
+            + (() if precision == FP32 else ("precision",)))
 
 
 def compute_record(batch_size: int, device: str, torch_threads: int | None = None) -> dict:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hskstore import codec
+from hskstore import codecs
 from hskstore.config import HSKConfig, Selection
 from hskstore.meta import StoreMeta
 from hskstore.reader import HSKStore
@@ -191,7 +191,7 @@ def estimate_bytes_per_example(
     label = 4 if meta.task.regression else 2
     # row int64, text_hash uint64, label, logits float32, input_ids, token_type_ids uint8, length int16
     per_row = 8 + 8 + label + 4 * meta.teacher.num_labels + length * (ids + 1) + 2
-    arrays = codec.value_arrays(value_dtype, cfg.n_width(d))
+    arrays = codecs.get(value_dtype).arrays(cfg.n_width(d))
     # positions int16, scores float32, values (and their scales), packed mask bits
     per_vector = 2 + 4 + (d + 7) // 8 + sum(
         int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in arrays.values())

@@ -21,7 +21,7 @@ import zarr
 from hskstore.config import HSKConfig
 from hskstore.derive import derive
 from hskstore.info import storage_report
-from hskstore.location import atomic_file
+from hskstore.location import atomic_file, zarr_location
 from hskstore.meta import StoreMeta
 from hskstore.reader import open_store
 from hskstore.schema import META_KEY
@@ -69,7 +69,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 def _read_meta(url: str) -> StoreMeta | None:
     """A store's metadata without opening it as an HSKStore (no array listing); None when unreadable."""
     try:
-        return StoreMeta.parse(zarr.open_group(url, mode="r").attrs.asdict()[META_KEY])
+        return StoreMeta.parse(zarr.open_group(zarr_location(url), mode="r").attrs.asdict()[META_KEY])
     except Exception:  # nothing there, or not a readable store: derive over it
         return None
 

@@ -365,7 +365,8 @@ class BatchMaker:
             self._teacher_targets(batch)
         if self.student_inputs is not None:
             self._restudent(batch)
-        return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device)
+        return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device,
+                            self.source.selection.value_dtype)
 
 
 def student_encoding(source: Source, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@
     for epoch in range(epochs):
         stream.set_epoch(epoch)
         for batch in stream:                    # dict of numpy arrays, one row per example
-            t = decode_batch(batch, store.layers, store.hidden_size, "cuda")
+            t = decode_batch(batch, store.layers, store.hidden_size, "cuda", store.selection.value_dtype)
 
 An epoch's order is global (`global_plan`), after MosaicML streaming's canonical nodes: the shard
 order is permuted (seeded by seed and epoch) and dealt round-robin to c = min(C, W, shards, global
@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hskstore import CorruptStoreError, HSKStore, IncompleteStoreError, codec
+from hskstore import CorruptStoreError, HSKStore, IncompleteStoreError
 from hskstore.config import ConfigError
+from pipelines.core import codecs_torch
 
 TRIMMED = ("input_ids", "token_type_ids")  # cut to the batch's longest text
 
@@ -529,54 +530,29 @@ def _luts(device: torch.device, n_width: int) -> tuple[torch.Tensor, torch.Tenso
     return _LUTS[key]
 
 
-_E2M1 = torch.from_numpy(codec.E2M1_GRID)
-
-
-def decode_values(values: torch.Tensor, scale: torch.Tensor | None, n_width: int | None = None) -> torch.Tensor:
-    """Stored values -> float32 [..., N^W] on their device; the torch twin of hskstore.codec.decode_values.
-
-    4-bit values (uint8, two codes per byte, low nibble first; one scale per group of 32): int4 with
-    fp16 scales, mxfp4 with uint8 E8M0 exponents. Without N^W an odd width decodes one trailing zero,
-    which no mask bit points at.
-    """
-    if values.dtype == torch.uint8:
-        nib = torch.stack([values & 0xF, values >> 4], dim=-1).flatten(-2)
-        nib = nib[..., : n_width or nib.shape[-1]]
-        if scale.dtype == torch.uint8:  # mxfp4: sign bit, 3-bit index into the e2m1 grid
-            mag = _E2M1.to(values.device).index_select(0, (nib & 7).flatten().long()).view(nib.shape)
-            codes = torch.where(nib >= 8, -mag, mag)
-            per_group = torch.exp2(scale.float() - codec.E8M0_BIAS)
-        else:  # int4: 4-bit two's complement
-            codes = ((nib.to(torch.int8) ^ 8) - 8).float()
-            per_group = scale.float()
-        return codes * per_group.repeat_interleave(codec.GROUP, dim=-1)[..., : nib.shape[-1]]
-    if scale is None:
-        return values.float()
-    return values.float() * scale.float().unsqueeze(-1)
-
-
 def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
-                  scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense.
+                  scale: torch.Tensor | None = None, *, codec: str) -> torch.Tensor:
+    """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense. `codec`: the
+    store's value codec by name (its torch twin decodes, pipelines/core/codecs_torch.py).
 
     Values are stored in index order under the mask, so the j-th set bit of a vector takes value j.
     On an accelerator, `dense_by_gather` (no host sync); on CPU, where a sync is free and gathers
     through [..., d] int64 indices are not, `dense_by_scatter`. Both give the same bits.
     """
     if packed.device.type == "cpu":
-        return dense_by_scatter(values, packed, hidden_size, scale)
-    return dense_by_gather(values, packed, hidden_size, scale)
+        return dense_by_scatter(values, packed, hidden_size, scale, codec=codec)
+    return dense_by_gather(values, packed, hidden_size, scale, codec=codec)
 
 
 def dense_by_gather(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
-                    scale: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: torch.Tensor | None = None, *, codec: str) -> torch.Tensor:
     """dense_targets without a host sync (for GPUs). Instead of unpacking bits and scattering
     through a boolean mask (a host sync, and several passes over [..., d]), each mask byte looks up
     its popcount and its bits' ranks in 256-entry tables; a cumsum over bytes gives each byte's
     first value, and one gather fills the output, clear bits reading a zero tail. Unused token
     slots (no bits) come out all zero.
     """
-    decoded = decode_values(values, scale)
+    decoded = codecs_torch.get(codec).decode(values, scale)
     n_width = decoded.shape[-1]
     pop, code = _luts(packed.device, n_width)
     lead, n_bytes = packed.shape[:-1], packed.shape[-1]
@@ -611,7 +587,7 @@ def _set_bits(masks: np.ndarray, hidden_size: int) -> np.ndarray:
 
 
 def _kept_values(values: torch.Tensor, scale: torch.Tensor | None, counts: np.ndarray,
-                 n_lead: int) -> tuple[torch.Tensor, np.ndarray | None]:
+                 n_lead: int, codec: str) -> tuple[torch.Tensor, np.ndarray | None]:
     """The used vectors' values decoded, each cut to its bit count ([n used, count] when the counts are
     all alike, else flat), and which vectors are used (None: all)."""
     rows = values.reshape(-1, values.shape[-1])
@@ -620,14 +596,14 @@ def _kept_values(values: torch.Tensor, scale: torch.Tensor | None, counts: np.nd
     if not counts.all():  # unused token slots: their values are not decoded
         used = counts > 0
         rows, scale, counts = rows[torch.from_numpy(used)], None if scale is None else scale[used], counts[used]
-    decoded = decode_values(rows, scale)
+    decoded = codecs_torch.get(codec).decode(rows, scale)
     if len(counts) and (counts == counts[0]).all():  # every used vector keeps N^W values: a slice
         return decoded[:, : int(counts[0])], used
     return decoded[torch.from_numpy(np.arange(decoded.shape[-1]) < counts[:, None])], used
 
 
 def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
-                     scale: torch.Tensor | None = None) -> torch.Tensor:
+                     scale: torch.Tensor | None = None, *, codec: str) -> torch.Tensor:
     """dense_targets for CPU tensors, through numpy (zero-copy): the flat indices of the set bits
     (unpackbits and flatnonzero, several times faster than torch's nonzero on CPU), the used vectors'
     values decoded and cut to their bit counts, one scatter into zeros; no [..., d] int64 pass. A store
@@ -635,7 +611,7 @@ def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: in
     masks = packed.numpy()
     lead = masks.shape[:-1]
     counts = _popcount(masks).reshape(-1)
-    kept, used = _kept_values(values, scale, counts, len(lead))
+    kept, used = _kept_values(values, scale, counts, len(lead), codec)
     out = np.zeros((*lead, hidden_size), dtype=np.float32)
     if kept.ndim == 2 and kept.shape[1] == hidden_size and hidden_size % 8 == 0:  # no padding bits counted
         vectors = out.reshape(-1, hidden_size)
@@ -648,8 +624,9 @@ def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: in
     return torch.from_numpy(out)
 
 
-def decode_batch(batch: dict, store_layers: list, hidden_size: int, device) -> dict[str, torch.Tensor]:
-    """Move a StoreStream batch to `device` and decode its teacher targets there.
+def decode_batch(batch: dict, store_layers: list, hidden_size: int, device, codec: str) -> dict[str, torch.Tensor]:
+    """Move a StoreStream batch to `device` and decode its teacher targets there (`codec`: the store's
+    value codec by name, `selection.value_dtype`).
 
     Returns input_ids, token_type_ids, attention_mask (long), labels (long, -1 = no gold label; float
     for regression, NaN = none), logits (float) and, per kept layer i (the i of "layers/i"):
@@ -682,6 +659,6 @@ def decode_batch(batch: dict, store_layers: list, hidden_size: int, device) -> d
             out[f"attention_{i}"] = _to(batch[f"{name}/attention"], device).float()
         out[f"dense_{i}"] = dense_targets(
             _to(batch[f"{name}/values"], device), _to(batch[f"{name}/masks"], device), hidden_size,
-            None if scale is None else _to(scale, device),
+            None if scale is None else _to(scale, device), codec=codec,
         )
     return out

@@ -1,0 +1,122 @@
+"""The value codec seam: what a codec is (`ValueCodec`) and the registry that finds one by name.
+
+A store names its codec once, in `selection.value_dtype`; every reader, decoder, derive step and
+exporter asks `get(name)` for it and never guesses from the arrays' dtypes. Codecs are declared by
+name and module (hskstore/codecs/__init__.py) and their module is imported on first lookup, so
+listing the names (the CLI's `--values` choices) loads no numpy. docs/guide/adding-a-codec.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, ClassVar
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+FULL = "float16"  # the precision a dump reads: every codec can be encoded (and derived) from it
+Arrays = dict[str, tuple[tuple[int, ...], str]]  # array ("values", "scale") -> (shape per kept vector, dtype)
+
+
+class UnknownCodecError(UserError, ValueError):
+    """A value codec name that no registered codec has."""
+
+
+class ValueCodec(ABC):
+    """One value encoding of the N^W kept activations of a vector (in increasing index order).
+
+    `quantize` turns float32 values into the stored arrays, `decode` turns them back into float32.
+    `via` chains codecs: a codec quantises the decoded values of its `via` codec (int4: float16 ->
+    int8 -> int4), so a store derived from a `via` store is byte for byte a direct dump. Codes are
+    plain numpy; the device twin (same bytes) lives outside hskstore (pipelines/core/codecs_torch.py).
+    """
+
+    name: ClassVar[str]
+    bits: ClassVar[float]  # stored bits per kept value, the scale's share included
+    via: ClassVar[str | None] = None  # the codec whose decoded values this one quantises (None: float16's)
+    lossless: ClassVar[bool] = False  # keeps the fp16 values themselves (only such a store re-ranks a width)
+
+    @abstractmethod
+    def arrays(self, n_width: int) -> Arrays:
+        """Per kept token vector: {"values": (shape, dtype)} and, for scaled codecs, "scale"."""
+
+    @abstractmethod
+    def quantize(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """float32 values [..., N^W] -> (stored values, stored scale or None)."""
+
+    @abstractmethod
+    def decode(self, values: np.ndarray, scale: np.ndarray | None, n_width: int | None = None) -> np.ndarray:
+        """Stored values -> float32 [..., N^W]; without N^W, every code the bytes hold (padding decodes too)."""
+
+    def encode(self, values16: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """fp16 kept values [..., N^W] -> the stored arrays, through the `via` chain as the dump encodes."""
+        return self.requantize(FULL, values16.astype("float32"))
+
+    def requantize(self, source: str, decoded: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The stored arrays of values that `source` decoded to, walking the `via` chain down from it."""
+        if self.via is None or self.via == source:
+            return self.quantize(decoded)
+        parent = get(self.via)
+        return self.quantize(parent.decode(*parent.requantize(source, decoded), decoded.shape[-1]))
+
+    def chain(self) -> tuple[str, ...]:
+        """This codec and the codecs it is quantised through, down to float16: what it can be derived from."""
+        names = [self.name]
+        while (via := get(names[-1]).via) is not None:
+            names.append(via)
+        return tuple(dict.fromkeys([*names, FULL]))
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A codec known by name before its module loads: the CLI lists it and its help without numpy."""
+
+    name: str
+    module: str  # the module (under hskstore.codecs, or absolute) whose CODEC is the instance
+    help: str  # what `--values` says of it ("" when the name says it)
+
+
+_DECLARED: dict[str, Declared] = {}
+_LOADED: dict[str, ValueCodec] = {}
+
+
+def declare(name: str, module: str, help: str = "") -> None:
+    """Register a codec by name; its module is imported (and its CODEC checked) on first `get`."""
+    _DECLARED[name] = Declared(name, module, help)
+
+
+def register(codec: ValueCodec, help: str = "") -> None:
+    """Register an already built codec instance (e.g. from a plugin or a test)."""
+    _DECLARED.setdefault(codec.name, Declared(codec.name, type(codec).__module__, help))
+    _LOADED[codec.name] = codec
+
+
+def names() -> tuple[str, ...]:
+    """Registered codec names, in registration order (float16 first: the default)."""
+    return tuple(_DECLARED)
+
+
+def declared() -> tuple[Declared, ...]:
+    return tuple(_DECLARED.values())
+
+
+def get(name: str) -> ValueCodec:
+    """The codec registered as `name`; UnknownCodecError (a user error) for any other name."""
+    if name not in _LOADED:
+        if name not in _DECLARED:
+            raise UnknownCodecError(f"unknown value dtype {name!r}; choose one of {', '.join(_DECLARED)}")
+        where = _DECLARED[name].module
+        codec = import_module(where if "." in where else f"{__package__}.{where}").CODEC
+        if codec.name != name:
+            raise TypeError(f"module {where} declares codec {codec.name!r}, registered as {name!r}")
+        _LOADED[name] = codec
+    return _LOADED[name]
+
+
+def can_convert(source: str, target: str) -> bool:
+    """Precision only goes down: `target` is `source`, or quantised (through its chain) from it."""
+    return source in get(target).chain()
