@@ -41,7 +41,7 @@ def test_bf16_store_names_its_precision_and_verifies(teacher, glue_dir, tmp_path
     out = tmp_path / "bf16.zarr"
     assert main(dump_args(teacher, glue_dir, out, "--precision", "bf16", "--attention-rows")) == 0
     store = open_store(str(out))
-    assert store.meta["teacher"]["precision"] == "bf16" and store.metadata.teacher.precision == "bf16"
+    assert store.meta["teacher"]["precision"] == "bf16" and store.metadata.teacher.forward_precision == "bf16"
     capsys.readouterr()
     assert main(["verify", str(out)]) == 0
     assert main(["info", str(out)]) == 0
@@ -57,7 +57,7 @@ def test_fp32_stores_keep_their_former_bytes(teacher, glue_dir, tmp_path, capsys
     assert main(dump_args(teacher, glue_dir, tmp_path / "auto.zarr")) == 0
     assert main(dump_args(teacher, glue_dir, tmp_path / "fp32.zarr", "--precision", "fp32")) == 0
     auto, fp32 = open_store(str(tmp_path / "auto.zarr")), open_store(str(tmp_path / "fp32.zarr"))
-    assert "precision" not in auto.meta["teacher"] and auto.metadata.teacher.precision == "fp32"
+    assert "precision" not in auto.meta["teacher"] and auto.metadata.teacher.forward_precision == "fp32"
     assert auto.meta["identity"] == fp32.meta["identity"] and auto.meta["checksums"] == fp32.meta["checksums"]
     assert main(["info", str(tmp_path / "auto.zarr")]) == 0
     assert "precision  fp32" in capsys.readouterr().out
