@@ -12,7 +12,7 @@ from . import card, codec, info
 from .access import raise_if_access
 from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
+from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
 from .location import url_problem, zarr_location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
@@ -91,7 +91,7 @@ def open_group(url: str) -> tuple[zarr.Group, dict]:
         group = zarr.open_group(location, mode="r")
         meta = group.attrs.asdict().get(META_KEY)
     except FileNotFoundError:
-        raise StoreError(f"no store at {url}: check the path (make one with `hsk dump`)") from None
+        raise StoreError(f"no store at {shown(url)}: check the path (make one with `hsk dump`)") from None
     except Exception as exc:
         raise_if_access(exc, url)  # a healthy store behind a wrong secret or endpoint is not damaged
         raise CorruptStoreError(
