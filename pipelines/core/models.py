@@ -150,7 +150,8 @@ def _load(loader: Callable[..., Any], name_or_path: str, what: str, **kwargs: An
     except Exception as exc:
         hub = f"{reason} and {path!r} is not in the hub cache" if reason else _first_line(exc)
         raise ModelLoadError(
-            f"cannot load {what} {name_or_path!r}: it is not a local folder, and the Hugging Face hub "
+            f"cannot load {what} {name_or_path!r}: it is not a local folder (no {Path(path).absolute()}), and the "
+            "Hugging Face hub "
             f"could not provide it ({hub}; the hub may be unreachable or the id unknown). {_what_to_pass(what)}"
         ) from None
 
