@@ -31,6 +31,17 @@ class ProvenanceError(StoreError):
     """The store was made by another teacher, tokenizer, dataset or config than expected."""
 
 
+def shown(path: object) -> str:
+    """A path as an error shows it: a local path absolute (resolved against the working folder, which a reader of
+    the message may no longer know), a URL as it is."""
+    import os
+
+    text = str(path)
+    if "://" in text:
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def printable(text: object, *, keep_newlines: bool = False) -> str:
     """`text` with control characters escaped (ESC as \\x1b...), for names that come from stores, files or
     checkpoints and go to a terminal. `keep_newlines` keeps line breaks of multi-line messages."""

@@ -105,7 +105,7 @@ def check_chosen_depth(n_keep: int, teacher_num_layers: int, chosen: int, l_top:
 
 
 def student_to_store_layers(
-    n_student: int, stored_entries: list[int], ref_student_layers: int
+    n_student: int, stored_entries: list[int], ref_student_layers: int, teacher_layers: int | None = None
 ) -> dict[int, int]:
     """Which student entry meets which stored entry when the student's depth differs from the reference.
 
@@ -122,10 +122,12 @@ def student_to_store_layers(
             k for k in range(len(stored_entries) + 1)
             if len({round(s * n_student / ref_student_layers) for s in stored_entries[len(stored_entries) - k:]}) == k
         )
+        # a dump for this student's depth is advised only where the dump takes it (not deeper than the teacher)
+        redump = (f", or dump for this student with --student-layers {n_student}"
+                  if teacher_layers is None or n_student <= teacher_layers else "")
         raise ConfigError(
             f"a {n_student}-layer student cannot take the {len(stored_entries)} stored layers "
             f"{stored_entries} (of a {ref_student_layers}-layer reference) one to one: derive at most {fits} "
-            f"layer{'s' if fits != 1 else ''} (hsk derive STORE --config {fits},NL,W), or dump for this student "
-            f"with --student-layers {n_student}"
+            f"layer{'s' if fits != 1 else ''} (hsk derive STORE --config {fits},NL,W){redump}"
         )
     return out

@@ -12,7 +12,7 @@ from . import card, codec, info
 from .access import raise_if_access
 from .config import ConfigError, HSKConfig, Selection
 from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError
+from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
 from .location import object_reader, url_problem, zarr_location
 from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
@@ -92,7 +92,7 @@ def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
         group = zarr.open_group(zarr_location(url), mode="r")
         meta = group.attrs.asdict().get(META_KEY)
     except FileNotFoundError:
-        raise StoreError(f"no store at {url}: check the path (make one with `hsk dump`)") from None
+        raise StoreError(f"no store at {shown(url)}: check the path (make one with `hsk dump`)") from None
     except StoreError:  # the Location's own refusal (no bundle there)
         raise
     except Exception as exc:

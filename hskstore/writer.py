@@ -37,7 +37,7 @@ from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
 from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, StoreExistsError
+from .errors import CorruptStoreError, StoreExistsError, shown
 from .lease import Lease, LeaseHeldError
 from .lineage import data_origin
 from .location import location, zarr_location
@@ -134,14 +134,14 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
     diff = _differences(existing, meta)
     if diff:
         wanted = [_HOW_TO_PASS[k].format(existing[k]) for k in diff if k in _HOW_TO_PASS] + _precision(existing, meta)
-        return (f"{url} holds an interrupted dump with a different {', '.join(diff)}: rerun with its original "
+        return (f"{shown(url)} holds an interrupted dump with a different {', '.join(diff)}: rerun with its original "
                 f"arguments to resume it{' (' + ', '.join(wanted) + ')' if wanted else ''}, pass --overwrite to "
                 "replace it, or choose another --out")
     diff = _compute_differences(existing, meta)
     if diff:
         old = existing[_COMPUTE_KEY]
         wanted = [_HOW_TO_PASS[k].format(*[old[k]] * 3) for k in diff]
-        return (f"{url} holds an interrupted dump computed with {', '.join(wanted)}; its bytes depend on "
+        return (f"{shown(url)} holds an interrupted dump computed with {', '.join(wanted)}; its bytes depend on "
                 f"{', '.join(diff)}: resume with the same, or pass --overwrite to start again")
     return None
 
@@ -303,7 +303,7 @@ class StoreWriter:
         if diff and existing.get("complete"):
             made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
             raise StoreExistsError(
-                f"{url} holds a complete store with a different {', '.join(diff)}{made}: pass --overwrite to "
+                f"{shown(url)} holds a complete store with a different {', '.join(diff)}{made}: pass --overwrite to "
                 "replace it, or choose another --out"
             )
         if existing.get("complete"):

@@ -254,3 +254,65 @@ def test_an_upgrade_writes_croissant_json(store, tmp_path, capsys):
     (old / "croissant.json").unlink()
     assert main(["upgrade", str(old)]) == 0
     assert json.loads((old / "croissant.json").read_text())["name"]
+
+
+# -- issue 39 item 5: every hint hsk prints works when followed ---------------------------------------------------
+# The hints of the errors a newcomer meets first, each followed as written (placeholders filled in): the command
+# it names then runs. Hints elsewhere: test_cli_errors (--overwrite on a dump), test_first_hour (a moved teacher,
+# --attention-rows), test_faults (hsk upgrade).
+
+
+def train_args(store, out: Path, glue_dir: Path, student: str, *extra: str) -> list[str]:
+    return ["train", "--store", str(store), "--student", student, "--out", str(out), "--max-steps", "1",
+            "--batch-size", "8", "--eval-limit", "8", "--no-progress", "--workers", "1", "--device", "cpu",
+            "--data-dir", str(glue_dir), *extra]
+
+
+def test_a_base_encoder_as_teacher_the_advice_makes_a_teacher(tiny_base_dir, glue_dir, tmp_path, capsys):
+    line = one_line(capsys, main(dump_args(tiny_base_dir, glue_dir, tmp_path / "s.zarr")), "not a fine-tuned")
+    advised = line.split("Fine-tune it first: ", 1)[1].split()
+    assert advised[:2] == ["hsk", "teacher"] and "minilm" not in line  # no base encoder offered as a teacher
+    teacher = tmp_path / "t"
+    args = [a if a != "TASK" else "sst2" for a in advised[1:]]
+    assert main([*args, "--data-dir", str(glue_dir), "--train-limit", "16", "--eval-limit", "8", "--epochs", "1",
+                 "--no-progress", "--device", "cpu", "--out", str(teacher)]) == 0
+    assert main(dump_args(teacher, glue_dir, tmp_path / "s.zarr", config="1,4,0.25")) == 0
+
+
+def test_a_missing_teacher_folder_is_shown_absolute_and_not_offered_minilm(glue_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_line(capsys, main(dump_args("./nothere/t", glue_dir, "s.zarr")), "hsk teacher --task TASK")
+    assert f"no such folder: {tmp_path / 'nothere' / 't'}." in line and "'minilm' for" not in line
+    line = one_line(capsys, main(dump_args("nothere/t", glue_dir, "s.zarr")), "hsk teacher --task TASK")
+    assert f"not a local folder (no {tmp_path / 'nothere' / 't'})" in line  # a hub id, or a relative folder
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_student_too_shallow_for_the_store_both_advices_work(store, glue_dir, tmp_path, teacher, capsys):
+    line = one_line(capsys, main(train_args(store, tmp_path / "r", glue_dir, "bert1")), "one to one")
+    derive = line.split("(hsk derive STORE --config ", 1)[1].split(")", 1)[0]  # N,NL,W
+    layers = derive.split(",")[0]
+    assert main(["derive", str(store), "--config", f"{layers},4,0.25", "--out", str(tmp_path / "d.zarr")]) == 0
+    assert main(train_args(tmp_path / "d.zarr", tmp_path / "r1", glue_dir, "bert1")) == 0
+    depth = line.rsplit("--student-layers ", 1)[1].strip()
+    assert main(dump_args(teacher, glue_dir, tmp_path / "s1.zarr", "--student-layers", depth, config="2,4,0.25")) == 0
+    assert main(train_args(tmp_path / "s1.zarr", tmp_path / "r2", glue_dir, "bert1")) == 0
+
+
+def test_too_many_layers_for_the_teacher_the_advice_works(teacher, glue_dir, tmp_path, capsys):
+    line = one_line(capsys, main(dump_args(teacher, glue_dir, tmp_path / "s.zarr", config="7,4,0.25")),
+                    "only 5 hidden states")
+    keep = line.split("keep at most N^D=", 1)[1].split()[0]
+    depth = line.split("with --student-layers ", 1)[1].split(",")[0]
+    assert main(dump_args(teacher, glue_dir, tmp_path / "s.zarr", "--student-layers", depth,
+                          config=f"{keep},4,0.25")) == 0
+
+
+@pytest.mark.parametrize("command", ["pack", "export"])
+def test_an_existing_output_the_overwrite_advice_works(store, tmp_path, capsys, command):
+    out = tmp_path / ("s.hsk.zip" if command == "pack" else "s.parquet")
+    assert main([command, str(store), str(out)]) == 0
+    capsys.readouterr()
+    line = one_line(capsys, main([command, str(store), str(out)]), "--overwrite")
+    assert str(tmp_path) in line  # the path in full
+    assert main([command, str(store), str(out), "--overwrite"]) == 0

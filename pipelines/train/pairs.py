@@ -44,7 +44,7 @@ def _store_entries(sel: Selection, n_student: int) -> tuple[list[int], str]:
         ref = sel.ref_student_layers
         if n_student == ref:
             return list(sel.student_entries), f"the store's reference student has the student's depth ({ref})"
-        m = student_to_store_layers(n_student, list(sel.student_entries), ref)
+        m = student_to_store_layers(n_student, list(sel.student_entries), ref, sel.teacher_num_layers)
         return [m[e] for e in sel.student_entries], (
             f"{n_student}-layer student mapped onto a {ref}-layer reference (top layers meet)"
         )
