@@ -58,11 +58,12 @@ def save_tokenizer(model_type: str, out: Path) -> Path:
     return build_tiny_tokenizer(out)
 
 
-def tiny_classifier(model_type: str, tokenizer, *, seed: int = 1, num_layers: int = 4):
+def tiny_classifier(model_type: str, tokenizer, *, seed: int = 1, num_layers: int = 4, **overrides):
     """A random AutoModelForSequenceClassification of `model_type` over `tokenizer`'s vocabulary, in eval mode."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    fields = dict(_CONFIGS[model_type], vocab_size=len(tokenizer), num_labels=2, pad_token_id=tokenizer.pad_token_id)
+    fields = dict(_CONFIGS[model_type], vocab_size=len(tokenizer), num_labels=2, pad_token_id=tokenizer.pad_token_id,
+                  **overrides)
     fields["n_layers" if model_type == "distilbert" else "num_hidden_layers"] = num_layers
     if model_type == "modernbert":
         fields.update(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id,
@@ -102,14 +103,25 @@ def eager_scores(model, enc: dict, monkeypatch) -> list[torch.Tensor]:
     return captured
 
 
-@pytest.mark.parametrize("model_type", ARCHITECTURES)
-def test_cls_rows_are_the_scores_the_model_computes(model_type, tmp_path, monkeypatch):
+# DeBERTa variants beside the v3 shape: separate position projections, one relative term, no log buckets,
+# DeBERTa-v2's absolute positions too.
+_DEBERTA_VARIANTS = {
+    "separate-c2p": dict(share_att_key=False, pos_att_type=["c2p"]),
+    "separate-p2c-unbucketed": dict(share_att_key=False, pos_att_type=["p2c"], position_buckets=-1,
+                                    max_relative_positions=24),
+    "v2-absolute-positions": dict(position_biased_input=True, position_buckets=-1),
+}
+
+
+@pytest.mark.parametrize("model_type, overrides", [(t, {}) for t in ARCHITECTURES] + [
+    ("deberta-v2", _DEBERTA_VARIANTS[v]) for v in _DEBERTA_VARIANTS], ids=ARCHITECTURES + list(_DEBERTA_VARIANTS))
+def test_cls_rows_are_the_scores_the_model_computes(model_type, overrides, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     from pipelines.dump.probe import TeacherProbe
 
     tokenizer = AutoTokenizer.from_pretrained(save_tokenizer(model_type, tmp_path / "tok"))
-    model = tiny_classifier(model_type, tokenizer)
+    model = tiny_classifier(model_type, tokenizer, **overrides)
     enc = dict(tokenizer(["the film is good and very charming , funny and moving", "a bad movie"],
                          ["not boring", "the best drama ever made"], padding=True, return_tensors="pt"))
     if not getattr(model.config, "type_vocab_size", 0):

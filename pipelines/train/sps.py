@@ -98,8 +98,6 @@ class SPSEncoder(BertEncoder):
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states)
 
 
-
-
 def _hidden_states_recorder() -> OutputRecorder:
     """hidden_states are recorded per call of a BertLayer, so the repeated pass adds its own entries.
 
