@@ -3,11 +3,14 @@
 - `reference/cli.md` is generated at build time from the Typer app (`pipelines.cli.app`): every
   command's `--help`, as `hsk CMD --help` prints it. It is never written by hand, so it cannot drift.
 - The figures the Benchmarks and Evidence pages show live with their benchmarks (`benchmarks/**.png`);
-  they are added to the site under the same paths instead of being copied into docs/.
+  they are added to the site under the same paths instead of being copied into docs/. Pages link them
+  by their path in the repository (`../benchmarks/...` from docs/, which GitHub shows too); the site
+  resolves those links one folder up.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -65,3 +68,10 @@ def on_files(files: Files, config) -> Files:
         files.append(File(uri, src_dir=str(ROOT), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
     return files
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """Links from a page to the repository's benchmarks/ folder (one `../` more than the page's depth in
+    docs/) point at the figures added by on_files."""
+    up = "../" * (page.file.src_uri.count("/") + 1)
+    return re.sub(r"\]\(" + re.escape(up) + r"benchmarks/", "](" + up[3:] + "benchmarks/", markdown)
