@@ -1,4 +1,4 @@
-"""What the README's first block costs on this CPU at full size: measured rates on slices, projected.
+"""What the first flow's commands cost on this CPU at full size: measured rates on slices, projected.
 
 Fine-tunes MiniLM-L6 (`hsk teacher --base minilm`) on the first --teacher-rows SST-2 rows for one
 epoch and dumps the first --dump-rows rows at 3,8,0.2, each --rounds times (alternating). Records

@@ -12,7 +12,7 @@ Q and K swapped on the second pass), everything through the CLI a user runs:
   2. `hsk sweep --methods ...` on each store, every run appending to one results table. Two protocols
      (--protocol), one learning rate --lr for every stage, batch 32, dev metric on the whole dev set,
      the best dev evaluation kept:
-       equal-total (the default; the README's first methods table): --epochs (2) epochs in all, a
+       equal-total (the default; the methods table of docs/benchmarks.md): --epochs (2) epochs in all, a
          two-stage method 1 + 1 (mud, tinybert-att: HSK then prediction; pea: PTP then KD);
        equal-pred (the papers' protocol): every method gets the same prediction-stage training,
          --epochs epochs; a method with an extra stage gets it on top, --extra-epochs epochs (mud's

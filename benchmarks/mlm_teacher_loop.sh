@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MLM teacher before and after it moved into the one training loop (issue 20): README's "1 epoch at
+# The MLM teacher before and after it moved into the one training loop (issue 20): the README's (now benchmarks/results/HISTORY.md's) "1 epoch at
 # 1e-4 with 1 layer" run (4,000 SST-2 sentences, MiniLM-L6 base, batch 32, max length 64), once with the
 # code of OLD_TREE (a checkout of the earlier commit) and once with this tree, arms alternated ROUNDS times.
 # The loop streams batches in its own shuffled order (not length-bucketed) and does not decay biases and

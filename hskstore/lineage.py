@@ -1,7 +1,7 @@
 """Lineage: where a store came from, recorded in its checksummed metadata and followed back.
 
 - `data_origin` (recorded at finalize, key `data_origin`): the data's fingerprint beyond the
-  examples' own (meta["dataset"]["fingerprint"], over texts and labels): the sha256 and size of a
+  examples' own (`meta["dataset"]["fingerprint"]`, over texts and labels): the sha256 and size of a
   local source file, or the hub dataset (its revision when the source names one). A derived
   store inherits its parent's.
 - `derived_from` (hskstore.derive): the parent's URL, content address, identity, config and the

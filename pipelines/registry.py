@@ -116,7 +116,7 @@ def declare_loss_term(name: str, description: str) -> str:
 
 @dataclass(frozen=True)
 class Term:
-    """One named part of a stage's loss: weight * pipelines.train.losses.LOSS_TERMS[loss](inputs, **params)."""
+    """One named part of a stage's loss: weight * `pipelines.train.losses.LOSS_TERMS[loss](inputs, **params)`."""
 
     name: str  # as logged in metrics.jsonl ("ce", "kl", "hsk", "pkd", ...)
     loss: str  # a name of LOSS_TERMS

@@ -379,18 +379,19 @@ def test_sweep_cli_set_reaches_the_method_and_its_run_id(stores, tmp_path, capsy
 
 
 def test_the_readme_example_method_runs_as_written(stores, teacher_dir, tmp_path):
-    """README "Adding a method": its code, executed as it stands, registers a method the one loop trains."""
+    """The guide's "Adding a method" (docs/guide/methods.md): its code, executed as it stands, registers a
+    method the one loop trains."""
     from pipelines import registry
     from pipelines.registry import _REGISTRY
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Adding a method", 1)[1]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "methods.md").read_text()
+    section = guide.split("## Adding a method", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert len(code.splitlines()) <= 40
     module = types.ModuleType("readme_example")  # a real module: dataclasses look their module up
     sys.modules[module.__name__] = module
     try:
-        exec(compile(code, "README.md: Adding a method", "exec"), module.__dict__)
+        exec(compile(code, "docs/guide/methods.md: Adding a method", "exec"), module.__dict__)
         out = tmp_path / "cos"
         train(options("cosine-kd", method_options={"gamma": "0.5"}, max_steps=2, student_base=str(teacher_dir)),
               student="bert2", out_dir=str(out), store=stores["mud"], log=lambda *_: None)

@@ -1,4 +1,4 @@
-"""Elastic deterministic data order (pipelines/train/stream.py global_plan, docs in README "DDP").
+"""Elastic deterministic data order (pipelines/train/stream.py global_plan; docs: docs/guide/scaling.md).
 
 The global batches are a pure function of the store's layout, seed, epoch, global batch and shuffle
 window; N ranks each take a slice of every global batch. So 1, 2 and 4 ranks see the same rows at

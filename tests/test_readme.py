@@ -1,6 +1,7 @@
-"""README.md is a contract: its set-up commands are what CI runs, every `hsk` command in it parses
-as written and runs in order (on a tiny teacher and small slices), the quickstart and each command it
-suggests next run for real, and the method is explained by the repository's own docs."""
+"""README.md and the guide are a contract: the README's set-up commands are what CI runs, every `hsk`
+command in the docs parses as written, the README's first flow and the guide pages' blocks run in order
+(on a tiny teacher and small slices), the quickstart and each command it suggests next run for real, and
+the method is explained by the repository's own docs."""
 
 from __future__ import annotations
 
@@ -22,26 +23,55 @@ from pipelines.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
+# The pages whose shell and python blocks run, in this order, in one working folder: the README's first
+# flow makes the teacher and sst2.zarr the guide's pages then use.
+RUN_PAGES = ("README.md", "docs/guide/dump.md", "docs/guide/train.md", "docs/guide/methods.md",
+             "docs/guide/rosita.md", "docs/guide/lightpaff.md", "docs/guide/sweeps.md", "docs/guide/sharing.md",
+             "docs/guide/scaling.md")
+# Guide pages whose blocks do not run here, and why (their `hsk` commands are still parsed below).
+NOT_RUN_PAGES = {
+    "docs/guide/gpus.md": "needs a GPU",
+    "docs/guide/gpu-dump.md": "needs a GPU",
+    "docs/guide/teachers.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
+    "docs/guide/troubleshooting.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
+    "docs/guide/sharing-security.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
+    "docs/guide/adding-a-codec.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
+}
+# Every page whose `hsk` commands must parse as written (the generated CLI reference is the CLI itself).
+DOC_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")
+                                  if p.parts[-2:] != ("reference", "cli.md")))
+
+
+def page_text(page: str) -> str:
+    return (ROOT / page).read_text()
+
 
 def readme_commands() -> list[str]:
     blocks = README.split("```bash\n")[1:]
     return [b.split("```")[0].strip() for b in blocks]
 
 
-def hsk_commands() -> list[list[str]]:
-    """Every `hsk ...` command of README.md: code-block lines (also after `&&`) and inline `hsk ...`
-    spans that have arguments; prose placeholders ("...") are not commands."""
+def hsk_commands(text: str = README, spans: bool = True) -> list[list[str]]:
+    """Every `hsk ...` command of a page: code-block lines (also after `&&`) and, with `spans`, inline
+    `hsk ...` spans that have arguments; prose placeholders ("...") are not commands."""
     found: list[str] = []
     in_code = False
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             in_code = not in_code
             continue
         if in_code:
             found += [part.strip() for part in line.split("&&") if part.strip().startswith("hsk ")]
-        else:
+        elif spans:
             found += [span for span in re.findall(r"`(hsk [^`]+)`", line) if len(span.split()) > 2]
     return [shlex.split(cmd, comments=True)[1:] for cmd in found if "..." not in cmd]
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """The README's commands, inline ones too, and every code-block command of the docs (their inline
+    spans name options in prose, `hsk train --method NAME`, and are not whole commands)."""
+    return [(page, args) for page in DOC_PAGES
+            for args in hsk_commands(page_text(page), spans=page in RUN_PAGES[:1])]
 
 
 def test_ci_runs_the_readme_test_command():
@@ -52,30 +82,54 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_has_the_commands_it_promises():
-    commands = hsk_commands()
+    """The README's first flow goes from a teacher to an evaluated student; the guide covers the rest."""
+    assert [args[0] for args in hsk_commands()] == ["quickstart", "teacher", "dump", "info", "train", "eval"]
+    commands = [args for page in RUN_PAGES for args in hsk_commands(page_text(page), spans=False)]
     names = {args[0] for args in commands}
     assert {"teacher", "dump", "info", "verify", "train", "eval", "derive", "sweep", "report", "quickstart"} <= names
     assert all("--out" in args for args in commands if args[0] in ("train", "derive", "report"))
 
 
-@pytest.mark.parametrize("args", hsk_commands(), ids=lambda args: " ".join(args)[:60])
-def test_every_readme_command_parses_as_written(args, capsys):
+def test_readme_first_flow_is_small():
+    """The first flow a newcomer copies finishes in minutes on a CPU: the quickstart's sizes and schedule
+    (pipelines/quickstart.py), a student whose weights come from the teacher, never a random init."""
+    flow = {args[0]: dict(zip(args[1::2], args[2::2])) for args in hsk_commands() if args[0] != "quickstart"}
+    assert flow["teacher"]["--train-limit"] == "2000" and flow["teacher"]["--epochs"] == "1"
+    assert flow["dump"]["--limit"] == "4000"
+    assert flow["train"]["--student"] == "bert2"  # the teacher's first layers
+    assert flow["train"]["--epochs-hsk"] == flow["train"]["--epochs-pred"] == "1"
+
+
+def test_getting_started_runs_the_readme_flow():
+    """The site's Getting started shows the README's set-up and first flow, character for character."""
+    guide = page_text("docs/getting-started.md")
+    for block in readme_commands()[:3]:
+        assert f"```bash\n{block}\n```" in guide
+
+
+def test_every_guide_page_is_run_or_says_why_not():
+    guide = {str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "guide").glob("*.md")}
+    assert guide == {p for p in RUN_PAGES if p.startswith("docs/guide/")} | set(NOT_RUN_PAGES)
+
+
+@pytest.mark.parametrize("page,args", doc_commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60])
+def test_every_documented_command_parses_as_written(page, args, capsys):
     """Options, types and required arguments are checked as the CLI would, without running the command."""
     command = hsk_command().commands.get(args[0])  # as `hsk` runs: older option names are hidden aliases
-    assert command is not None, f"README uses an unknown command: hsk {args[0]}"
+    assert command is not None, f"{page} uses an unknown command: hsk {args[0]}"
     try:
         if "--help" not in args:  # --help stops parsing: the help run below covers it
             command.make_context(args[0], list(args[1:]))
     except Exception as exc:  # Typer's own click: a UsageError / MissingParameter / BadParameter
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        pytest.fail(f"`hsk {' '.join(args)}` does not parse: {message}")
+        pytest.fail(f"{page}: `hsk {' '.join(args)}` does not parse: {message}")
     assert main([args[0], "--help"]) == 0
     assert "Usage: hsk" in capsys.readouterr().out
 
 
 def test_method_is_explained_by_the_repository_itself():
     assert (ROOT / "docs" / "METHOD.md").is_file()
-    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("pipelines/**/*.py"),
+    for path in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("pipelines/**/*.py"),
                  *ROOT.glob("hskstore/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
         text = path.read_text()
         assert "shared/docs" not in text and "shared/seeds" not in text, path
@@ -110,16 +164,17 @@ def test_readme_quickstart_runs(tmp_path, glue_dir, monkeypatch, capsys):
 # --------------------------------------------------------------------------------------------------
 # The README's code blocks, run in order
 
-# Commands the runner does not run, and why; a README line containing the key is skipped. Keep it short.
+# Commands the runner does not run, and why; a line of a run page containing the key is skipped. Keep it short.
 NOT_RUN = {
     "python3 -m venv": "the set-up: the tests run inside it (CI runs it; test_readme_quickstart_runs runs the "
                        "quickstart)",
+    'pip install -e ".[': "installs an extra: the test extra already holds what these pages use (jupyter execute)",
     "AWS_ENDPOINT_URL": "needs your S3 endpoint and credentials: tests/test_s3.py runs these commands against "
                         "its own S3 server",
-    "s3://my-bucket": "as above (tests/test_s3.py)",
+    "my-bucket": "as above (tests/test_s3.py)",
+    "/tmp/weed": "starts a SeaweedFS server as tests/s3_server.py does for tests/test_s3.py",
     "--workers 2": "a dask cluster of 2 processes: tests/test_dump_distributed.py and tests/test_sweep.py run it",
     "torchrun": "2 training processes: tests/test_ddp.py runs it",
-    "python benchmarks/": "a benchmark: hours of CPU, made of the commands this test runs above",
     "register(Method(": "registers a method in the test process: tests/test_method.py adds methods the same way",
 }
 # Documented size flags only (set, or replaced where the README gives them), so that the flow runs in seconds.
@@ -141,7 +196,7 @@ class Block:
 
 
 def readme_blocks(text: str = README) -> list[Block]:
-    """Every fenced code block of the README, in order."""
+    """Every fenced code block of a page (the README by default), in order."""
     blocks, lang, body, start = [], None, [], 0
     for no, line in enumerate(text.splitlines(), 1):
         if line.startswith("```"):
@@ -188,12 +243,12 @@ def _tiny_base(folder: Path) -> Path:
     return folder
 
 
-def _run_shell(line: str, cwd: Path) -> None:
+def _run_shell(line: str, cwd: Path, page: str = "README.md") -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                MPLBACKEND="Agg", PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     line = line.replace(" notebooks/", f" {ROOT / 'notebooks'}/")  # the README runs from the repository root
     done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"README line failed: {line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert done.returncode == 0, f"{page}: line failed: {line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
 
 
 def _commands(block: Block) -> list[str]:
@@ -207,19 +262,25 @@ def _commands(block: Block) -> list[str]:
     return out
 
 
+def run_blocks() -> list[tuple[str, Block]]:
+    """(page, block) for every code block of RUN_PAGES, in order."""
+    return [(page, block) for page in RUN_PAGES for block in readme_blocks(page_text(page))]
+
+
 def test_readme_blocks_have_no_unknown_skips():
-    """Each NOT_RUN entry still matches a README line: the list cannot hide a block that was removed."""
-    text = "\n".join(line for b in readme_blocks() for line in b.lines)
+    """Each NOT_RUN entry still matches a line of a run page: the list cannot hide a block that was removed."""
+    text = "\n".join(line for _, b in run_blocks() for line in b.lines)
     assert all(key in text for key in NOT_RUN), [key for key in NOT_RUN if key not in text]
-    shell = [b for b in readme_blocks() if b.lang in ("", "bash", "console", "sh")]
+    shell = [b for _, b in run_blocks() if b.lang in ("", "bash", "console", "sh")]
     skipped = [line for b in shell for line in b.lines if any(key in line for key in NOT_RUN)]
     run = [line for b in shell for line in _commands(b)]
-    assert len(skipped) <= 15 and len(run) >= 20, (len(skipped), len(run))  # set-up, S3, dask, torchrun, benchmarks
+    assert len(skipped) <= 20 and len(run) >= 20, (len(skipped), len(run))  # set-up, S3, dask, torchrun
 
 
 @pytest.mark.slow
 def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
-    """Every shell and python block of README.md, in order, as written: only the documented size flags
+    """Every shell and python block of README.md and the guide's RUN_PAGES, in order, as written: only the
+    documented size flags
     (SIZES) and a tiny base encoder instead of MiniLM are substituted; NOT_RUN says what is not run
     and where it is tested instead. Runs where ../shared/data/glue is the GLUE folder, as in the repo."""
     (tmp_path / "shared" / "data").mkdir(parents=True)
@@ -230,12 +291,12 @@ def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
     monkeypatch.chdir(work)
     monkeypatch.delenv("HSK_DATA_DIR", raising=False)
     ran = []
-    for block in readme_blocks():
+    for page, block in run_blocks():
         if block.lang == "python":
             source = "\n".join(block.lines)
             if not any(key in source for key in NOT_RUN):
-                exec(compile(source, f"README.md:{block.line_no}", "exec"), {})
-                ran.append(f"python block at line {block.line_no}")
+                exec(compile(source, f"{page}:{block.line_no}", "exec"), {})
+                ran.append(f"python block at {page}:{block.line_no}")
             continue
         if block.lang not in ("", "bash", "console", "sh"):
             continue
@@ -243,9 +304,9 @@ def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
             for part in (p.strip() for p in line.split("&&")):
                 if part.startswith("hsk "):
                     args = sized(shlex.split(part, comments=True)[1:], tiny)
-                    assert main(args) == 0, f"README line {block.line_no}: `{part}` failed (ran as hsk {args})"
+                    assert main(args) == 0, f"{page}:{block.line_no}: `{part}` failed (ran as hsk {args})"
                 else:
-                    _run_shell(part, work)
+                    _run_shell(part, work, page)
                 ran.append(part)
     assert (work / "runs" / "sweep" / "notebook" / "marginal_utility.png").is_file()
     assert json.loads((work / "runs" / "bert2" / "summary.json").read_text())["method"] == "mud"
