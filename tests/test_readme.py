@@ -94,7 +94,7 @@ def test_readme_first_flow_is_small():
     """The first flow a newcomer copies finishes in minutes on a CPU: the quickstart's sizes and schedule
     (pipelines/quickstart.py), a student whose weights come from the teacher, never a random init."""
     flow = {args[0]: dict(zip(args[1::2], args[2::2])) for args in hsk_commands() if args[0] != "quickstart"}
-    assert flow["teacher"]["--train-limit"] == "2000" and flow["teacher"]["--epochs"] == "1"
+    assert flow["teacher"]["--limit"] == "2000" and flow["teacher"]["--epochs"] == "1"
     assert flow["dump"]["--limit"] == "4000"
     assert flow["train"]["--student"] == "bert2"  # the teacher's first layers
     assert flow["train"]["--epochs-hsk"] == flow["train"]["--epochs-pred"] == "1"
@@ -179,11 +179,11 @@ NOT_RUN = {
 }
 # Documented size flags only (set, or replaced where the README gives them), so that the flow runs in seconds.
 SIZES = {
-    "teacher": {"--train-limit": "64", "--epochs": "1", "--eval-limit": "32", "--batch-size": "16"},
+    "teacher": {"--limit": "64", "--epochs": "1", "--eval-limit": "32", "--batch-size": "16"},
     "dump": {"--limit": "64"},
     "train": {"--max-steps": "2", "--eval-limit": "32"},
-    "eval": {"--limit": "32"},
-    "student": {"--train-limit": "64"},
+    "eval": {"--eval-limit": "32"},
+    "student": {"--limit": "64"},
     "sweep": {"--max-steps": "1", "--eval-limit": "16"},
 }
 
