@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
+from .array_meta import described_manifest, write_described
 from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
@@ -55,8 +56,10 @@ from .outputs import (
 from .reader import HSKStore, render_card
 from .schema import (
     DIGEST_BYTES,
+    DIMENSIONS_SINCE,
     FORMAT_VERSION,
     META_KEY,
+    PROGRESS_DESCRIBED,
     PROGRESS_DIGESTS,
     PROGRESS_DONE,
     array_specs,
@@ -206,7 +209,10 @@ def _create_structure(url: str, meta: dict) -> None:
         if i == 0:
             _fault("after-array-created")
     shards = n_shards(meta)
-    group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0, overwrite=True)
+    dims, attrs = PROGRESS_DESCRIBED[PROGRESS_DONE]
+    group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0, overwrite=True,
+                       dimension_names=dims, attributes=attrs)
+    dims, attrs = PROGRESS_DESCRIBED[PROGRESS_DIGESTS]
     group.create_array(
         PROGRESS_DIGESTS,
         shape=(shards, len(specs), DIGEST_BYTES),
@@ -214,6 +220,8 @@ def _create_structure(url: str, meta: dict) -> None:
         chunks=(1, len(specs), DIGEST_BYTES),
         fill_value=0,
         overwrite=True,
+        dimension_names=dims,
+        attributes=attrs,
     )
 
 
@@ -495,12 +503,15 @@ class Upgrade:
 
 
 def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
-    """Cover the metadata of a complete store that no manifest covers (format 1, or a deleted manifest).
+    """Bring a complete store written by an older hsk to format FORMAT_VERSION, its metadata covered.
 
-    Under the writer lease: every shard is checked against its digests and the digests against the
-    per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as it
-    is now becomes format FORMAT_VERSION with a manifest, and the card is rewritten. The data chain
-    is checked; the metadata cannot be (that is what was missing): the caller tells the user to look.
+    Format 1 (or a deleted manifest): nothing covers the metadata. Format 2: the arrays have no dimension
+    names or attributes. Under the writer lease: every shard is checked against its digests and the digests
+    against the per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as
+    it is now becomes format FORMAT_VERSION with a manifest over the arrays as they will be, the arrays get
+    their dimension names and attributes (the data is not touched), and the card is rewritten. The data chain
+    is checked; metadata no manifest covered cannot be (that is what was missing): the caller tells the user
+    to look.
     """
     url = str(url).rstrip("/")
     refuse_bundle_output(url)
@@ -508,26 +519,49 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
         raise StoreExistsError(f"no hsk store at {url} to upgrade")
     lease = Lease(url, log=log).acquire()
     try:
-        store = HSKStore(url, allow_unverified=True)
-        version = store.meta["format_version"]
-        if store.content_address is not None:  # covered already: finish what a killed upgrade left undone
-            writer = StoreWriter(url, store.meta)
-            restored = writer.repair_card()
-            return Upgrade(url, version, store.content_address, changed=False, restored=restored)
-        problems = store.verify()
-        if problems:
-            raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
-        meta = dict(store.meta, format_version=FORMAT_VERSION)
-        meta["upgraded"] = {"from_version": version, "software_version": software_version,
-                            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        meta.pop(MANIFEST_KEY, None)
-        group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
-        meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
-        lease.check()
-        group.attrs[META_KEY] = meta
-        _fault("upgrade-after-metadata")  # a kill here leaves the card and croissant.json to the rerun
-        write_store_card(group, meta, list(store.specs), url)
-        write_croissant(group, meta, list(store.specs), url)  # after zarr.json: it records its fingerprint
-        return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+        return _upgrade(url, lease, software_version)
     finally:
         lease.release()
+
+
+def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
+    finished = _finish_cut_short(url)
+    store = HSKStore(url, allow_unverified=True)
+    version = store.meta["format_version"]
+    if store.content_address is not None and version >= DIMENSIONS_SINCE:  # nothing left but what is rendered
+        restored = StoreWriter(url, store.meta).repair_card()
+        return Upgrade(url, finished or version, store.content_address, changed=False, restored=restored)
+    problems = store.verify()
+    if problems:
+        raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
+    meta = dict(store.meta, format_version=FORMAT_VERSION)
+    meta["upgraded"] = {"from_version": version, "software_version": software_version,
+                        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    meta.pop(MANIFEST_KEY, None)
+    group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
+    meta[MANIFEST_KEY] = described_manifest(meta, group)
+    lease.check()
+    group.attrs[META_KEY] = meta
+    # A kill here leaves the arrays' zarr.json, the card and croissant.json to the rerun (_finish_cut_short).
+    _fault("upgrade-after-metadata")
+    write_described(group, meta)
+    write_store_card(group, meta, list(store.specs), url)
+    write_croissant(group, meta, list(store.specs), url)  # after zarr.json: it records its fingerprint
+    return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+
+
+def _finish_cut_short(url: str) -> int | None:
+    """An upgrade killed after its root metadata, before the arrays' dimension names: the manifest it recorded
+    matches the arrays as they were to be. Write them; the format the store was upgraded from (None: not so)."""
+    group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
+    meta = group.attrs.asdict().get(META_KEY)
+    if not (isinstance(meta, dict) and isinstance(meta.get("upgraded"), dict) and meta.get(MANIFEST_KEY)):
+        return None
+    try:
+        if (compute_manifest(meta, list_arrays(group)) == meta[MANIFEST_KEY]
+                or described_manifest(meta, group) != meta[MANIFEST_KEY]):
+            return None
+    except Exception:  # metadata that cannot describe arrays: the reader says what is wrong
+        return None
+    write_described(group, meta)
+    return meta["upgraded"].get("from_version")

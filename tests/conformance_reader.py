@@ -109,11 +109,12 @@ class Bundle:
 
 
 def array_entry(node: dict) -> dict:
-    """The manifest's description of one array, read from its zarr.json."""
+    """The manifest's description of one array, read from its zarr.json (`dimension_names` only where it has
+    them: format 3)."""
     grid = node["chunk_grid"]["configuration"]["chunk_shape"]
     codecs = node["codecs"]
     sharded = codecs[0]["name"] == "sharding_indexed"
-    return {
+    entry = {
         "shape": node["shape"],
         "dtype": node["data_type"],
         "chunks": codecs[0]["configuration"]["chunk_shape"] if sharded else grid,
@@ -122,6 +123,9 @@ def array_entry(node: dict) -> dict:
         "fill_value": node["fill_value"],
         "attributes": node.get("attributes", {}),
     }
+    if node.get("dimension_names") is not None:
+        entry["dimension_names"] = node["dimension_names"]
+    return entry
 
 
 def manifest(bundle: Bundle) -> str:
