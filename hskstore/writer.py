@@ -528,9 +528,12 @@ def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
     finished = _finish_cut_short(url)
     store = HSKStore(url, allow_unverified=True)
     version = store.meta["format_version"]
+    if finished is not None:  # the card and croissant.json still describe the store as it was
+        _render(store)
+        return Upgrade(url, finished, store.content_address, changed=True)
     if store.content_address is not None and version >= DIMENSIONS_SINCE:  # nothing left but what is rendered
         restored = StoreWriter(url, store.meta).repair_card()
-        return Upgrade(url, finished or version, store.content_address, changed=False, restored=restored)
+        return Upgrade(url, version, store.content_address, changed=False, restored=restored)
     problems = store.verify()
     if problems:
         raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
@@ -545,9 +548,16 @@ def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
     # A kill here leaves the arrays' zarr.json, the card and croissant.json to the rerun (_finish_cut_short).
     _fault("upgrade-after-metadata")
     write_described(group, meta)
-    write_store_card(group, meta, list(store.specs), url)
-    write_croissant(group, meta, list(store.specs), url)  # after zarr.json: it records its fingerprint
+    _render(HSKStore(url))
     return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+
+
+def _render(store: HSKStore) -> None:
+    """Rewrite the card and croissant.json of an upgraded store from its metadata (after every zarr.json:
+    croissant.json records the root's fingerprint)."""
+    group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
+    write_store_card(group, store.meta, list(store.specs), store.url)
+    write_croissant(group, store.meta, list(store.specs), store.url)
 
 
 def _finish_cut_short(url: str) -> int | None:

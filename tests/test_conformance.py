@@ -53,7 +53,9 @@ def test_vectors_regenerate_byte_identically(tmp_path):
               if (tmp_path / name).read_bytes() != (VECTORS / name).read_bytes()}
     assert not differ, f"hsk no longer writes the committed vectors (what changed: {differ}); if that is meant, " \
                        "say so in STORE_FORMAT.md and rerun python docs/conformance/generate.py"
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 700_000  # well under 1 MB
+    # well under 1 MB: format 3's dimension names and attributes in every array's zarr.json took the bundles
+    # from 694 kB to 731 kB (issue 37)
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 800_000
 
 
 @pytest.mark.parametrize("name", NAMES)
