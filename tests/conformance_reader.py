@@ -134,6 +134,26 @@ def manifest(bundle: Bundle) -> str:
     return sha256(canonical(doc).encode("ascii"))
 
 
+# --- dataset fingerprint ("Metadata", "Masked-LM stores") ---------------------------------------------
+def examples_fingerprint(columns: list[list[str]], labels: np.ndarray) -> str:
+    """`dataset.fingerprint`: hex SHA-256 of the header line, each text length-prefixed, the labels' dtype and bytes."""
+    h = hashlib.sha256(f"hsk-examples-v1 columns={len(columns)} rows={len(labels)}\n".encode("ascii"))
+    for column in columns:
+        for text in column:
+            data = text.encode("utf-8")
+            h.update(len(data).to_bytes(8, "little") + data)
+    h.update(str(labels.dtype).encode("ascii"))
+    h.update(np.ascontiguousarray(labels, dtype=labels.dtype.newbyteorder("<")).tobytes())
+    return h.hexdigest()
+
+
+def shard_index(raw: bytes, n_chunks: int) -> list[tuple[int, int] | None]:
+    """(offset, length) of each inner chunk of a shard object ("Shard objects"); None for a chunk not stored."""
+    index = raw[-(16 * n_chunks + 4):]
+    pairs = np.frombuffer(index[:-4], dtype="<u8").reshape(n_chunks, 2)
+    return [None if int(o) == 2**64 - 1 else (int(o), int(n)) for o, n in pairs]
+
+
 # --- digests -----------------------------------------------------------------------------------------
 def data_arrays(meta: dict) -> list[str]:
     """The data arrays in digest order (section "Digest order")."""

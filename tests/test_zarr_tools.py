@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
 OLD = ROOT / "tests" / "data" / "format2"  # the derived vector as format 2 wrote it (before dimension names)
 KINDS = {"task": "int4", "float16 task": "float16", "attention rows": "attention", "derived": "derived",
-         "masked-LM": "mlm"}
+         "masked-LM": "mlm", "inner chunks, d = 60": "edges"}
 SPEC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
 
 
@@ -159,7 +159,7 @@ def test_upgrade_killed_before_the_arrays_is_finished_by_the_rerun(tmp_path, cap
     assert all(a.metadata.dimension_names for a in list_arrays(group).values())
 
 
-@pytest.mark.parametrize("name", ["int4", "attention", "derived", "float16"])
+@pytest.mark.parametrize("name", ["int4", "attention", "derived", "float16", "edges"])
 def test_dense_view_matches_the_dense_decode(name):
     store = open_store(str(VECTORS / f"{name}.hsk.zip"))
     view = dense_view(store)
