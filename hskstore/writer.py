@@ -149,6 +149,16 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
     return None
 
 
+def _older_format(url: str, existing: dict) -> str:
+    """The refusal for the same store written by an older hsk: upgrade a complete one, never resume another."""
+    version = existing.get("format_version")
+    if existing.get("complete"):
+        return (f"{url} holds this store at format {version}, written by an older hsk: run `hsk upgrade {url}` "
+                f"to bring it to format {FORMAT_VERSION}, or pass --overwrite to dump it again")
+    return (f"{url} holds an interrupted dump of an older hsk (format {version}): finish it with that hsk, or "
+            "pass --overwrite to start again")
+
+
 def _precision(existing: dict, meta: dict) -> list[str]:
     """`--precision P` when the teacher's forward precision (part of its record; absent = fp32) differs."""
     old, new = ((m.get("teacher") or {}).get("precision") or "fp32" for m in (existing, meta))
@@ -308,6 +318,8 @@ class StoreWriter:
         """The writer of the store already at url (complete, or an interrupted dump to resume); None when its
         creation was cut short before any shard; StoreExistsError when it is another store."""
         diff = _differences(existing, meta)
+        if diff == ["format_version"] and (existing.get("complete") or _has_written_shards(url)):  # an older hsk's
+            raise StoreExistsError(_older_format(url, existing))
         if diff and existing.get("complete"):
             made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
             raise StoreExistsError(

@@ -188,3 +188,15 @@ def test_dense_view_refuses_a_masked_lm_store():
 
     with pytest.raises(ConfigError, match="keeps no hidden-state vectors"):
         dense_view(open_store(str(VECTORS / "mlm.hsk.zip")))
+
+
+def test_rewriting_a_format_2_store_points_to_upgrade(tmp_path, capsys):
+    """The same command over the same store written by the previous format: one line naming `hsk upgrade`."""
+    source = unpacked("float16", tmp_path)
+    old = unpacked("derived", tmp_path, OLD)  # derived from that float16 store, by a format-2 hsk
+    before = data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()}
+    code = main(["derive", str(source), "--config", "2,3,0.3", "--values", "int4", "--out", str(old),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"run `hsk upgrade {old}`" in err and "format 2" in err, err
+    assert data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()} == before
