@@ -132,6 +132,8 @@ _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
     "mlm/lse": (("masked",), "log-sum-exp of the teacher's logits over the whole vocabulary", _MLM, "logit"),
 }
 _MLM_INPUTS = "the masked inputs, exactly as the teacher saw them"
+# What a plain-Zarr reader cannot see: zarr reads a lost chunk as the fill value, silently.
+INTEGRITY = "a missing chunk reads as 0 in plain Zarr: check with `hsk verify` or the shard digests"
 # A codec whose values array does not hold one element per kept value packs codes into bytes.
 _PACKED_AXIS, _GROUP_AXIS = "value_bytes", "scale_groups"
 _PROBE_WIDTH = 64
@@ -162,7 +164,7 @@ def described(spec: ArraySpec, meta: dict, kind: str | None = None) -> ArraySpec
     kind = kind or objective_of(meta)
     leaf = spec.name.rsplit("/", 1)[-1]
     dims, text, section, units = _entry(spec.name, kind)
-    attributes = {"description": text, "spec": SPEC_DOC + section}
+    attributes = {"description": text, "spec": SPEC_DOC + section, "integrity": INTEGRITY}
     if kind != MLM and leaf in ("values", "scale"):
         dims = _codec_axes(leaf, meta["selection"]["value_dtype"], dims)
         attributes["codec"] = meta["selection"]["value_dtype"]  # hskstore.codecs.get(codec).decode

@@ -288,8 +288,9 @@ def check_coverage(vectors: dict[str, dict]) -> None:
     cases["mxfp4: negative values that round to +0"] = bool(((src < 0) & (codes == 0)).any())
     edges = vectors["edges"]
     top = sorted(edges["source_values"])[-1]
-    ratio = np.array(edges["source_values"][top], dtype=np.float32) / _array(edges, f"{top}/scale").astype(
-        np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):  # unused slots: scale 0
+        ratio = np.array(edges["source_values"][top], dtype=np.float32) / _array(edges, f"{top}/scale").astype(
+            np.float32)[..., None]
     used = (_array(edges, f"{top}/positions") >= 0)[..., None]
     cases["edges: int8 rounding ties"] = bool((used & (np.abs(ratio - np.trunc(ratio)) == 0.5)).any())
     cases["edges: an all-zero inner chunk (label 0 in row 0)"] = _array(edges, "label")[0] == 0
