@@ -4,6 +4,10 @@
     store = open_store("sst2.zarr")          # refuses incomplete stores
     shard = store.read_shard(0)              # dict of arrays, checked against its digests
     dense = store.dense(shard, store.layers[0])   # [n, N^L, d] zero-filled teacher vectors
+
+For analysis, hskstore.view gives every kept layer's dense vectors for chosen rows as numpy arrays
+(`dense_view`) or an xarray.Dataset (`dense_dataset`); docs/guide/zarr-tools.md opens a store with
+zarr and xarray alone.
 """
 
 from importlib import import_module

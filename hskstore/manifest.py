@@ -49,8 +49,11 @@ def _jsonable(value):
 
 
 def array_description(array) -> dict:
-    """What decides how an array's bytes are read, in a form that does not depend on JSON spelling."""
-    return {
+    """What decides how an array's bytes are read, in a form that does not depend on JSON spelling.
+
+    `dimension_names` is there only when the array's zarr.json has it (format 3): the manifest of a store
+    written before stays what it was."""
+    doc = {
         "shape": list(array.shape),
         "dtype": str(array.dtype),
         "chunks": list(array.chunks),
@@ -59,13 +62,22 @@ def array_description(array) -> dict:
         "fill_value": _jsonable(array.fill_value),
         "attributes": array.attrs.asdict(),
     }
+    names = array.metadata.dimension_names
+    if names is not None:
+        doc["dimension_names"] = list(names)
+    return doc
 
 
 def compute_manifest(meta: dict, arrays: dict) -> str:
     """`sha256:` over the hsk attributes (minus the manifest) and the description of every array."""
+    return manifest_of(meta, {name: array_description(arrays[name]) for name in arrays})
+
+
+def manifest_of(meta: dict, descriptions: dict[str, dict]) -> str:
+    """The manifest of `meta` over array descriptions given by path (what `array_description` gives)."""
     doc = {
         "hsk": {k: v for k, v in meta.items() if k != MANIFEST_KEY},
-        "arrays": {name: array_description(arrays[name]) for name in sorted(arrays)},
+        "arrays": {name: descriptions[name] for name in sorted(descriptions)},
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return fingerprint(text)

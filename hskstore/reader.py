@@ -222,9 +222,11 @@ class HSKStore:
                     f"(or set {ALLOW_UNVERIFIED_ENV}=1 to read it unverified)"
                 )
         elif recorded != compute_manifest(self.meta, members):
+            rerun = f"; or, if an `hsk upgrade` of it was interrupted, rerun `hsk upgrade {self.url}`" \
+                if self.meta.get("upgraded") else ""
             raise CorruptStoreError(
                 f"{self.url}: its metadata does not match its manifest {str(recorded)[:23]}...: attributes or array "
-                "metadata were edited or damaged; re-copy the store or dump again"
+                f"metadata were edited or damaged; re-copy the store or dump again{rerun}"
             )
         problems = self._checksum_problems()
         if problems:

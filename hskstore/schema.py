@@ -6,7 +6,7 @@ reader, derive and verify all take their array list from `array_specs`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from zarr.codecs import BloscCodec, BloscShuffle
@@ -15,9 +15,12 @@ from . import codecs
 from .config import HSKConfig
 from .meta import MLM, TASK, Layout, objective_of
 
-FORMAT_VERSION = 2  # what this hsk writes (docs/STORE_FORMAT.md)
-READABLE_VERSIONS = (1, 2)  # what it reads: version 1 has no manifest (metadata not covered) and no 4-bit values
+FORMAT_VERSION = 3  # what this hsk writes (docs/STORE_FORMAT.md)
+# What it reads: version 1 has no manifest (metadata not covered) and no 4-bit values, version 2 no
+# dimension names or array attributes (`hsk upgrade` adds both).
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_SINCE = 2  # the first version whose complete stores carry a manifest
+DIMENSIONS_SINCE = 3  # the first version whose arrays carry `dimension_names` and attributes
 META_KEY = "hsk"
 PROGRESS_DONE = "_progress/done"
 PROGRESS_DIGESTS = "_progress/digests"
@@ -44,6 +47,8 @@ class ArraySpec:
     chunk_rows: int
     bitshuffle: bool = True
     clevel: int = 3
+    dims: tuple[str, ...] = ()  # zarr `dimension_names` (format 3); () writes none
+    attributes: dict = field(default_factory=dict, hash=False)  # the array's zarr attributes (format 3)
 
     def create(self, group) -> None:
         tail = self.shape[1:]
@@ -56,6 +61,8 @@ class ArraySpec:
             shards=(self.shard_rows, *tail),
             compressors=BloscCodec(cname="zstd", clevel=self.clevel, shuffle=shuffle),
             fill_value=0,
+            dimension_names=self.dims or None,
+            attributes=self.attributes or None,
         )
 
 
@@ -81,8 +88,102 @@ def ids_dtype(vocab_size: int) -> str:
 
 
 def array_specs(meta: dict) -> list[ArraySpec]:
-    """Every data array of a store described by `meta` (progress bookkeeping excluded), by its kind."""
-    return _SPECS_OF_KIND.get(objective_of(meta), task_array_specs)(meta)
+    """Every data array of a store described by `meta` (progress bookkeeping excluded), by its kind, each with
+    its dimension names and attributes (what a store of format DIMENSIONS_SINCE or later writes)."""
+    kind = objective_of(meta)
+    specs = _SPECS_OF_KIND.get(kind, task_array_specs)(meta)
+    return [described(spec, meta, kind) for spec in specs]
+
+
+# --- what generic Zarr tools show: dimension names and attributes -----------------------------------------
+# Axis names shared by every array that has the axis (xarray aligns arrays of a group by them): per array,
+# by its name's last part (and its group for the masked-LM arrays), the names of the axes after `rows`,
+# a one-line description, the section of docs/STORE_FORMAT.md that says how to read it, and units.
+SPEC_DOC = "docs/STORE_FORMAT.md"
+ROWS = "rows"
+_ARRAYS, _CODECS, _ATTENTION, _MLM = "#arrays", "#codecs", "#optional-attention-rows-hsk-dump-attention-rows", \
+    "#masked-lm-stores-objective-mlm"
+_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
+    "row": ((), "row index in the source split", _ARRAYS, None),
+    "text_hash": ((), "first 8 bytes (little-endian) of BLAKE2b-512 over the row's text fields joined by a tab",
+                  _ARRAYS, None),
+    "label": ((), "gold label; -1 (integer) or NaN (float) for none", _ARRAYS, None),
+    "logits": (("classes",), "teacher logits from its classification head", _ARRAYS, "logit"),
+    "input_ids": (("tokens",), "teacher tokenizer ids, padded with the pad id to max_length", _ARRAYS, None),
+    "token_type_ids": (("tokens",), "segment ids", _ARRAYS, None),
+    "length": ((), "real tokens of the row, [CLS] and [SEP] included", _ARRAYS, "tokens"),
+    "positions": (("kept_tokens",), "kept token positions, by descending ranking score; -1 = unused slot",
+                  _ARRAYS, "token index"),
+    "scores": (("kept_tokens",), "ranking score of each kept position ([CLS]-row attention, head-averaged); "
+               "0 in unused slots", _ARRAYS, None),
+    "values": (("kept_tokens", "kept_width"), "kept activations of each kept token vector, in increasing index "
+               "order, as the value codec stores them", _CODECS, None),
+    "scale": (("kept_tokens",), "the value codec's scale of each kept token vector", _CODECS, None),
+    "masks": (("kept_tokens", "mask_bytes"), "which of the d activations are kept: numpy packbits over d, "
+              "big-endian bit order; all zero in unused slots", _ARRAYS, None),
+    "attention": (("heads", "kept_tokens", "tokens"), "pre-softmax attention scores of each kept token over "
+                  "every key position; 0 for padded keys and unused slots", _ATTENTION, "pre-softmax score"),
+    "mlm/positions": (("masked",), "masked positions, increasing; -1 = unused slot", _MLM, "token index"),
+    "mlm/labels": (("masked",), "the original token id at each masked position", _MLM, None),
+    "mlm/kind": (("masked",), "1 = replaced by [MASK], 2 = by a random id, 3 = kept; 0 = unused slot", _MLM, None),
+    "mlm/topk_ids": (("masked", "top_k"), "the teacher's k highest-scoring vocabulary ids, by descending logit",
+                     _MLM, None),
+    "mlm/topk_logits": (("masked", "top_k"), "the logits of those ids", _MLM, "logit"),
+    "mlm/lse": (("masked",), "log-sum-exp of the teacher's logits over the whole vocabulary", _MLM, "logit"),
+}
+_MLM_INPUTS = "the masked inputs, exactly as the teacher saw them"
+# What a plain-Zarr reader cannot see: zarr reads a lost chunk as the fill value, silently.
+INTEGRITY = "a missing chunk reads as 0 in plain Zarr: check with `hsk verify` or the shard digests"
+# A codec whose values array does not hold one element per kept value packs codes into bytes.
+_PACKED_AXIS, _GROUP_AXIS = "value_bytes", "scale_groups"
+_PROBE_WIDTH = 64
+
+
+def _entry(name: str, kind: str) -> tuple[tuple[str, ...], str, str, str | None]:
+    leaf = name if name.startswith("mlm/") else name.rsplit("/", 1)[-1]
+    dims, text, section, units = _DESCRIBED[leaf]
+    if kind == MLM and leaf == "input_ids":
+        return dims, _MLM_INPUTS, _MLM, units
+    return dims, text, section, units
+
+
+def _codec_axes(leaf: str, value_dtype: str, dims: tuple[str, ...]) -> tuple[str, ...]:
+    """The value codec decides the last axis of `values` (kept values, or bytes of packed codes) and whether
+    `scale` has one (a scale per group of kept values) or none (one per vector): read from its declared
+    arrays at a width where the two differ."""
+    declared = codecs.get(value_dtype).arrays(_PROBE_WIDTH)
+    if leaf == "values" and declared["values"][0] != (_PROBE_WIDTH,):
+        return (dims[0], _PACKED_AXIS)
+    if leaf == "scale" and declared["scale"][0]:
+        return (*dims, _GROUP_AXIS)
+    return dims
+
+
+def described(spec: ArraySpec, meta: dict, kind: str | None = None) -> ArraySpec:
+    """`spec` with its dimension names and attributes (description, codec, spec section, units)."""
+    kind = kind or objective_of(meta)
+    leaf = spec.name.rsplit("/", 1)[-1]
+    dims, text, section, units = _entry(spec.name, kind)
+    attributes = {"description": text, "spec": SPEC_DOC + section, "integrity": INTEGRITY}
+    if kind != MLM and leaf in ("values", "scale"):
+        dims = _codec_axes(leaf, meta["selection"]["value_dtype"], dims)
+        attributes["codec"] = meta["selection"]["value_dtype"]  # hskstore.codecs.get(codec).decode
+    if kind != MLM and leaf == "masks":
+        attributes["codec"] = "packbits"
+        attributes["hidden_size"] = meta["selection"]["hidden_size"]
+    if units:
+        attributes["units"] = units
+    return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+
+
+# The progress arrays (the writer's bookkeeping, outside array_specs): dimension names and attributes.
+PROGRESS_DESCRIBED = {
+    PROGRESS_DONE: (("shards",), {"description": "1 once the shard's arrays and digests are written",
+                                  "spec": SPEC_DOC + _ARRAYS}),
+    PROGRESS_DIGESTS: (("shards", "arrays", "digest_bytes"), {
+        "description": "BLAKE2b with digest_size=16 of each shard of each data array, arrays in digest order",
+        "spec": SPEC_DOC + "#shard-digests"}),
+}
 
 
 def task_array_specs(meta: dict) -> list[ArraySpec]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
+from .array_meta import described_manifest, write_described
 from .bundle import refuse_bundle_output
 from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
@@ -55,8 +56,10 @@ from .outputs import (
 from .reader import HSKStore, render_card
 from .schema import (
     DIGEST_BYTES,
+    DIMENSIONS_SINCE,
     FORMAT_VERSION,
     META_KEY,
+    PROGRESS_DESCRIBED,
     PROGRESS_DIGESTS,
     PROGRESS_DONE,
     array_specs,
@@ -146,6 +149,16 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
     return None
 
 
+def _older_format(url: str, existing: dict) -> str:
+    """The refusal for the same store written by an older hsk: upgrade a complete one, never resume another."""
+    version = existing.get("format_version")
+    if existing.get("complete"):
+        return (f"{url} holds this store at format {version}, written by an older hsk: run `hsk upgrade {url}` "
+                f"to bring it to format {FORMAT_VERSION}, or pass --overwrite to dump it again")
+    return (f"{url} holds an interrupted dump of an older hsk (format {version}): finish it with that hsk, or "
+            "pass --overwrite to start again")
+
+
 def _precision(existing: dict, meta: dict) -> list[str]:
     """`--precision P` when the teacher's forward precision (part of its record; absent = fp32) differs."""
     old, new = ((m.get("teacher") or {}).get("precision") or "fp32" for m in (existing, meta))
@@ -206,7 +219,10 @@ def _create_structure(url: str, meta: dict) -> None:
         if i == 0:
             _fault("after-array-created")
     shards = n_shards(meta)
-    group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0, overwrite=True)
+    dims, attrs = PROGRESS_DESCRIBED[PROGRESS_DONE]
+    group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0, overwrite=True,
+                       dimension_names=dims, attributes=attrs)
+    dims, attrs = PROGRESS_DESCRIBED[PROGRESS_DIGESTS]
     group.create_array(
         PROGRESS_DIGESTS,
         shape=(shards, len(specs), DIGEST_BYTES),
@@ -214,6 +230,8 @@ def _create_structure(url: str, meta: dict) -> None:
         chunks=(1, len(specs), DIGEST_BYTES),
         fill_value=0,
         overwrite=True,
+        dimension_names=dims,
+        attributes=attrs,
     )
 
 
@@ -300,6 +318,8 @@ class StoreWriter:
         """The writer of the store already at url (complete, or an interrupted dump to resume); None when its
         creation was cut short before any shard; StoreExistsError when it is another store."""
         diff = _differences(existing, meta)
+        if diff == ["format_version"] and (existing.get("complete") or _has_written_shards(url)):  # an older hsk's
+            raise StoreExistsError(_older_format(url, existing))
         if diff and existing.get("complete"):
             made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
             raise StoreExistsError(
@@ -495,12 +515,15 @@ class Upgrade:
 
 
 def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
-    """Cover the metadata of a complete store that no manifest covers (format 1, or a deleted manifest).
+    """Bring a complete store written by an older hsk to format FORMAT_VERSION, its metadata covered.
 
-    Under the writer lease: every shard is checked against its digests and the digests against the
-    per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as it
-    is now becomes format FORMAT_VERSION with a manifest, and the card is rewritten. The data chain
-    is checked; the metadata cannot be (that is what was missing): the caller tells the user to look.
+    Format 1 (or a deleted manifest): nothing covers the metadata. Format 2: the arrays have no dimension
+    names or attributes. Under the writer lease: every shard is checked against its digests and the digests
+    against the per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as
+    it is now becomes format FORMAT_VERSION with a manifest over the arrays as they will be, the arrays get
+    their dimension names and attributes (the data is not touched), and the card is rewritten. The data chain
+    is checked; metadata no manifest covered cannot be (that is what was missing): the caller tells the user
+    to look.
     """
     url = str(url).rstrip("/")
     refuse_bundle_output(url)
@@ -508,26 +531,59 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
         raise StoreExistsError(f"no hsk store at {url} to upgrade")
     lease = Lease(url, log=log).acquire()
     try:
-        store = HSKStore(url, allow_unverified=True)
-        version = store.meta["format_version"]
-        if store.content_address is not None:  # covered already: finish what a killed upgrade left undone
-            writer = StoreWriter(url, store.meta)
-            restored = writer.repair_card()
-            return Upgrade(url, version, store.content_address, changed=False, restored=restored)
-        problems = store.verify()
-        if problems:
-            raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
-        meta = dict(store.meta, format_version=FORMAT_VERSION)
-        meta["upgraded"] = {"from_version": version, "software_version": software_version,
-                            "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        meta.pop(MANIFEST_KEY, None)
-        group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
-        meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(group))
-        lease.check()
-        group.attrs[META_KEY] = meta
-        _fault("upgrade-after-metadata")  # a kill here leaves the card and croissant.json to the rerun
-        write_store_card(group, meta, list(store.specs), url)
-        write_croissant(group, meta, list(store.specs), url)  # after zarr.json: it records its fingerprint
-        return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+        return _upgrade(url, lease, software_version)
     finally:
         lease.release()
+
+
+def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
+    finished = _finish_cut_short(url)
+    store = HSKStore(url, allow_unverified=True)
+    version = store.meta["format_version"]
+    if finished is not None:  # the card and croissant.json still describe the store as it was
+        _render(store)
+        return Upgrade(url, finished, store.content_address, changed=True)
+    if store.content_address is not None and version >= DIMENSIONS_SINCE:  # nothing left but what is rendered
+        restored = StoreWriter(url, store.meta).repair_card()
+        return Upgrade(url, version, store.content_address, changed=False, restored=restored)
+    problems = store.verify()
+    if problems:
+        raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
+    meta = dict(store.meta, format_version=FORMAT_VERSION)
+    meta["upgraded"] = {"from_version": version, "software_version": software_version,
+                        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    meta.pop(MANIFEST_KEY, None)
+    group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
+    meta[MANIFEST_KEY] = described_manifest(meta, group)
+    lease.check()
+    group.attrs[META_KEY] = meta
+    # A kill here leaves the arrays' zarr.json, the card and croissant.json to the rerun (_finish_cut_short).
+    _fault("upgrade-after-metadata")
+    write_described(group, meta)
+    _render(HSKStore(url))
+    return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+
+
+def _render(store: HSKStore) -> None:
+    """Rewrite the card and croissant.json of an upgraded store from its metadata (after every zarr.json:
+    croissant.json records the root's fingerprint)."""
+    group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
+    write_store_card(group, store.meta, list(store.specs), store.url)
+    write_croissant(group, store.meta, list(store.specs), store.url)
+
+
+def _finish_cut_short(url: str) -> int | None:
+    """An upgrade killed after its root metadata, before the arrays' dimension names: the manifest it recorded
+    matches the arrays as they were to be. Write them; the format the store was upgraded from (None: not so)."""
+    group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
+    meta = group.attrs.asdict().get(META_KEY)
+    if not (isinstance(meta, dict) and isinstance(meta.get("upgraded"), dict) and meta.get(MANIFEST_KEY)):
+        return None
+    try:
+        if (compute_manifest(meta, list_arrays(group)) == meta[MANIFEST_KEY]
+                or described_manifest(meta, group) != meta[MANIFEST_KEY]):
+            return None
+    except Exception:  # metadata that cannot describe arrays: the reader says what is wrong
+        return None
+    write_described(group, meta)
+    return meta["upgraded"].get("from_version")

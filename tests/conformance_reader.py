@@ -109,11 +109,12 @@ class Bundle:
 
 
 def array_entry(node: dict) -> dict:
-    """The manifest's description of one array, read from its zarr.json."""
+    """The manifest's description of one array, read from its zarr.json (`dimension_names` only where it has
+    them: format 3)."""
     grid = node["chunk_grid"]["configuration"]["chunk_shape"]
     codecs = node["codecs"]
     sharded = codecs[0]["name"] == "sharding_indexed"
-    return {
+    entry = {
         "shape": node["shape"],
         "dtype": node["data_type"],
         "chunks": codecs[0]["configuration"]["chunk_shape"] if sharded else grid,
@@ -122,12 +123,35 @@ def array_entry(node: dict) -> dict:
         "fill_value": node["fill_value"],
         "attributes": node.get("attributes", {}),
     }
+    if node.get("dimension_names") is not None:
+        entry["dimension_names"] = node["dimension_names"]
+    return entry
 
 
 def manifest(bundle: Bundle) -> str:
     hsk = {k: v for k, v in bundle.meta.items() if k != "manifest"}
     doc = {"hsk": hsk, "arrays": {path: array_entry(node) for path, node in bundle.nodes.items()}}
     return sha256(canonical(doc).encode("ascii"))
+
+
+# --- dataset fingerprint ("Metadata", "Masked-LM stores") ---------------------------------------------
+def examples_fingerprint(columns: list[list[str]], labels: np.ndarray) -> str:
+    """`dataset.fingerprint`: hex SHA-256 of the header line, each text length-prefixed, the labels' dtype and bytes."""
+    h = hashlib.sha256(f"hsk-examples-v1 columns={len(columns)} rows={len(labels)}\n".encode("ascii"))
+    for column in columns:
+        for text in column:
+            data = text.encode("utf-8")
+            h.update(len(data).to_bytes(8, "little") + data)
+    h.update(str(labels.dtype).encode("ascii"))
+    h.update(np.ascontiguousarray(labels, dtype=labels.dtype.newbyteorder("<")).tobytes())
+    return h.hexdigest()
+
+
+def shard_index(raw: bytes, n_chunks: int) -> list[tuple[int, int] | None]:
+    """(offset, length) of each inner chunk of a shard object ("Shard objects"); None for a chunk not stored."""
+    index = raw[-(16 * n_chunks + 4):]
+    pairs = np.frombuffer(index[:-4], dtype="<u8").reshape(n_chunks, 2)
+    return [None if int(o) == 2**64 - 1 else (int(o), int(n)) for o, n in pairs]
 
 
 # --- digests -----------------------------------------------------------------------------------------

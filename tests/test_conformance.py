@@ -19,7 +19,7 @@ from hskstore import codecs
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
-NAMES = [*codecs.names(), "attention", "derived", "mlm"]  # a vector per registered value codec
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges"]  # a vector per registered value codec
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
 
 
@@ -53,7 +53,9 @@ def test_vectors_regenerate_byte_identically(tmp_path):
               if (tmp_path / name).read_bytes() != (VECTORS / name).read_bytes()}
     assert not differ, f"hsk no longer writes the committed vectors (what changed: {differ}); if that is meant, " \
                        "say so in STORE_FORMAT.md and rerun python docs/conformance/generate.py"
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 700_000  # well under 1 MB
+    # under 1 MB: format 3's dimension names and attributes in every array's zarr.json, with the source texts,
+    # took the eight vectors from 694 kB to 749 kB; the `edges` vector (inner chunks, ties, d = 60) adds 86 kB
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 900_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -205,3 +207,45 @@ def test_reader_refuses_edited_metadata_and_data(tmp_path):
     with pytest.raises(AssertionError) as caught:
         reader.read_verified(reader.Bundle.open(missing))
     assert caught.value.args[0] == ("layers/1/values", 1)
+
+
+def test_64_bit_integers_are_strings_and_the_source_texts_give_the_dataset_fingerprint():
+    """JavaScript's JSON.parse rounds integers above 2**53: int64 and uint64 data are decimal strings."""
+    for name in NAMES:
+        bundle, vector = load(name)
+        for array_name in ("row", "text_hash"):
+            entry = vector["arrays"][array_name]
+            assert all(isinstance(x, str) for x in entry["data"]), (name, array_name)
+        assert max(int(x) for x in vector["arrays"]["text_hash"]["data"]) > 2**53  # would be rounded as a number
+        meta = bundle.meta
+        labels = np.full(len(vector["source_texts"]), -1, dtype=np.int64) if meta.get("objective") == "mlm" \
+            else as_array(vector["arrays"]["label"]).astype(np.int64)  # labels as loaded: int64
+        assert reader.examples_fingerprint([vector["source_texts"]], labels) == meta["dataset"]["fingerprint"], name
+
+
+def test_edges_vector_inner_chunks_mask_padding_and_rounding_ties():
+    bundle, vector = load("edges")
+    meta, arrays = bundle.meta, reader.read_verified(bundle)
+    layout, d = meta["layout"], meta["selection"]["hidden_size"]
+    assert (layout["shard_rows"], layout["chunk_rows"]) == (2, 1) and d % 8
+    # several inner chunks per shard, one not stored: row 0's label is 0, so its chunk's bytes are all zero
+    with zipfile.ZipFile(VECTORS / "edges.hsk.zip") as zf:
+        index = reader.shard_index(zf.read("label/c/0"), 2)
+    assert index[0] is None and index[1] is not None
+    assert arrays["label"][0] == 0 and arrays["label"][1] != 0
+    # mask padding: the 8 d-bit mask bytes hold d = 60 bits, the last byte's 4 low bits are 0
+    for i in range(len(meta["selection"]["teacher_layers"])):
+        bits = np.unpackbits(arrays[f"layers/{i}/masks"], axis=-1)
+        assert bits.shape[-1] == 64 and not bits[..., d:].any() and bits[..., :d].any()
+    # int8 from the fp16 kept values (`source_values`), ties included: x.5 rounds half to even
+    top = f"layers/{len(meta['selection']['teacher_layers']) - 1}"
+    values16 = np.array(vector["source_values"][top], dtype=np.float16)
+    q8, scale8 = reader.quantize_int8(values16)
+    assert np.array_equal(q8, arrays[f"{top}/values"]) and np.array_equal(scale8, arrays[f"{top}/scale"])
+    used = arrays[f"{top}/positions"] >= 0
+    with np.errstate(divide="ignore", invalid="ignore"):  # unused slots: scale 0
+        ratio = values16.astype(np.float32) / scale8.astype(np.float32)[..., None]
+    ties = used[..., None] & (np.abs(ratio - np.trunc(ratio)) == 0.5)
+    assert ties.any()
+    half_up = np.floor(ratio[ties] + 0.5)
+    assert (q8[ties] != half_up).any()  # a reader rounding half up gets these wrong

@@ -136,7 +136,7 @@ def test_unmanifested_store_is_refused_until_upgraded(store, tmp_path, glue_dir,
     assert "upgraded" in said and "covered by the manifest sha256:" in said and "hsk info" in said
     assert data_hashes(store) == {k: v for k, v in before.items() if k not in DERIVED_FILES}
     meta = open_store(str(store)).meta
-    assert meta["format_version"] == 2 and meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else 2)
+    assert meta["format_version"] == 3 and meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else 3)
     assert main(["verify", str(store)]) == 0
     assert f"matches the manifest {meta['manifest']}" in capsys.readouterr().out
     edit_meta(store, lambda m: m["task"].update(labels=m["task"]["labels"][::-1]))  # now an edit is caught

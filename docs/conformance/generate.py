@@ -67,6 +67,12 @@ HIDDEN, LAYERS, HEADS, MAX_LENGTH = 64, 2, 2, 16
 CONFIG = "3,4,0.55"  # N^D 3 (embeddings included), N^L 4, N^W = round(0.55 * 64) = 35: odd, two 4-bit groups
 COMMON = ["--max-length", str(MAX_LENGTH), "--shard-rows", "2", "--student-layers", "2", "--l-top", "2",
           "--device", "cpu", "--no-progress"]
+# The `edges` vector: d = 60 (not a multiple of 8: 4 padding bits in each mask's last byte), int8 values, shards
+# of 2 rows in inner chunks of 1 (row 0's label is 0: that inner chunk is not stored). Its teacher's top layer
+# writes these constants in the first hidden dims: 127 makes every int8 scale exactly 1.0, so the others are
+# exact rounding ties (x.5), which int8 rounds half to even.
+EDGE_HIDDEN, EDGE_CONFIG, EDGE_CHUNK_ROWS = 60, "2,4,0.55", 1
+EDGE_CONSTANTS = (127.0, 2.5, -3.5, 4.5, 5.5, -6.5, 10.5, -11.5, 100.5)
 
 
 @contextmanager
@@ -85,11 +91,11 @@ def _tokenizer(out: Path) -> None:
     BertTokenizer(vocab={tok: i for i, tok in enumerate(VOCAB)}, do_lower_case=True).save_pretrained(out)
 
 
-def _config(**kwargs):
+def _config(hidden: int = HIDDEN, **kwargs):
     from transformers import BertConfig
 
-    return BertConfig(vocab_size=len(VOCAB), hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                      intermediate_size=2 * HIDDEN, max_position_embeddings=32, type_vocab_size=2, pad_token_id=0,
+    return BertConfig(vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      intermediate_size=2 * hidden, max_position_embeddings=32, type_vocab_size=2, pad_token_id=0,
                       **kwargs)
 
 
@@ -116,6 +122,15 @@ def build_teachers(work: Path) -> None:
         mlm.cls.predictions.bias.normal_(0, 2.0)  # a peaked distribution: distinct top-k logits
     mlm.save_pretrained(work / "mlm-teacher")
     _tokenizer(work / "mlm-teacher")
+    torch.manual_seed(2)
+    edge = BertForSequenceClassification(_config(EDGE_HIDDEN, num_labels=2)).eval()
+    with torch.no_grad():
+        norm = edge.bert.encoder.layer[-1].output.LayerNorm
+        k = len(EDGE_CONSTANTS)
+        norm.weight[:k] = 0.0
+        norm.bias[:k] = torch.tensor(EDGE_CONSTANTS)
+    edge.save_pretrained(work / "edge-teacher")
+    _tokenizer(work / "edge-teacher")
 
 
 def _hsk(*args: str) -> None:
@@ -147,7 +162,33 @@ def dump_stores(work: Path) -> list[str]:
         # derive reads the pinned float16 store: its derived_from names the pinned source
         _hsk("derive", "float16.zarr", "--config", "2,3,0.3", "--values", "int4", "--out", "derived.zarr")
         pin("derived.zarr")
-    return [*values_vectors, "attention", "derived", "mlm"]
+        edge = ["dump", "--task", "sst2", "--teacher", "edge-teacher", "--data-file", DATA_FILE, *COMMON,
+                "--config", EDGE_CONFIG]
+        _hsk(*edge, "--values", "float16", "--out", "edges-float16.zarr")  # the values int8 quantises (JSON)
+        _hsk(*edge, "--values", "int8", "--out", "edges-dumped.zarr")
+        relayout("edges-dumped.zarr", "edges.zarr", EDGE_CHUNK_ROWS)
+        pin("edges.zarr")
+    return [*values_vectors, "attention", "derived", "mlm", "edges"]
+
+
+# What a new store takes from a store it is rewritten from: all but what its writer records itself.
+_WRITTEN_BY_WRITER = ("checksums", "inputs_hash", "complete", "identity", "created", "software_version",
+                      "format_version", "manifest", "stored_bytes")
+
+
+def relayout(src: str, out: str, chunk_rows: int) -> None:
+    """The store at `src` rewritten by hsk's writer with inner chunks of `chunk_rows` rows (the dump picks
+    chunks of a quarter shard only for shards of 64 rows or more: too big for a vector)."""
+    from hskstore import open_store
+    from hskstore.writer import StoreWriter
+
+    store = open_store(src)
+    meta = {k: v for k, v in store.meta.items() if k not in _WRITTEN_BY_WRITER}
+    meta["layout"] = dict(meta["layout"], chunk_rows=chunk_rows)
+    with StoreWriter.open(out, meta, software_version=PINNED_VERSION) as writer:
+        for shard in range(store.n_shards):
+            writer.write_shard(shard, store.read_shard(shard))
+        writer.finalize()
 
 
 def pin(url: str) -> None:
@@ -177,8 +218,16 @@ def pin(url: str) -> None:
 
 
 def _numbers(array: np.ndarray) -> list:
-    """Array elements as JSON numbers (float16/32 values are exact as JSON's float64)."""
+    """Array elements as JSON numbers (float16/32 values are exact as JSON's float64), 64-bit integers as
+    decimal strings (JavaScript's JSON.parse would round those above 2**53)."""
+    if array.dtype.kind in "iu" and array.dtype.itemsize == 8:
+        return array.astype(str).tolist()
     return array.tolist() if array.dtype.kind in "iub" else array.astype(np.float64).tolist()
+
+
+def source_texts(name: str) -> list[str]:
+    """The texts a vector's rows were made from, in row order (its `dataset.fingerprint` is computed over them)."""
+    return list(CORPUS) if name == "mlm" else [text for text, _ in ROWS]
 
 
 def expected(bundle: Path) -> dict:
@@ -237,6 +286,14 @@ def check_coverage(vectors: dict[str, dict]) -> None:
     src = _array(vectors["float16"], "layers/2/values")
     codes = _nibbles(_array(vectors["mxfp4"], "layers/2/values"), src.shape[-1])
     cases["mxfp4: negative values that round to +0"] = bool(((src < 0) & (codes == 0)).any())
+    edges = vectors["edges"]
+    top = sorted(edges["source_values"])[-1]
+    with np.errstate(divide="ignore", invalid="ignore"):  # unused slots: scale 0
+        ratio = np.array(edges["source_values"][top], dtype=np.float32) / _array(edges, f"{top}/scale").astype(
+            np.float32)[..., None]
+    used = (_array(edges, f"{top}/positions") >= 0)[..., None]
+    cases["edges: int8 rounding ties"] = bool((used & (np.abs(ratio - np.trunc(ratio)) == 0.5)).any())
+    cases["edges: an all-zero inner chunk (label 0 in row 0)"] = _array(edges, "label")[0] == 0
     missing = [case for case, held in cases.items() if not held]
     if missing:
         raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
@@ -256,7 +313,8 @@ def generate(out: Path) -> list[Path]:
         build_teachers(work)
         for name in dump_stores(work):
             bundle = pack(str(work / f"{name}.zarr"), out / f"{name}.hsk.zip", overwrite=True)
-            vectors[name] = expected(bundle)
+            vectors[name] = {**expected(bundle), "source_texts": source_texts(name)}
+        vectors["edges"]["source_values"] = expected(work / "edges-float16.zarr")["decoded_values"]
     check_coverage(vectors)
     written = []
     for name, vector in vectors.items():

@@ -317,13 +317,15 @@ def verify(store: str = typer.Argument(..., help="Store path, fsspec URL or .hsk
 
 @app.command()
 def upgrade(store: str = typer.Argument(..., help="A complete store folder or fsspec URL (not a bundle).")) -> None:
-    """Cover an old store's metadata with a manifest, so that hsk reads it without HSK_ALLOW_UNVERIFIED=1.
+    """Bring a store written by an older hsk to the current format, its metadata covered by a manifest.
 
     A store of format 1, or one whose manifest is missing, is refused by every reading command: nothing
-    would notice an edit to its metadata (labels, teacher, selection). `hsk upgrade` takes the store's
-    writer lease, checks every shard against its digests and the digests against the per-array
-    checksums, then writes format-2 metadata with a manifest (and the card). It cannot tell whether
-    the metadata was edited before: look at `HSK_ALLOW_UNVERIFIED=1 hsk info STORE` first.
+    would notice an edit to its metadata (labels, teacher, selection). A format-2 store is read as it is,
+    but its arrays have no dimension names or attributes (xarray cannot open it). `hsk upgrade` takes
+    the store's writer lease, checks every shard against its digests and the digests against the
+    per-array checksums, then writes format-3 metadata with a manifest, each array's dimension names
+    and attributes (no data is rewritten) and the card. It cannot tell whether uncovered metadata was
+    edited before: look at `HSK_ALLOW_UNVERIFIED=1 hsk info STORE` first.
 
     Example: hsk upgrade old-sst2.zarr && hsk verify old-sst2.zarr
     """

@@ -1,0 +1,202 @@
+"""Stores that generic Zarr tools understand (issue 37): every array of every store kind has dimension names and
+attributes, xarray opens every kind (a folder, and a bundle through zarr's ZipStore), `hsk upgrade` adds the names
+to an older store whose content address stays as it was until then, and the decoded view matches `dense`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import conformance_reader as reader
+import numpy as np
+import pytest
+import zarr
+
+from hskstore import codec, open_store
+from hskstore.manifest import list_arrays
+from hskstore.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
+from hskstore.view import DIMS, dense_dataset, dense_view
+from pipelines.cli import main
+
+xr = pytest.importorskip("xarray")
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "docs" / "conformance"
+OLD = ROOT / "tests" / "data" / "format2"  # the derived vector as format 2 wrote it (before dimension names)
+KINDS = {"task": "int4", "float16 task": "float16", "attention rows": "attention", "derived": "derived",
+         "masked-LM": "mlm", "inner chunks, d = 60": "edges"}
+SPEC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a page's headings, as mkdocs makes them (python-markdown's toc slugify)."""
+    titles = [line.lstrip("#") for line in text.splitlines() if line.startswith("#")]
+    return {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", t).strip().lower()) for t in titles}
+
+
+def unpacked(name: str, tmp_path: Path, source: Path = VECTORS) -> Path:
+    out = tmp_path / f"{name}.zarr"
+    with zipfile.ZipFile(source / f"{name}.hsk.zip") as zf:
+        zf.extractall(out)
+    return out
+
+
+def zip_store(path: Path):
+    return zarr.storage.ZipStore(path, mode="r", read_only=True)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_array_has_dimension_names_and_attributes(kind):
+    bundle = reader.Bundle.open(VECTORS / f"{KINDS[kind]}.hsk.zip")
+    meta = bundle.meta
+    assert meta["format_version"] == FORMAT_VERSION
+    specs = {spec.name: spec for spec in array_specs(meta)}
+    documented = anchors(SPEC)
+    for path, node in bundle.nodes.items():
+        names, attrs = node["dimension_names"], node["attributes"]
+        assert len(names) == len(node["shape"]) and None not in names, path
+        assert names[0] == ("shards" if path.startswith("_progress") else "rows"), path
+        assert attrs["description"] and attrs["spec"].split("#")[1] in documented, path
+        expected = specs.get(path)
+        if expected is None:
+            assert (tuple(names), attrs) == PROGRESS_DESCRIBED[path]
+            continue
+        assert (tuple(names), attrs) == (expected.dims, expected.attributes)
+        if path.endswith(("/values", "/scale")):
+            assert attrs["codec"] == meta["selection"]["value_dtype"]
+    if kind != "masked-LM":  # a packed codec's last axis is bytes, not kept values
+        values = bundle.nodes["layers/0/values"]
+        packed = meta["selection"]["value_dtype"] not in ("float16", "int8")
+        assert values["dimension_names"][-1] == ("value_bytes" if packed else "kept_width")
+        assert bundle.nodes["layers/0/masks"]["attributes"]["hidden_size"] == meta["selection"]["hidden_size"]
+
+
+def check_tree(tree, group: zarr.Group) -> None:
+    """Every array of the zarr group is a variable of xarray's tree, with its dimension names and exact values."""
+    arrays = list_arrays(group)
+    assert arrays
+    for path, array in arrays.items():
+        parent, _, name = path.rpartition("/")
+        var = tree[parent][name] if parent else tree[name]
+        assert list(var.dims) == list(array.metadata.dimension_names), path
+        assert not any(str(d).startswith("dim_") for d in var.dims), path
+        np.testing.assert_array_equal(var.values, array[...], err_msg=path)
+        assert var.dtype == array.dtype, path  # fill value 0 is not read as missing
+        assert var.attrs["description"] == array.attrs["description"], path
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_xarray_opens_every_store_kind_as_a_bundle_and_as_a_folder(kind, tmp_path):
+    name = KINDS[kind]
+    folder = unpacked(name, tmp_path)
+    for store in (zip_store(VECTORS / f"{name}.hsk.zip"), str(folder)):
+        root = xr.open_zarr(store, consolidated=False)
+        assert root.sizes["rows"] == open_store(str(folder)).meta["layout"]["n_rows"]
+        assert set(root.data_vars) >= {"row", "text_hash", "input_ids", "token_type_ids", "length"}
+        tree = xr.open_datatree(store, engine="zarr", consolidated=False)
+        check_tree(tree, zarr.open_group(store, mode="r"))
+
+
+def test_format_2_store_still_verifies_and_keeps_its_content_address():
+    """A store written before dimension names: read by hsk and by the reader of the spec, address unchanged."""
+    old = json.loads((OLD / "derived.json").read_text())
+    store = open_store(str(OLD / "derived.hsk.zip"))
+    assert store.meta["format_version"] == 2 and store.content_address == old["manifest"]
+    assert store.verify() == []
+    bundle = reader.Bundle.open(OLD / "derived.hsk.zip")
+    assert reader.manifest(bundle) == old["manifest"]
+    assert all("dimension_names" not in node for node in bundle.nodes.values())
+    arrays = reader.read_verified(bundle)
+    for name, entry in old["arrays"].items():
+        np.testing.assert_array_equal(arrays[name], np.array(entry["data"], dtype=entry["dtype"]).reshape(
+            entry["shape"]))
+
+
+def data_files(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*"))
+            if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json")
+            and not p.name.startswith(".")}
+
+
+def test_upgrade_adds_dimension_names_to_a_format_2_store(tmp_path, capsys):
+    store = unpacked("derived", tmp_path, OLD)
+    old = open_store(str(store))
+    data = data_files(store)
+    assert main(["upgrade", str(store)]) == 0
+    assert "from format 2" in capsys.readouterr().out
+    new = open_store(str(store))
+    assert new.meta["format_version"] == FORMAT_VERSION and new.meta["upgraded"]["from_version"] == 2
+    assert new.content_address != old.content_address and new.meta["checksums"] == old.meta["checksums"]
+    assert data_files(store) == data  # only metadata changed
+    fresh = reader.Bundle.open(VECTORS / "derived.hsk.zip")  # the same store written by this hsk
+    group = zarr.open_group(str(store), mode="r")
+    for path, array in list_arrays(group).items():
+        assert list(array.metadata.dimension_names) == fresh.nodes[path]["dimension_names"], path
+        assert array.attrs.asdict() == fresh.nodes[path]["attributes"], path
+    assert new.verify() == []
+    check_tree(xr.open_datatree(str(store), engine="zarr", consolidated=False), group)
+    assert main(["upgrade", str(store)]) == 0 and "nothing to do" in capsys.readouterr().out
+
+
+def test_upgrade_killed_before_the_arrays_is_finished_by_the_rerun(tmp_path, capsys):
+    store = unpacked("derived", tmp_path, OLD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HSK_FAULT": "upgrade-after-metadata"}
+    done = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", "upgrade", str(store)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 86, done.stderr
+    assert main(["verify", str(store)]) == 2  # root metadata says format 3, the arrays do not yet
+    assert f"rerun `hsk upgrade {store}`" in capsys.readouterr().err
+    assert main(["upgrade", str(store)]) == 0
+    assert "upgraded" in capsys.readouterr().out
+    assert main(["verify", str(store)]) == 0
+    assert "format_version: 3" in (store / "README.md").read_text()  # the card follows
+    group = zarr.open_group(str(store), mode="r")
+    assert all(a.metadata.dimension_names for a in list_arrays(group).values())
+
+
+@pytest.mark.parametrize("name", ["int4", "attention", "derived", "float16", "edges"])
+def test_dense_view_matches_the_dense_decode(name):
+    store = open_store(str(VECTORS / f"{name}.hsk.zip"))
+    view = dense_view(store)
+    assert view.hidden.shape == (len(store), len(store.layers), store.config.n_tokens, store.hidden_size)
+    shards = [store.read_shard(s) for s in range(store.n_shards)]
+    data = {k: np.concatenate([s[k] for s in shards]) for k in shards[0]}
+    for k, layer in enumerate(store.layers):
+        np.testing.assert_array_equal(view.hidden[:, k], store.dense(data, layer))
+        np.testing.assert_array_equal(view.hidden[:, k], codec.dense(
+            store.selection.value_dtype, data[f"{layer.name}/values"], data[f"{layer.name}/masks"],
+            store.hidden_size, data.get(f"{layer.name}/scale")))
+        np.testing.assert_array_equal(view.positions[:, k], data[f"{layer.name}/positions"])
+    assert (view.hidden[view.positions < 0] == 0).all()
+    np.testing.assert_array_equal(view.row, data["row"])
+    some = dense_view(store, [2, 0])  # rows of two shards, in any order: read in store order
+    np.testing.assert_array_equal(some.hidden, view.hidden[[0, 2]])
+    ds = dense_dataset(store, slice(1, 3))
+    assert ds["hidden"].dims == DIMS and list(ds["layer"].values) == list(view.teacher_layers)
+    np.testing.assert_array_equal(ds["hidden"].values, view.hidden[1:3])
+    np.testing.assert_array_equal(ds["row"].values, view.row[1:3])
+    assert ds.attrs["content_address"] == store.content_address
+
+
+def test_dense_view_refuses_a_masked_lm_store():
+    from hskstore import ConfigError
+
+    with pytest.raises(ConfigError, match="keeps no hidden-state vectors"):
+        dense_view(open_store(str(VECTORS / "mlm.hsk.zip")))
+
+
+def test_rewriting_a_format_2_store_points_to_upgrade(tmp_path, capsys):
+    """The same command over the same store written by the previous format: one line naming `hsk upgrade`."""
+    source = unpacked("float16", tmp_path)
+    old = unpacked("derived", tmp_path, OLD)  # derived from that float16 store, by a format-2 hsk
+    before = data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()}
+    code = main(["derive", str(source), "--config", "2,3,0.3", "--values", "int4", "--out", str(old),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"run `hsk upgrade {old}`" in err and "format 2" in err, err
+    assert data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()} == before
