@@ -14,7 +14,7 @@ from conftest import save_tiny_teacher
 from hskstore import open_store
 from pipelines.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SHARING_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "sharing.md"
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +32,21 @@ def sst2_store(tmp_path_factory, teacher, glue_dir) -> Path:
     return folder
 
 
-def _readme_python_block(containing: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def _docs_python_block(containing: str, page: Path = SHARING_GUIDE) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     found = [b for b in blocks if containing in b]
-    assert len(found) == 1, f"the README has {len(found)} python blocks with {containing!r}"
+    assert len(found) == 1, f"{page.name} has {len(found)} python blocks with {containing!r}"
     return found[0]
 
 
-def test_the_readme_torch_format_block_runs_on_a_real_dump(sst2_store, monkeypatch):
+def test_the_guide_torch_format_block_runs_on_a_real_dump(sst2_store, monkeypatch):
+    """The sharing guide's `with_format("torch")` block (the README's, before the README became a landing page)."""
     import torch
 
-    block = _readme_python_block('with_format("torch")')
+    block = _docs_python_block('with_format("torch")')
     monkeypatch.chdir(sst2_store)  # the block names the store "sst2.zarr", as the README's dump writes it
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own code, as a user runs it
+    exec(compile(block, "sharing.md", "exec"), scope)  # noqa: S102 - the guide's own code, as a user runs it
     rows = list(scope["train"])
     store = open_store(str(sst2_store / "sst2.zarr"))
     assert len(rows) == len(store) == 24
