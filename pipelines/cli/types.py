@@ -25,8 +25,10 @@ SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes mor
 
 def check_seed(flag: str, value: int) -> None:
     """Refuse a seed numpy would refuse, in one line (also for seeds given in lists, such as --seeds)."""
-    if not 0 <= value <= SEED_MAX:
-        raise UserError(f"{flag} takes a seed in 0..{SEED_MAX}, got {value}")
+    if value < 0:  # worded as hskstore.config's bounds word it
+        raise UserError(f"{flag} must be an integer >= 0, got {value}")
+    if value > SEED_MAX:
+        raise UserError(f"{flag} must be at most {SEED_MAX} (numpy's largest seed), got {value}")
 
 
 def read_value(flag: str, name: str, value):
