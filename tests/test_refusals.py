@@ -316,3 +316,19 @@ def test_an_existing_output_the_overwrite_advice_works(store, tmp_path, capsys, 
     line = one_line(capsys, main([command, str(store), str(out)]), "--overwrite")
     assert str(tmp_path) in line  # the path in full
     assert main([command, str(store), str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("foreign", ["s.hsk.zip", "s.croissant.json", "u"])
+def test_a_foreign_file_is_never_offered_overwrite(store, tmp_path, capsys, foreign):
+    (tmp_path / foreign).write_text("the user's file")
+    before = folder_hashes(tmp_path)
+    command = ["unpack", str(tmp_path / "s.hsk.zip"), str(tmp_path / "u")] if foreign == "u" else \
+        ["pack", str(store), str(tmp_path / "s.hsk.zip")]
+    if foreign == "u":
+        assert main(["pack", str(store), str(tmp_path / "s.hsk.zip")]) == 0
+        capsys.readouterr()
+        before = folder_hashes(tmp_path)
+    line = one_line(capsys, main(command), "never replaced")
+    assert "--overwrite" not in line
+    one_line(capsys, main([*command, "--overwrite"]), "never replaced")  # as the line said: never
+    assert folder_hashes(tmp_path) == before
