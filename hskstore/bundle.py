@@ -73,10 +73,11 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
     out = Path(out)
     if not is_bundle(str(out)):
         raise StoreError(f"a bundle's name ends in .zip (e.g. {out.name}{BUNDLE_SUFFIX}): got {out}")
-    if out.exists() and not overwrite:
-        raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another name")
+    # What --overwrite would refuse is refused first: the advice to pass it must work when followed.
     if out.exists() and not _is_bundle_file(out):
         raise StoreExistsError(f"{out} exists and is not an hsk bundle: it is never replaced; choose another name")
+    if out.exists() and not overwrite:
+        raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another name")
     remove_dead_temporaries(str(out))
     source = HSKStore(store_url)  # refuses incomplete stores, and stores holding links, pipes or devices
     keys = [k for k in store_keys(source.group) if _packable(k)]
@@ -131,10 +132,10 @@ def unpack(bundle: str, out: str | os.PathLike, *, overwrite: bool = False, log=
     """
     out = Path(out)
     recover_swap(str(out))
+    if out.exists() and not _is_store_folder(out):  # first: --overwrite would refuse it too
+        raise StoreExistsError(f"{out} exists and is not an hsk store: it is never replaced; choose another folder")
     if out.exists() and not overwrite:
         raise StoreExistsError(f"{out} exists: pass --overwrite to replace it, or choose another folder")
-    if out.exists() and not _is_store_folder(out):
-        raise StoreExistsError(f"{out} exists and is not an hsk store: it is never replaced; choose another folder")
     HSKStore(bundle)  # a readable, complete bundle (the message says what is wrong)
     lease = Lease(str(out), log=log).acquire() if out.exists() else None
     try:

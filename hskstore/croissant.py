@@ -291,12 +291,12 @@ def claim_sibling(bundle: str | Path, *, overwrite: bool) -> Path:
     path = sibling_name(Path(bundle))
     remove_dead_temporaries(str(path))
     if path.exists() or path.is_symlink():
+        if path.is_symlink() or not _is_croissant_file(path):  # first: --overwrite would refuse it too
+            raise StoreExistsError(f"{path} exists and is not an hsk bundle's croissant.json: it is never "
+                                   "replaced; choose another bundle name")
         if not overwrite:
             raise StoreExistsError(f"{path} exists (the bundle's Croissant metadata goes there): pass --overwrite "
                                    "to replace it, or choose another bundle name")
-        if path.is_symlink() or not _is_croissant_file(path):
-            raise StoreExistsError(f"{path} exists and is not an hsk bundle's croissant.json: it is never "
-                                   "replaced; choose another bundle name")
     return path
 
 

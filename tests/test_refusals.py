@@ -66,12 +66,12 @@ def store(tmp_path_factory, teacher, glue_dir) -> Path:
     (["train", "--temperature", "nan"], ["--temperature takes a finite number, got nan"]),
     (["train", "--lr", "1e999"], ["--lr takes a finite number"]),
     (["train", "--set", "lr_hsk=inf"], ["option lr_hsk takes a finite number, got inf"]),
-    (["train", "--seed", "-1"], ["--seed takes a seed in 0..4294967295, got -1"]),
-    (["train", "--seed", "18446744073709551616"], ["--seed", "got 18446744073709551616"]),
+    (["train", "--seed", "-1"], ["--seed must be an integer >= 0, got -1"]),
+    (["train", "--seed", "18446744073709551616"], ["--seed must be at most 4294967295", "got 18446744073709551616"]),
     (["teacher", "--task", "sst2", "--epochs", "inf"], ["--epochs takes a finite number"]),
-    (["teacher", "--task", "sst2", "--seed", "-1"], ["--seed takes a seed"]),
+    (["teacher", "--task", "sst2", "--seed", "-1"], ["--seed must be an integer >= 0"]),
     (["sweep", "--source", "s.zarr", "--configs", "1,2,0.1", "--students", "bert3", "--seeds", "0,-1"],
-     ["--seeds takes a seed", "got -1"]),
+     ["--seeds must be an integer >= 0, got -1"]),
 ])
 def test_out_of_range_numbers_are_one_line(store, tmp_path, capsys, monkeypatch, args, words):
     monkeypatch.chdir(tmp_path)
@@ -316,3 +316,19 @@ def test_an_existing_output_the_overwrite_advice_works(store, tmp_path, capsys, 
     line = one_line(capsys, main([command, str(store), str(out)]), "--overwrite")
     assert str(tmp_path) in line  # the path in full
     assert main([command, str(store), str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("foreign", ["s.hsk.zip", "s.croissant.json", "u"])
+def test_a_foreign_file_is_never_offered_overwrite(store, tmp_path, capsys, foreign):
+    (tmp_path / foreign).write_text("the user's file")
+    before = folder_hashes(tmp_path)
+    command = ["unpack", str(tmp_path / "s.hsk.zip"), str(tmp_path / "u")] if foreign == "u" else \
+        ["pack", str(store), str(tmp_path / "s.hsk.zip")]
+    if foreign == "u":
+        assert main(["pack", str(store), str(tmp_path / "s.hsk.zip")]) == 0
+        capsys.readouterr()
+        before = folder_hashes(tmp_path)
+    line = one_line(capsys, main(command), "never replaced")
+    assert "--overwrite" not in line
+    one_line(capsys, main([*command, "--overwrite"]), "never replaced")  # as the line said: never
+    assert folder_hashes(tmp_path) == before

@@ -1,14 +1,14 @@
-"""What a number on the command line may be, checked once for every command before its body runs.
+"""What a value on the command line may be, checked once for every command before its body runs.
 
 Typer reads `float` options with Python's float(), which takes 'inf' and 'nan' (and 1e999), and `int`
 options without bounds. Neither makes sense for any hsk option: a learning rate of inf trains a NaN
-student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command with
-every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`) in
-0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path it
-names, so that every command writes it as it writes that path. A bad value is one `hsk: error:` line before anything is
-imported or written, and option declarations stay plain Python types. Ranges particular to one option
-(a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives (the method's options,
-hskstore.config's bounds).
+student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command
+with every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`)
+in 0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path
+it names, so that every command writes it as it writes that path. A bad value is one `hsk: error:`
+line before anything is imported or written, and option declarations stay plain Python types. Ranges
+particular to one option (a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives
+(the method's options, hskstore.config's bounds).
 """
 
 from __future__ import annotations
@@ -25,12 +25,16 @@ SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes mor
 
 def check_seed(flag: str, value: int) -> None:
     """Refuse a seed numpy would refuse, in one line (also for seeds given in lists, such as --seeds)."""
-    if not 0 <= value <= SEED_MAX:
-        raise UserError(f"{flag} takes a seed in 0..{SEED_MAX}, got {value}")
+    if value < 0:  # worded as hskstore.config's bounds word it
+        raise UserError(f"{flag} must be an integer >= 0, got {value}")
+    if value > SEED_MAX:
+        raise UserError(f"{flag} must be at most {SEED_MAX} (numpy's largest seed), got {value}")
 
 
 def read_value(flag: str, name: str, value):
     """One parsed option value under the rules of the module docstring; a file:// URL becomes its local path."""
+    if isinstance(value, (list, tuple)):  # a repeatable option, a list of arguments
+        return type(value)(read_value(flag, name, item) for item in value)
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{flag} takes a finite number, got {value}")
     if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
