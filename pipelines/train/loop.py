@@ -43,6 +43,7 @@ from pipelines.train.adapter import StudentOutputs, adapter_for
 from pipelines.train.ddp import Ranks
 from pipelines.train.heads import Heads
 from pipelines.train.losses import TermInputs, weighted_sum
+from pipelines.train.meter import LossMeter, NonFiniteLoss
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import LayerPair
 from pipelines.train.sources import BatchMaker, Source, stream_names
@@ -446,7 +447,12 @@ class _StageRun:
     scheduler: Any
     stream: StoreStream
     maker: BatchMaker
-    loss: float = float("nan")
+    meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
+    checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
+
+    @property
+    def loss(self) -> float:
+        return self.meter.loss
 
 
 def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
@@ -477,12 +483,15 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             set_rng_state(state["rng"])
     maker = run.feed.maker(stage, kept, run.device, stream)
     run.student.runner = ranks.wrap(run.student.model) if "student" in stage.trains else None
-    return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker)
+    return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker,
+                     checked_step=run.position.stage_step)
 
 
-def _step(run: Run, sr: _StageRun, batch: dict) -> dict[str, float]:
+def _step(run: Run, sr: _StageRun, batch: dict) -> None:
+    """One optimizer step. Nothing here reads a device value (no host sync): the loss and its terms go
+    to the stage's meter, read on the steps that log, evaluate or checkpoint (_read)."""
     out = run.student.forward(batch, sr.stage.outputs)
-    inputs = TermInputs(out, batch, sr.pairs, run.student.projection)
+    inputs = TermInputs(out, batch, sr.pairs, run.student.projection, run.ranks.mean_count)
     loss, terms = weighted_sum(sr.stage.terms, inputs)
     sr.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -491,20 +500,48 @@ def _step(run: Run, sr: _StageRun, batch: dict) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_([p for m in sr.modules for p in m.parameters()], run.options.max_grad_norm)
     sr.optimizer.step()
     sr.scheduler.step()
-    # under torchrun: the mean of the ranks' means, the loss of the global batch
-    sr.loss, *values = run.ranks.mean([float(loss.detach()), *terms.values()])
-    return dict(zip(terms, values))
+    sr.meter.add(loss, terms)
+
+
+def _read(run: Run, sr: _StageRun, saving: bool = False) -> tuple[float, dict[str, float]]:
+    """The last step's loss and terms (under torchrun the mean of the ranks', the loss of the global batch).
+    A non-finite loss at any step since the last reading stops the run before anything is logged, evaluated
+    or saved after it, so the last checkpoint and best/ stay the last good ones; before a save (`saving`)
+    the trained weights are checked too (an infinite learning rate makes them inf with a finite loss).
+    Every rank reads at the same steps (a collective under torchrun); the weights are the same on all."""
+    reading = sr.meter.read(run.ranks.mean)
+    if not reading.finite or saving and not _finite_weights(sr):
+        what = "loss" if not reading.finite else "weights"
+        first, step = sr.checked_step + 1, run.position.stage_step
+        when = f"at its step {step}" if first == step else f"between its steps {first} and {step}"
+        raise NonFiniteLoss(
+            f"the training {what} of stage {sr.stage.name} became NaN or infinite {when} (lr {sr.stage.lr:g}): "
+            "training stopped, nothing saved after it (the last checkpoint and best/ are kept); lower the "
+            "learning rate or check the options (--temperature, ...)")
+    sr.checked_step = run.position.stage_step
+    return reading.loss, reading.terms
+
+
+def _finite_weights(sr: _StageRun) -> bool:
+    """Every trained parameter finite: one reduction and one read, on the steps that save only."""
+    flags = [torch.isfinite(p).all() for m in sr.modules for p in m.parameters() if p.requires_grad]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
-    """Logging, evaluation and checkpoints due after an optimizer step."""
+    """Logging, evaluation and checkpoints due after an optimizer step (the loss read first: _read)."""
     opts, pos = run.options, run.position
     last = pos.stage_step >= sr.total
-    if pos.stage_step % opts.log_every == 0 or last:
+    log = pos.stage_step % opts.log_every == 0 or last
+    evaluate = sr.stage.select_best and opts.eval_every and pos.stage_step % opts.eval_every == 0 and not last
+    save = pos.stage_step % opts.checkpoint_every == 0 and not last
+    if log or evaluate or save:  # the same steps on every rank (the read is a collective under torchrun)
+        record["loss"], record["terms"] = _read(run, sr, saving=bool(evaluate or save))
+    if log:
         run.metrics_log.write(record)
-    if sr.stage.select_best and opts.eval_every and pos.stage_step % opts.eval_every == 0 and not last:
+    if evaluate:
         run.evaluate(sr.stage)
-    if pos.stage_step % opts.checkpoint_every == 0 and not last and run.ranks.main:
+    if save and run.ranks.main:
         run.checkpoints.save(pos, run.student, run.keeper, run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
@@ -517,16 +554,18 @@ def _epoch(run: Run, sr: _StageRun, bar) -> bool:
     tick = time.perf_counter()
     for raw in sr.stream:
         batch = sr.maker(raw)
-        terms = _step(run, sr, batch)
+        _step(run, sr, batch)
         now = time.perf_counter()
         pos.advance(int(batch["input_ids"].shape[0]) * run.ranks.world_size, now - tick)
         rate = pos.stage_examples / max(pos.stage_seconds, 1e-9)
-        bar.update(1)
-        bar.set_postfix(loss=f"{sr.loss:.4g}", ex_s=f"{rate:.1f}")
+        # "loss" and "terms" are filled in (read from the device) on the steps that log, evaluate or save
         record = {"type": "train", "stage": sr.stage.name, "step": pos.global_step, "stage_step": pos.stage_step,
-                  "epoch": epoch, "loss": sr.loss, "terms": terms, "lr": sr.scheduler.get_last_lr()[0],
+                  "epoch": epoch, "loss": None, "terms": None, "lr": sr.scheduler.get_last_lr()[0],
                   "examples_per_s": rate}
         _after_step(run, sr, record)
+        bar.update(1)
+        if record["loss"] is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4g}", ex_s=f"{rate:.1f}")
         tick = time.perf_counter()
         if pos.stage_step >= sr.total:
             return sr.stream.batches_done >= len(sr.stream)
@@ -552,6 +591,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
             sr.stream.set_epoch(sr.stream.epoch)
             ended = _epoch(run, sr, bar)
             if stage.select_best and ended and pos.stage_step < sr.total:
+                _read(run, sr, saving=True)  # nothing is saved after a non-finite loss
                 run.evaluate(stage)  # end of an epoch
             if sr.steps_per_epoch == 0:
                 break
@@ -564,6 +604,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
 
 def _end_stage(run: Run, index: int, sr: _StageRun) -> None:
     stage, pos = sr.stage, run.position
+    _read(run, sr, saving=True)  # the final loss; nothing is saved after a non-finite one
     if stage.select_best:
         run.evaluate(stage)
     run.stage_results[stage.name] = {
