@@ -108,6 +108,9 @@ def train(
     batch_size: int = typer.Option(None, help="Batch size [default: 32; 64 for QNLI, MNLI, QQP]."),
     seed: int = typer.Option(42, help="Seed of the student init, dropout and data order."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    precision: str = typer.Option(
+        "auto", help="Step precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (loss "
+        "scaling). Part of the run: a checkpoint resumes only in its own precision."),
     workers: int = typer.Option(2, help="Store reading threads."),
     read_ahead: int = typer.Option(0, help="Shards read ahead [default: one per --workers]; more hides S3 latency."),
     shuffle_window: int = typer.Option(4, help="Shards whose rows are shuffled together (data order; memory)."),
@@ -166,7 +169,8 @@ def train(
                              l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
     options = TrainOptions(
         method=method, method_options=chosen, batch_size=batch_size, seed=seed,
-        device=device, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
+        device=device, precision=precision, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps,
+        eval_every=eval_every,
         eval_limit=eval_limit, read_ahead=read_ahead,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,

@@ -50,6 +50,7 @@ from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
+from pipelines.train.precision import Precision, resolve
 from pipelines.train.sources import (
     Source,
     check_expected_store,
@@ -274,10 +275,11 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> Ru
     return summary
 
 
-def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions) -> bool:
+def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions,
+                   precision: str) -> bool:
     """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
-    names the same student, store, method, method options and run options (a summary written before run
-    options were recorded is judged without them)."""
+    names the same student, store, method, method options, run options and precision (a summary written
+    before run options were recorded is judged without them; one without a precision ran in fp32)."""
     try:
         done = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
@@ -287,7 +289,8 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
             and (named.get("name") if isinstance(named, dict) else named) == student
             and json.loads(json.dumps(done.get("method_options"), default=str)) == wanted
-            and done.get("options", run_options(options)) == run_options(options))
+            and done.get("options", run_options(options)) == run_options(options)
+            and done.get("precision", "fp32") == precision)
 
 
 def _resume(checkpoints: Checkpoints, options: TrainOptions, out: Path, log: Callable, same_finished: Callable,
@@ -349,11 +352,12 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
+    precision = Precision.make(resolve(options.precision, device), device)
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity)
+    checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity, precision)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, parts.source, parts.method, parts.method_options, options), len(parts.stages))
+        out, student, parts.source, parts.method, parts.method_options, options, precision.name), len(parts.stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
@@ -458,7 +462,7 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
         model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
-        world_size=run.ranks.world_size, warnings=warnings, **_task_fields(run, parts),
+        world_size=run.ranks.world_size, precision=run.precision.name, warnings=warnings, **_task_fields(run, parts),
     )
 
 

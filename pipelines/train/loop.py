@@ -46,6 +46,7 @@ from pipelines.train.losses import TermInputs, weighted_sum
 from pipelines.train.meter import LossMeter, NonFiniteLoss
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import LayerPair
+from pipelines.train.precision import Precision
 from pipelines.train.sources import BatchMaker, Source, stream_names
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -240,16 +241,23 @@ class Keeper:
 
 @dataclass
 class Checkpoints:
-    """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's."""
+    """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's.
+    The run's precision is part of its identity (a checkpoint without one was trained in fp32)."""
 
     path: Path
     identity: dict
+    precision: Precision = field(default_factory=Precision)
+
+    @property
+    def full_identity(self) -> dict:
+        return {**self.identity, "precision": self.precision.name}
 
     def save(self, position: Position, student: Student, keeper: Keeper, stage_results: dict,
              optimizer=None, scheduler=None, stream=None) -> None:
         state = {
             "version": CHECKPOINT_VERSION,
-            "identity": self.identity,
+            "identity": self.full_identity,
+            "scaler": self.precision.state_dict(),
             **position.to_state(),
             **student.state_dict(),
             **keeper.state(),
@@ -268,8 +276,10 @@ class Checkpoints:
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if state.get("version") != CHECKPOINT_VERSION:
             return {"foreign": True, "older": state.get("version", 1)}
-        if state.get("identity") != self.identity:
-            return {"foreign": True}
+        found = {"precision": "fp32", **(state.get("identity") or {})}
+        if found != self.full_identity:
+            same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
+            return {"foreign": True, "precision": found["precision"] if same_but_precision else None}
         return state
 
     def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
@@ -288,6 +298,11 @@ class Checkpoints:
                 f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
                 "to start over"
             )
+        if state is not None and state.get("precision"):
+            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
+            raise ConfigError(
+                f"{out} holds a checkpoint trained in {state['precision']} and this run asks for "
+                f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
         if state is not None and state.get("foreign"):
             fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
             raise ConfigError(
@@ -370,6 +385,10 @@ class Run:
     stage_results: dict = field(default_factory=dict)
     ranks: Ranks = field(default_factory=Ranks)
 
+    @property
+    def precision(self) -> Precision:
+        return self.checkpoints.precision
+
     def restore(self, state: dict) -> None:
         self.student.load_state_dict(state)
         self.position = Position.from_state(state)
@@ -395,7 +414,8 @@ class Run:
         step = self.position.global_step
         if self.keeper.last_eval and self.keeper.last_eval.get("step") == step:
             return
-        metrics = self.evaluator(self.student.model)
+        with self.precision.autocast():
+            metrics = self.evaluator(self.student.model)
         score = self.evaluator.score(metrics)
         keeper = self.keeper
         best_score = keeper.best["score"] if keeper.best else float("nan")
@@ -479,6 +499,7 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             stream.load_state_dict(state["stream"])
+            run.precision.load_state_dict(state.get("scaler"))
         if ranks.main:  # the checkpoint holds rank 0's RNG; the others keep their own seed's
             set_rng_state(state["rng"])
     maker = run.feed.maker(stage, kept, run.device, stream)
@@ -490,15 +511,18 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
 def _step(run: Run, sr: _StageRun, batch: dict) -> None:
     """One optimizer step. Nothing here reads a device value (no host sync): the loss and its terms go
     to the stage's meter, read on the steps that log, evaluate or checkpoint (_read)."""
-    out = run.student.forward(batch, sr.stage.outputs)
-    inputs = TermInputs(out, batch, sr.pairs, run.student.projection, run.ranks.mean_count)
-    loss, terms = weighted_sum(sr.stage.terms, inputs)
+    precision = run.precision
+    with precision.autocast():  # fp32: nothing; bf16 / fp16: the forward and the terms (which sum in float32)
+        out = run.student.forward(batch, sr.stage.outputs)
+        inputs = TermInputs(out, batch, sr.pairs, run.student.projection, run.ranks.mean_count)
+        loss, terms = weighted_sum(sr.stage.terms, inputs)
     sr.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    precision.backward(loss)
     run.ranks.average_grads([m for m in sr.modules if m is not run.student.model])
     if run.options.max_grad_norm:
+        precision.unscale(sr.optimizer)
         torch.nn.utils.clip_grad_norm_([p for m in sr.modules for p in m.parameters()], run.options.max_grad_norm)
-    sr.optimizer.step()
+    precision.step(sr.optimizer)
     sr.scheduler.step()
     sr.meter.add(loss, terms)
 

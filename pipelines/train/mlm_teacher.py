@@ -46,6 +46,7 @@ from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
 from pipelines.train.options import TrainOptions
+from pipelines.train.precision import Precision, resolve
 from pipelines.train.sources import ShardedRows
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -240,6 +241,7 @@ def train_mlm_teacher(
     max_length: int = 128,
     seed: int = 0,
     device: str = "cpu",
+    precision: str = "auto",
     overwrite: bool = False,
     checkpoint_every: int = 100,
     progress: bool = True,
@@ -249,9 +251,10 @@ def train_mlm_teacher(
     """Train an MLM head (and the top `train_layers` layers) of `base` on `corpus`; save a BertForMaskedLM.
 
     `out` follows hsk teacher's output rule; a rerun after an interruption resumes (module docstring).
-    `on_step(step)` is called after every optimizer step.
+    `on_step(step)` is called after every optimizer step. `precision`: as `hsk train --precision`.
     """
     out = Path(out)
+    step_precision = Precision.make(resolve(precision, str(device)), str(device))
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
     TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()
@@ -264,7 +267,7 @@ def train_mlm_teacher(
                 "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": max_length, "seed": seed}
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    checkpoints = Checkpoints(work / STATE_FILE, identity)
+    checkpoints = Checkpoints(work / STATE_FILE, identity, step_precision)
     state = work_state(checkpoints, log)
     metrics_log = MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None)
     run = _run(model, tokenizer, data, (checkpoints, metrics_log), base, corpus, epochs, lr, batch_size, seed, device,
@@ -278,7 +281,8 @@ def train_mlm_teacher(
     summary = {
         "format": "hsk-teacher/1", "objective": "mlm", "base": base, "base_resolved": resolve_model(base),
         "train_layers": train_layers, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-        "max_length": max_length, "train_rows": len(data.rows), "held_out_rows": len(corpus) - len(data.rows),
+        "max_length": max_length, "precision": step_precision.name,
+        "train_rows": len(data.rows), "held_out_rows": len(corpus) - len(data.rows),
         "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint, "history": history,
         "dev_metrics": history[-1]["dev"], "steps": run.position.global_step, "weights_hash": weights_hash(model),
         "vocab_hash": vocab_hash(tokenizer), "train_seconds": round(time.perf_counter() - started, 2),

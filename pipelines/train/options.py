@@ -16,6 +16,7 @@ from hskstore.config import ConfigError, check_at_least
 if TYPE_CHECKING:  # the dump's options (torch-side); training options do not need them at runtime
     from pipelines.dump.stage import DumpOptions
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.train.precision)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -40,6 +41,9 @@ class TrainOptions:
     teacher: str | None = field(default=None, metadata=_NO)  # override of the store's teacher path (hash-checked)
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
+    # auto | fp32 | bf16 | fp16 (pipelines.train.precision). Not hashed as given ("auto" is no result): the
+    # resolved precision is recorded in the run's checkpoint identity and its summary
+    precision: str = field(default="auto", metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
@@ -62,6 +66,8 @@ class TrainOptions:
         for name, low in at_least.items():
             flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"

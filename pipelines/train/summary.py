@@ -45,6 +45,7 @@ class RunSummary:
     config: str | None = None  # the store's HSK config
     batch_size: int = 0  # the global batch
     world_size: int = 1  # torchrun ranks
+    precision: str = "fp32"  # the step's precision, resolved (pipelines.train.precision; older runs: fp32)
     warnings: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:

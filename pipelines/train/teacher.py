@@ -46,6 +46,7 @@ from pipelines.registry import Context
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, TaskFeed, run_stages, work_state
 from pipelines.train.options import TrainOptions
+from pipelines.train.precision import Precision, resolve
 from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
 
@@ -181,13 +182,14 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
 
 
 def _run(work: Path, identity: dict, options: TrainOptions, source: Any, stages: list, base: str, model: Any,
-         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any]) -> Run:
+         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any],
+         precision: Precision) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
                        vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
-    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity)
+    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity, precision)
     state = work_state(checkpoints, log)
     run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
               stages=stages, pairs=[[]], device=device, batch_size=options.batch_size,
@@ -230,7 +232,7 @@ def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work:
         "epochs": settings["epochs"],
         "steps": run.position.global_step,
         **{k: settings[k] for k in ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
-                                   "device", "max_length")},
+                                   "device", "max_length", "precision")},
         "train_examples": len(train),
         "train_source": train.source,
         "train_fingerprint": train.fingerprint,
@@ -262,6 +264,7 @@ def fine_tune_teacher(
     warmup_ratio: float = 0.1,
     weight_decay: float = 0.01,
     max_grad_norm: float = 1.0,
+    precision: str = "auto",
     progress: bool = True,
     overwrite: bool = False,
     log: Callable[[str], Any] = print,
@@ -274,6 +277,8 @@ def fine_tune_teacher(
     `save_pretrained` model + tokenizer and hsk_teacher.json; returns that summary (its
     "dev_metrics" are those of the saved model).
 
+    `precision`: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (pipelines.train.precision).
+
     `out_dir` follows the output rule (hskstore.outputs): it must be new (or an empty folder), or a
     teacher folder with `overwrite`; the checkpoint is built in a hidden sibling and moved in whole,
     so an interrupted run leaves the old teacher (or nothing) at `out_dir`.
@@ -283,6 +288,7 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    train_limit=train_limit, eval_limit=eval_limit)
+    step_precision = Precision.make(resolve(precision, str(device)), str(device))
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
@@ -303,10 +309,11 @@ def fine_tune_teacher(
     work.mkdir(parents=True, exist_ok=True)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
                 "batch_size": batch_size, "seed": seed, "max_length": max_length}
-    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
+    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log,
+               step_precision)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
-                "max_length": max_length}
+                "max_length": max_length, "precision": step_precision.name}
     summary = _card(task, base, base_hash, tokenizer, run, work, train, dev_sets, settings, log)
     summary["train_seconds"] = round(time.perf_counter() - started, 2)
     summary["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
