@@ -1,4 +1,5 @@
-"""`--precision` (issue 40): fp32, bf16 and fp16 steps, recorded in a run's identity and summary.
+"""`--precision` and `--compile` (issue 40): fp32, bf16 and fp16 steps, recorded in a run's identity and summary;
+the step torch.compile'd.
 
 auto is fp32 on the CPU (the pinned curves, tests/test_pinned_curves.py, pin that it computes what it
 always did); bf16 and fp16 run under torch.autocast on the CPU too, so the whole path is tested here.
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_teacher
+from conftest import make_tiny_bert
 
 from hskstore.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
@@ -26,8 +27,13 @@ ARGS = [*COMMON, "--method", "kd", "--lr", "1e-3"]
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, tiny_tokenizer, glue_dir) -> str:
+    from transformers import AutoTokenizer
+
     root = tmp_path_factory.mktemp("precision")
-    teacher = save_tiny_teacher(root / "teacher", tiny_tokenizer, num_layers=4, seed=1, confident=True)
+    teacher = root / "teacher"  # no dropout (nor in bert2, its first layers): compiled and eager steps compare
+    make_tiny_bert(num_layers=4, seed=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).save_pretrained(
+        teacher)
+    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(teacher)
     options = DumpOptions(config=HSKConfig.parse("2,4,0.5"), ref_student_layers=2, shard_rows=16, batch_size=16,
                           progress=False)
     out = str(root / "s.zarr")
@@ -108,3 +114,17 @@ def test_an_unknown_precision_is_refused_in_one_line(value, store, tmp_path, hsk
     done = hsk("train", "--store", store, "--out", str(out), *ARGS, "--precision", value)
     assert done.exit_code == 2 and done.output.count("hsk: error: --precision") == 1, done.output
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_compiled_step_computes_the_eager_losses(store, tmp_path, hsk):
+    """--compile (torch.compile of the student's forward and the loss terms; inductor on the CPU, a C++
+    compiler needed) trains the same curve as eager, to float rounding; with --pad-to-max-length the shapes
+    are static (what CUDA graphs, --compile-mode reduce-overhead, need)."""
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    static = [*ARGS, "--pad-to-max-length"]
+    assert hsk("train", "--store", store, "--out", str(eager), *static).exit_code == 0
+    done = hsk("train", "--store", store, "--out", str(compiled), *static, "--compile")
+    assert done.exit_code == 0, done.output
+    assert losses(compiled) == pytest.approx(losses(eager), rel=1e-4)
+    assert json.loads((compiled / "summary.json").read_text())["options"]["pad_to_max_length"] is True

@@ -111,6 +111,13 @@ def train(
     precision: str = typer.Option(
         "auto", help="Step precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (loss "
         "scaling). Part of the run: a checkpoint resumes only in its own precision."),
+    compile_: bool = typer.Option(
+        False, "--compile/--no-compile", help="torch.compile the student's forward and losses (slow first steps)."),
+    compile_mode: str = typer.Option(
+        "default", help="With --compile: default, reduce-overhead (CUDA graphs; add --pad-to-max-length for static "
+        "shapes) or max-autotune."),
+    pad_to_max_length: bool = typer.Option(
+        False, "--pad-to-max-length", help="Pad every batch to the store's max length (static shapes)."),
     workers: int = typer.Option(2, help="Store reading threads."),
     read_ahead: int = typer.Option(0, help="Shards read ahead [default: one per --workers]; more hides S3 latency."),
     shuffle_window: int = typer.Option(4, help="Shards whose rows are shuffled together (data order; memory)."),
@@ -169,7 +176,8 @@ def train(
                              l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
     options = TrainOptions(
         method=method, method_options=chosen, batch_size=batch_size, seed=seed,
-        device=device, precision=precision, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps,
+        device=device, precision=precision, compile=compile_mode if compile_ else None,
+        pad_to_max_length=pad_to_max_length, workers=workers, buffer_shards=shuffle_window, max_steps=max_steps,
         eval_every=eval_every,
         eval_limit=eval_limit, read_ahead=read_ahead,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,

@@ -462,7 +462,8 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
         model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
-        world_size=run.ranks.world_size, precision=run.precision.name, warnings=warnings, **_task_fields(run, parts),
+        world_size=run.ranks.world_size, precision=run.precision.name, compile=run.options.compile,
+        warnings=warnings, **_task_fields(run, parts),
     )
 
 

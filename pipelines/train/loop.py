@@ -467,6 +467,7 @@ class _StageRun:
     scheduler: Any
     stream: StoreStream
     maker: BatchMaker
+    compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
     meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
     checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
 
@@ -477,7 +478,7 @@ class _StageRun:
 
 def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     stage, pairs, opts = run.stages[index], run.pairs[index], run.options
-    run.student.heads.use(stage.head)
+    run.student.heads.use(stage.head, seed=opts.seed + index)
     if stage.fresh_head and run.position.stage_step == 0:  # not when resuming mid-stage: the head is trained
         run.student.heads.reset(seed=opts.seed + index)
     kept = sorted({p.kept for p in pairs})
@@ -491,7 +492,7 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     if opts.max_steps is not None:
         total = min(total, opts.max_steps)
     modules = run.student.modules(stage.trains)
-    optimizer = torch.optim.AdamW(param_groups(modules, opts.weight_decay), lr=stage.lr)
+    optimizer = _adamw(param_groups(modules, opts.weight_decay), stage.lr, run.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(stage.schedule, total,
                                                                              stage.warmup_ratio))
     if state is not None and state["position"]["stage_index"] == index:
@@ -504,18 +505,39 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             set_rng_state(state["rng"])
     maker = run.feed.maker(stage, kept, run.device, stream)
     run.student.runner = ranks.wrap(run.student.model) if "student" in stage.trains else None
-    return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker,
-                     checked_step=run.position.stage_step)
+    sr = _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker,
+                   checked_step=run.position.stage_step)
+    sr.compute = _forward_losses(run, sr)
+    return sr
+
+
+def _adamw(groups: list[dict], lr: float, device: str) -> torch.optim.Optimizer:
+    """AdamW; on CUDA the fused kernel (one launch for every parameter, and under fp16 the loss scaler's
+    inf check without a host sync). The CPU keeps the default implementation: the same bits as ever."""
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
+
+
+def _forward_losses(run: Run, sr: _StageRun) -> Callable[[dict], tuple]:
+    """batch -> (loss, terms): the student's forward and the stage's loss terms, under the run's precision;
+    torch.compile'd with --compile (on CUDA with "reduce-overhead" also captured as CUDA graphs)."""
+    student, stage, pairs, precision, count = run.student, sr.stage, sr.pairs, run.precision, run.ranks.mean_count
+
+    def compute(batch: dict) -> tuple:
+        with precision.autocast():  # fp32: nothing; bf16 / fp16: the forward and the terms (which sum in float32)
+            out = student.forward(batch, stage.outputs)
+            return weighted_sum(stage.terms, TermInputs(out, batch, pairs, student.projection, count))
+
+    if run.options.compile is None:
+        return compute
+    return torch.compile(compute, mode=run.options.compile)
 
 
 def _step(run: Run, sr: _StageRun, batch: dict) -> None:
     """One optimizer step. Nothing here reads a device value (no host sync): the loss and its terms go
     to the stage's meter, read on the steps that log, evaluate or checkpoint (_read)."""
     precision = run.precision
-    with precision.autocast():  # fp32: nothing; bf16 / fp16: the forward and the terms (which sum in float32)
-        out = run.student.forward(batch, sr.stage.outputs)
-        inputs = TermInputs(out, batch, sr.pairs, run.student.projection, run.ranks.mean_count)
-        loss, terms = weighted_sum(sr.stage.terms, inputs)
+    loss, terms = sr.compute(batch)
     sr.optimizer.zero_grad(set_to_none=True)
     precision.backward(loss)
     run.ranks.average_grads([m for m in sr.modules if m is not run.student.model])

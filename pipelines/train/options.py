@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
     from pipelines.dump.stage import DumpOptions
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.train.precision)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -44,6 +45,9 @@ class TrainOptions:
     # auto | fp32 | bf16 | fp16 (pipelines.train.precision). Not hashed as given ("auto" is no result): the
     # resolved precision is recorded in the run's checkpoint identity and its summary
     precision: str = field(default="auto", metadata=_NO)
+    # torch.compile the student's forward and the loss terms (None: eager); "reduce-overhead" captures CUDA
+    # graphs, which want static shapes (--pad-to-max-length). The same computation: not a result field
+    compile: str | None = field(default=None, metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
@@ -66,6 +70,8 @@ class TrainOptions:
         for name, low in at_least.items():
             flag = "shuffle-window" if name == "buffer_shards" else name.replace("_", "-")  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):

@@ -46,6 +46,7 @@ class RunSummary:
     batch_size: int = 0  # the global batch
     world_size: int = 1  # torchrun ranks
     precision: str = "fp32"  # the step's precision, resolved (pipelines.train.precision; older runs: fp32)
+    compile: str | None = None  # torch.compile's mode of the step (--compile), None: eager
     warnings: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:
