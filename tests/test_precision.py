@@ -128,3 +128,19 @@ def test_a_compiled_step_computes_the_eager_losses(store, tmp_path, hsk):
     assert done.exit_code == 0, done.output
     assert losses(compiled) == pytest.approx(losses(eager), rel=1e-4)
     assert json.loads((compiled / "summary.json").read_text())["options"]["pad_to_max_length"] is True
+
+
+def test_hsk_teacher_trains_in_bf16_and_records_it(tiny_base_dir, glue_dir, tmp_path, hsk):
+    """`hsk teacher` goes through the same run setup (pipelines/train/setup.py): its precision is recorded."""
+    out = tmp_path / "teacher"
+    done = hsk("teacher", "--task", "sst2", "--base", str(tiny_base_dir), "--data-dir", str(glue_dir), "--out",
+               str(out), "--epochs", "1", "--train-limit", "32", "--eval-limit", "16", "--batch-size", "16",
+               "--device", "cpu", "--precision", "bf16", "--no-progress")
+    assert done.exit_code == 0, done.output
+    from pipelines.train.teacher import SUMMARY_FILE
+
+    assert json.loads((out / SUMMARY_FILE).read_text())["precision"] == "bf16"
+    bad = hsk("teacher", "--task", "sst2", "--base", str(tiny_base_dir), "--data-dir", str(glue_dir), "--out",
+              str(tmp_path / "bad"), "--precision", "fp8", "--no-progress")
+    assert bad.exit_code == 2 and bad.output.count("hsk: error: --precision fp8") == 1, bad.output
+    assert not (tmp_path / "bad").exists()

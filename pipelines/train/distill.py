@@ -39,18 +39,19 @@ from hskstore.meta import StoreMeta
 from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
-from pipelines.core.run_state import MetricsLog, write_json
+from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
-from pipelines.train.ddp import Ranks, SilentLog
+from pipelines.train.ddp import Ranks
 from pipelines.train.dev import find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
-from pipelines.train.precision import Precision, resolve
+from pipelines.train.precision import resolve
+from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import (
     Source,
     check_expected_store,
@@ -352,12 +353,14 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
-    precision = Precision.make(resolve(options.precision, device), device)
+    resolve(options.precision, device)  # a precision this device cannot run is refused before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity, precision)
+    folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
+    checkpoints, _ = open_run(folder, options, device, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, parts.source, parts.method, parts.method_options, options, precision.name), len(parts.stages))
+        out, student, parts.source, parts.method, parts.method_options, options, checkpoints.precision.name),
+        len(parts.stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
@@ -366,16 +369,11 @@ def _train(
         return RunSummary.read(out / "summary.json")
     if ranks.distributed:  # the same initial weights (DDP broadcasts rank 0's), but each rank its own dropout
         torch.manual_seed(options.seed + ranks.rank)
-    run = Run(
-        options=options, feed=parts.feed, task=parts.source.task, student=parts.student, stages=parts.stages,
-        pairs=parts.pairs, device=device, batch_size=parts.batch_size, evaluator=parts.evaluator,
-        keeper=Keeper(out, parts.source.task, str(parts.source.store.url)), checkpoints=checkpoints,
-        metrics_log=(MetricsLog(out / "metrics.jsonl", state["progress"]["step"] if state else None)
-                     if ranks.main else SilentLog()),
-        log=log, on_step=on_step, ranks=ranks,
-    )
-    if state is not None:
-        run.restore(state)
+    run = build_run(folder, checkpoints, state, options=options, feed=parts.feed, task=parts.source.task,
+                    student=parts.student, stages=parts.stages, pairs=parts.pairs, device=device,
+                    batch_size=parts.batch_size, evaluator=parts.evaluator,
+                    keeper=Keeper(out, parts.source.task, str(parts.source.store.url)), log=log, on_step=on_step,
+                    ranks=ranks)
     try:
         run_stages(run, state)
     finally:

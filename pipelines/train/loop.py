@@ -9,7 +9,10 @@ weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and be
 selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
 stage index and the step inside the stage explicitly, with the stream's position and the RNG
 state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
-older layout is refused in one line.
+older layout is refused in one line. A step reads nothing back from the device: its loss and terms stay
+there (pipelines.train.meter) until a step logs, evaluates or checkpoints, where a NaN or infinite loss
+since the last reading stops the run before anything is saved. The step's precision (and torch.compile)
+come from pipelines.train.precision and the run's options; pipelines.train.setup builds every kind of Run.
 """
 
 from __future__ import annotations

@@ -40,13 +40,13 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.run_state import MetricsLog
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, TaskFeed, run_stages, work_state
+from pipelines.train.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions
-from pipelines.train.precision import Precision, resolve
+from pipelines.train.precision import resolve
+from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
 
@@ -182,23 +182,19 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
 
 
 def _run(work: Path, identity: dict, options: TrainOptions, source: Any, stages: list, base: str, model: Any,
-         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any],
-         precision: Precision) -> Run:
+         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
                        vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
-    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity, precision)
-    state = work_state(checkpoints, log)
-    run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
-              stages=stages, pairs=[[]], device=device, batch_size=options.batch_size,
-              evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
-              keeper=Keeper(work, task, source.store.url), checkpoints=checkpoints,
-              metrics_log=MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None),
-              log=log)
-    if state is not None:
-        run.restore(state)
+    folder = RunFolder(work, identity, own=True)  # the command's hidden sibling: another run's is started over
+    checkpoints, state = open_run(folder, options, device, log)
+    run = build_run(folder, checkpoints, state, options=options, feed=TaskFeed(source), task=task,
+                    student=Student(model, info, None, Heads(model)), stages=stages, pairs=[[]], device=device,
+                    batch_size=options.batch_size,
+                    evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
+                    keeper=Keeper(work, task, source.store.url), log=log)
     run_stages(run, state)
     return run
 
@@ -288,13 +284,13 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    train_limit=train_limit, eval_limit=eval_limit)
-    step_precision = Precision.make(resolve(precision, str(device)), str(device))
+    resolve(precision, str(device))  # a precision this device cannot run is refused before anything is written
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
     options = TrainOptions(method="finetune", batch_size=batch_size, weight_decay=weight_decay,
                            max_grad_norm=max_grad_norm or None, seed=seed, workers=0, progress=progress,
-                           log_every=1, eval_batch_size=batch_size * 2)
+                           log_every=1, eval_batch_size=batch_size * 2, precision=precision)
     max_length = max_length or task.max_length
     out = Path(out_dir)
     started = time.perf_counter()
@@ -309,11 +305,10 @@ def fine_tune_teacher(
     work.mkdir(parents=True, exist_ok=True)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
                 "batch_size": batch_size, "seed": seed, "max_length": max_length}
-    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log,
-               step_precision)
+    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
-                "max_length": max_length, "precision": step_precision.name}
+                "max_length": max_length, "precision": run.precision.name}
     summary = _card(task, base, base_hash, tokenizer, run, work, train, dev_sets, settings, log)
     summary["train_seconds"] = round(time.perf_counter() - started, 2)
     summary["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
