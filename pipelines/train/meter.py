@@ -46,7 +46,7 @@ class LossMeter:
 
     def add(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
         """One step's values (detached), stacked on their device: no host sync."""
-        values = torch.stack([loss.detach(), *terms.values()])
+        values = torch.stack([loss.detach().float(), *(t.float() for t in terms.values())])  # one dtype to stack
         values = values.to(torch.float32 if values.device.type == "mps" else torch.float64)  # mps has no float64
         self.names, self.last = list(terms), values
         self.total = values.clone() if self.total is None else self.total.add_(values)
