@@ -15,7 +15,10 @@ noise, e.g. other jobs on a shared CPU, hits all three alike; medians over all t
 loop on targets decoded beforehand (the loop's own cost beside the hand-written in-memory step).
 Process CPU seconds per step (threads included) are reported beside wall time: on a loaded machine
 they are the robust figure. The dump that writes the store is timed separately and is not part
-of any ratio. Random weights everywhere: throughput does not depend on them (the student's random
+of any ratio. --precision and --compile are the run's (`hsk train --precision / --compile`; the in-memory
+arm runs its hand-written step the same way: autocast, fused AdamW on CUDA, no host read of the loss);
+--arms picks the arms (batch-size scaling times offline alone); --teacher-size tiny makes a quick run.
+Random weights everywhere: throughput does not depend on them (the student's random
 init warning is expected).
 """
 
@@ -39,24 +42,30 @@ from hskstore.reader import open_store
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.distill import train
-from pipelines.train.loop import param_groups
+from pipelines.train.loop import _adamw, param_groups
 from pipelines.train.losses import hsk_mse
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import layer_pairs
+from pipelines.train.precision import Precision, resolve
 from pipelines.train.sources import BatchMaker, open_offline
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import build_student
 
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=2, intermediate_size=128)
+TEACHERS = {"base": BASE, "tiny": TINY}
+ARMS = ("offline", "online", "in_memory")
 
 
-def make_teacher(num_labels: int, folder: Path) -> str:
-    """A random-weight BERT-base classifier with the bert-base-uncased vocabulary, saved as a checkpoint."""
+def make_teacher(num_labels: int, folder: Path, size: str = "base") -> str:
+    """A random-weight BERT classifier (BERT-base, or a tiny one for quick runs) with the bert-base-uncased
+    vocabulary, saved as a checkpoint."""
     from pipelines.core.models import resolve_model
 
     tok = BertTokenizerFast.from_pretrained(resolve_model("minilm"))
     torch.manual_seed(0)
-    BertForSequenceClassification(BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **BASE)).save_pretrained(
+    config = BertConfig(vocab_size=tok.vocab_size, num_labels=num_labels, **TEACHERS[size])
+    BertForSequenceClassification(config).save_pretrained(
         folder
     )
     tok.save_pretrained(folder)
@@ -116,6 +125,7 @@ class InMemory:
             num_labels=source.task.num_labels,
             teacher_hidden_size=source.selection.hidden_size,
             tokenizer_fallback=teacher,
+            base=teacher,  # bert<k>: the first k layers of the store's teacher, as `hsk train` takes them
         )
         self.device = options.device or "cpu"
         self.model.to(self.device).train()
@@ -131,32 +141,34 @@ class InMemory:
                 break
         self.projection = info.projection.to(self.device) if info.projection is not None else None
         self.modules = [self.model] + ([self.projection] if self.projection is not None else [])
-        self.optimizer = torch.optim.AdamW(param_groups(self.modules, 0.01), lr=5e-5)
+        self.optimizer = _adamw(param_groups(self.modules, 0.01), 5e-5, self.device)
+        self.precision = Precision.make(resolve(options.precision, self.device), self.device)
+        self.forward = self._forward if options.compile is None else torch.compile(self._forward, mode=options.compile)
 
-    def steps(self, warmup: int) -> list[float]:
-        times = []
-        for k, batch in enumerate(self.batches):
-            start = time.perf_counter()
+    def _forward(self, batch: dict) -> torch.Tensor:
+        with self.precision.autocast():
             out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                              token_type_ids=batch["token_type_ids"], output_hidden_states=True)
-            loss = sum(
-                hsk_mse(
-                    out.hidden_states[s],
-                    batch[f"positions_{i}"],
-                    batch[f"valid_{i}"],
-                    batch[f"dense_{i}"],
-                    self.projection,
-                )
+            return sum(
+                hsk_mse(out.hidden_states[s], batch[f"positions_{i}"], batch[f"valid_{i}"], batch[f"dense_{i}"],
+                        self.projection)
                 for i, s, _ in self.pairs
             )
+
+    def steps(self, warmup: int) -> list[float]:
+        """Seconds per step (end-of-step stamps, as the loop's arms are timed: like the training loop, the
+        loss is not read every step, so on a GPU a stamp is when the host has queued the step)."""
+        stamps = [time.perf_counter()]
+        for batch in self.batches:
+            loss = self.forward(batch)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            self.precision.backward(loss)
+            self.precision.unscale(self.optimizer)
             torch.nn.utils.clip_grad_norm_([p for m in self.modules for p in m.parameters()], 1.0)
-            self.optimizer.step()
-            float(loss.detach())  # the training loop reads the loss too (and syncs a GPU)
-            if k >= warmup:
-                times.append(time.perf_counter() - start)
-        return times
+            self.precision.step(self.optimizer)
+            stamps.append(time.perf_counter())
+        float(loss.detach())  # one read at the end, like a logging step
+        return step_times(stamps[1:], warmup)
 
 
 def main() -> None:
@@ -173,6 +185,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", help="the run's --precision: fp32, bf16, fp16 or auto")
+    ap.add_argument("--compile", default=None, help="torch.compile mode of the step (default, reduce-overhead)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="arms to time, e.g. offline (batch-size scaling)")
+    ap.add_argument("--teacher-size", choices=sorted(TEACHERS), default="base")
     ap.add_argument("--attribution", action="store_true",
                     help="also time offline with no read-ahead threads (--workers 0) and the loop on decoded targets")
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
@@ -186,7 +202,8 @@ def main() -> None:
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="hsk-train-bench-"))
     try:
-        teacher = make_teacher(task.num_labels, work / "teacher")
+        teacher = make_teacher(task.num_labels, work / "teacher", args.teacher_size)
+        arms = [a for a in args.arms.split(",") if a]
         dump_options = DumpOptions(
             config=HSKConfig.parse(args.config),
             value_dtype=args.values,
@@ -224,21 +241,25 @@ def main() -> None:
             seed=0,
             data_dir=args.data_dir,
             resume=False,
+            precision=args.precision,
+            compile=args.compile,
         )
-        memory = InMemory(store, TrainOptions(**common), args.student, teacher, run_steps)
-        times: dict[str, list[float]] = {"offline": [], "online": [], "in_memory": []}
-        cpu: dict[str, list[float]] = {"offline": [], "in_memory": []}  # process CPU seconds per step
+        memory = InMemory(store, TrainOptions(**common), args.student, teacher, run_steps) if "in_memory" in arms \
+            else None
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
+        cpu: dict[str, list[float]] = {arm: [] for arm in ("offline", "in_memory") if arm in arms}  # CPU s per step
         if args.attribution:
             times |= {"offline_workers0": [], "loop_decoded": []}
         cached = CachedDecoding()
         summaries = {}
         for r in range(args.rounds):
             stamps, clock = [], []
-            stamps, summaries["offline"] = timed_train(
-                TrainOptions(**common), work / "offline", clock, student=args.student, store=store
-            )
-            times["offline"] += step_times(stamps, args.warmup)
-            cpu["offline"] += step_times(clock, args.warmup)
+            if "offline" in arms:
+                stamps, summaries["offline"] = timed_train(
+                    TrainOptions(**common), work / "offline", clock, student=args.student, store=store
+                )
+                times["offline"] += step_times(stamps, args.warmup)
+                cpu["offline"] += step_times(clock, args.warmup)
             if args.attribution:
                 stamps, _ = timed_train(TrainOptions(**common, workers=0), work / "offline0", student=args.student,
                                         store=store)
@@ -248,18 +269,20 @@ def main() -> None:
                                             store=store)
                 if r:
                     times["loop_decoded"] += step_times(stamps, args.warmup)
-            stamps, summaries["online"] = timed_train(
-                TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
-                work / "online",
-                student=args.student,
-                teacher=teacher,
-                task=task.name,
-                config=args.config,
-            )
-            times["online"] += step_times(stamps, args.warmup)
-            before = time.process_time()
-            times["in_memory"] += memory.steps(args.warmup)
-            cpu["in_memory"].append((time.process_time() - before) / run_steps)
+            if "online" in arms:
+                stamps, summaries["online"] = timed_train(
+                    TrainOptions(**common, train_limit=rows, train_split=args.split, online=dump_options),
+                    work / "online",
+                    student=args.student,
+                    teacher=teacher,
+                    task=task.name,
+                    config=args.config,
+                )
+                times["online"] += step_times(stamps, args.warmup)
+            if memory is not None:
+                before = time.process_time()
+                times["in_memory"] += memory.steps(args.warmup)
+                cpu["in_memory"].append((time.process_time() - before) / run_steps)
             print(
                 f"round {r} (load {os.getloadavg()[0]:.1f}): "
                 + ", ".join(f"{k} {statistics.median(v):.3f} s/step" for k, v in times.items() if v),
@@ -282,7 +305,10 @@ def main() -> None:
             "config": args.config,
             "teacher": "random BERT-base (12 layers, d 768)",
             "student": args.student,
-            "student_init": summaries["offline"]["student_init"],
+            "student_init": next(iter(summaries.values()))["student_init"] if summaries else None,
+            "precision": resolve(args.precision, args.device),
+            "compile": args.compile,
+            "teacher_size": args.teacher_size,
             "batch_size": args.batch_size,
             "max_length": args.max_length,
             "padded_to_max_length": True,
@@ -303,26 +329,13 @@ def main() -> None:
             "cpu_s_per_step_median": {k: statistics.median(v) for k, v in cpu.items()},
             "raw_step_seconds": times,
         }
-        report["ratio_offline_over_online_min"] = (
-            report["online"]["min_s_per_step"] / report["offline"]["min_s_per_step"]
-        )
-        report["ratio_offline_over_in_memory_min"] = (
-            report["in_memory"]["min_s_per_step"] / report["offline"]["min_s_per_step"]
-        )
-        report["ratio_offline_over_online"] = (
-            report["online"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
-        )
-        report["ratio_offline_over_in_memory"] = (
-            report["in_memory"]["median_s_per_step"] / report["offline"]["median_s_per_step"]
-        )
-        print(
-            f"throughput offline / online:    {report['ratio_offline_over_online']:.2f}x (median steps), "
-            f"{report['ratio_offline_over_online_min']:.2f}x (fastest steps)"
-        )
-        print(
-            f"throughput offline / in-memory: {report['ratio_offline_over_in_memory']:.3f} (median steps), "
-            f"{report['ratio_offline_over_in_memory_min']:.3f} (fastest steps)"
-        )
+        for other in ("online", "in_memory"):
+            if "offline" not in report or other not in report:
+                continue
+            for stat, suffix in (("min_s_per_step", "_min"), ("median_s_per_step", "")):
+                report[f"ratio_offline_over_{other}{suffix}"] = report[other][stat] / report["offline"][stat]
+            print(f"throughput offline / {other}: {report[f'ratio_offline_over_{other}']:.3f}x (median steps), "
+                  f"{report[f'ratio_offline_over_{other}_min']:.3f}x (fastest steps)")
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")

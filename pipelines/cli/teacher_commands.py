@@ -52,6 +52,8 @@ def teacher(
     seed: int = typer.Option(0, help="Random seed."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
     threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
+    precision: str = typer.Option(
+        "auto", help="Step precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace a teacher folder at --out (only once the new one is complete)."
     ),
@@ -68,7 +70,7 @@ def teacher(
     use_threads(threads, "teacher")
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
-                     seed, pick_device(device), progress, overwrite)
+                     seed, pick_device(device), progress, overwrite, precision)
         return
     if objective != "task":
         raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
@@ -89,6 +91,7 @@ def teacher(
         eval_limit=eval_limit,
         seed=seed,
         device=pick_device(device),
+        precision=precision,
         overwrite=overwrite,
         progress=progress,
         log=typer.echo,
@@ -96,7 +99,7 @@ def teacher(
 
 
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
-                 device, progress, overwrite) -> None:
+                 device, progress, overwrite, precision) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.mlm_teacher import train_mlm_teacher
 
@@ -105,7 +108,7 @@ def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, l
     corpus = load_corpus(text_file, data_file, None, limit)
     summary = train_mlm_teacher(base, corpus, out, train_layers=train_layers, epochs=epochs, lr=lr,
                                 batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,
-                                overwrite=overwrite, progress=progress, log=typer.echo)
+                                precision=precision, overwrite=overwrite, progress=progress, log=typer.echo)
     typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
 
 

@@ -109,6 +109,16 @@ def train(
     batch_size: int = typer.Option(None, help="Batch size [default: 32; 64 for QNLI, MNLI, QQP]."),
     seed: int = typer.Option(0, help="Seed of the student init, dropout and data order."),
     device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
+    precision: str = typer.Option(
+        "auto", help="Step precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (loss "
+        "scaling). Part of the run: a checkpoint resumes only in its own precision."),
+    compile_: bool = typer.Option(
+        False, "--compile/--no-compile", help="torch.compile the student's forward and losses (slow first steps)."),
+    compile_mode: str = typer.Option(
+        "default", help="With --compile: default, reduce-overhead (CUDA graphs; add --pad-to-max-length for static "
+        "shapes) or max-autotune."),
+    pad_to_max_length: bool = typer.Option(
+        False, "--pad-to-max-length", help="Pad every batch to the store's max length (static shapes)."),
     read_threads: int = typer.Option(2, "--read-threads", help="Threads reading (and decoding) store shards."),
     read_ahead: int = typer.Option(
         0, help="Shards read ahead [default: one per --read-threads]; more hides S3 latency."),
@@ -173,7 +183,9 @@ def train(
     on_cpu = pick_device(device).split(":")[0] == "cpu"  # only there do a step's bits depend on the threads
     options = TrainOptions(
         method=method, method_options=chosen, batch_size=batch_size, seed=seed, threads=used if on_cpu else None,
-        device=device, workers=read_threads, buffer_shards=shuffle_window, max_steps=max_steps, eval_every=eval_every,
+        device=device, precision=precision, compile=compile_mode if compile_ else None,
+        pad_to_max_length=pad_to_max_length, workers=read_threads, buffer_shards=shuffle_window, max_steps=max_steps,
+        eval_every=eval_every,
         eval_limit=eval_limit, read_ahead=read_ahead,
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,

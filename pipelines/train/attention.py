@@ -18,6 +18,7 @@ pipelines/train/losses.py, sums `attention_mse` below over the stage's layer pai
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -90,7 +91,8 @@ HEAD_MAPS = {"same": _same_heads, "mean": _mean_heads}
 
 
 def attention_mse(
-    student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, key_mask: torch.Tensor, heads: str = "same"
+    student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, key_mask: torch.Tensor, heads: str = "same",
+    count: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """TinyBERT's attention loss of one layer: mean squared error of pre-softmax scores.
 
@@ -99,12 +101,13 @@ def attention_mse(
     and real keys only (TinyBERT's code averages over every entry of the padded [T, T] map, after
     zeroing masked scores on both sides, so its value depends on the batch's padding).
     heads: "same" pairs head h with teacher head h; "mean" compares the head-averaged rows.
+    count: the number of compared entries -> the denominator (losses.local_count by default; under N ranks
+    the global count, losses.Counter).
     """
     teacher = teacher[..., : student.shape[-1]].to(student.dtype)
     student, teacher = HEAD_MAPS[heads](student, teacher)
     weight = (valid[:, None, :, None] & key_mask.bool()[:, None, None, :]).to(student.dtype)
     weight = weight.expand_as(student)
     denom = weight.sum()
-    if denom == 0:
-        return student.sum() * 0.0
-    return ((student - teacher) ** 2 * weight).sum() / denom
+    # no `if denom == 0` (a host sync): with nothing to compare the sum is 0 over a count of 1
+    return ((student - teacher) ** 2 * weight).sum() / (denom.clamp(min=1) if count is None else count(denom))

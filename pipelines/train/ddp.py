@@ -95,15 +95,30 @@ class Ranks:
                     dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
                     p.grad.div_(self.world_size)
 
-    def mean(self, values: list[float]) -> list[float]:
-        """The mean over the ranks of each value (a step's loss and terms, as logged for the global batch)."""
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean over the ranks of each value (a step's loss and terms, as logged for the global batch),
+        on the device (the caller reads it once). Every rank calls it at the same step."""
         if not self.distributed:
             return values
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        t = values.clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return (t / self.world_size).tolist()
+        return t / self.world_size
+
+    def mean_count(self, count: torch.Tensor) -> torch.Tensor:
+        """The denominator of a loss term averaged over `count` things on this rank (losses.Counter): the
+        global count over the ranks, divided by N since DDP averages the ranks' gradients. So each rank's
+        loss is N * its sum / the global count, their mean the global batch's loss whatever the ranks hold
+        (a mean of the ranks' means would weigh a rank with fewer kept tokens up). An all-reduce on the
+        device, no host sync; one process: the count itself (at least 1)."""
+        if not self.distributed:
+            return count.clamp(min=1)
+        import torch.distributed as dist
+
+        total = count.detach().to(torch.float64)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return (total.clamp(min=1) / self.world_size).to(count.dtype if count.is_floating_point() else torch.float32)
 
     def barrier(self) -> None:
         if self.distributed:

@@ -39,17 +39,19 @@ from hskstore.meta import StoreMeta
 from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
-from pipelines.core.run_state import MetricsLog, write_json
+from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
-from pipelines.train.ddp import Ranks, SilentLog
+from pipelines.train.ddp import Ranks
 from pipelines.train.dev import find_dev
 from pipelines.train.heads import Heads
 from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
+from pipelines.train.precision import resolve
+from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import (
     Source,
     check_expected_store,
@@ -276,10 +278,11 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> Ru
     return summary
 
 
-def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions) -> bool:
+def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions,
+                   precision: str) -> bool:
     """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
-    names the same student, store, method, method options and run options (a summary written before run
-    options were recorded is judged without them)."""
+    names the same student, store, method, method options, run options and precision (a summary written
+    before run options were recorded is judged without them; one without a precision ran in fp32)."""
     try:
         done = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
@@ -289,7 +292,8 @@ def _same_finished(out: Path, student: str, source: Source, method, method_optio
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
             and (named.get("name") if isinstance(named, dict) else named) == student
             and json.loads(json.dumps(done.get("method_options"), default=str)) == wanted
-            and done.get("options", run_options(options)) == run_options(options))
+            and done.get("options", run_options(options)) == run_options(options)
+            and done.get("precision", "fp32") == precision)
 
 
 def _resume(checkpoints: Checkpoints, options: TrainOptions, out: Path, log: Callable, same_finished: Callable,
@@ -351,11 +355,14 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
+    resolve(options.precision, device)  # a precision this device cannot run is refused before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
-    checkpoints = Checkpoints(out / "checkpoint" / "state.pt", parts.identity)
+    folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
+    checkpoints, _ = open_run(folder, options, device, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, parts.source, parts.method, parts.method_options, options), len(parts.stages))
+        out, student, parts.source, parts.method, parts.method_options, options, checkpoints.precision.name),
+        len(parts.stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
     ranks.barrier()
@@ -364,16 +371,11 @@ def _train(
         return RunSummary.read(out / "summary.json")
     if ranks.distributed:  # the same initial weights (DDP broadcasts rank 0's), but each rank its own dropout
         torch.manual_seed(options.seed + ranks.rank)
-    run = Run(
-        options=options, feed=parts.feed, task=parts.source.task, student=parts.student, stages=parts.stages,
-        pairs=parts.pairs, device=device, batch_size=parts.batch_size, evaluator=parts.evaluator,
-        keeper=Keeper(out, parts.source.task, str(parts.source.store.url)), checkpoints=checkpoints,
-        metrics_log=(MetricsLog(out / "metrics.jsonl", state["progress"]["step"] if state else None)
-                     if ranks.main else SilentLog()),
-        log=log, on_step=on_step, ranks=ranks,
-    )
-    if state is not None:
-        run.restore(state)
+    run = build_run(folder, checkpoints, state, options=options, feed=parts.feed, task=parts.source.task,
+                    student=parts.student, stages=parts.stages, pairs=parts.pairs, device=device,
+                    batch_size=parts.batch_size, evaluator=parts.evaluator,
+                    keeper=Keeper(out, parts.source.task, str(parts.source.store.url)), log=log, on_step=on_step,
+                    ranks=ranks)
     try:
         run_stages(run, state)
     finally:
@@ -460,8 +462,8 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
         model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
-        world_size=run.ranks.world_size, torch_threads=run.options.threads, warnings=warnings,
-        **_task_fields(run, parts),
+        world_size=run.ranks.world_size, torch_threads=run.options.threads, precision=run.precision.name,
+        compile=run.options.compile, warnings=warnings, **_task_fields(run, parts),
     )
 
 

@@ -35,7 +35,9 @@ class Heads:
             )
         return head
 
-    def use(self, name: str) -> None:
+    def use(self, name: str, seed: int | None = None) -> None:
+        """Put head `name` on the model; a head never used before is drawn fresh, from `seed` when given (the
+        same head in one process and under N ranks, whose global RNGs differ: issue 34 item 8)."""
         if name == self.current:
             return
         if name != self.own and name not in HEAD_SIZES:
@@ -44,7 +46,7 @@ class Heads:
         self.aside[self.current] = head
         new = self.aside.pop(name, None)
         if new is None:
-            new = self._new_linear(head, HEAD_SIZES[name])
+            new = self._new_linear(head, HEAD_SIZES[name], seed)
         self.model.classifier = new
         self.model.num_labels = new.out_features
         self.current = name

@@ -9,7 +9,10 @@ weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and be
 selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
 stage index and the step inside the stage explicitly, with the stream's position and the RNG
 state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
-older layout is refused in one line.
+older layout is refused in one line. A step reads nothing back from the device: its loss and terms stay
+there (pipelines.train.meter) until a step logs, evaluates or checkpoints, where a NaN or infinite loss
+since the last reading stops the run before anything is saved. The step's precision (and torch.compile)
+come from pipelines.train.precision and the run's options; pipelines.train.setup builds every kind of Run.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from pipelines.train.adapter import StudentOutputs, adapter_for
 from pipelines.train.ddp import Ranks
 from pipelines.train.heads import Heads
 from pipelines.train.losses import TermInputs, weighted_sum
+from pipelines.train.meter import LossMeter, NonFiniteLoss
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import LayerPair
+from pipelines.train.precision import Precision
 from pipelines.train.sources import BatchMaker, Source, stream_names
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -239,16 +244,23 @@ class Keeper:
 
 @dataclass
 class Checkpoints:
-    """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's."""
+    """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's.
+    The run's precision is part of its identity (a checkpoint without one was trained in fp32)."""
 
     path: Path
     identity: dict
+    precision: Precision = field(default_factory=Precision)
+
+    @property
+    def full_identity(self) -> dict:
+        return {**self.identity, "precision": self.precision.name}
 
     def save(self, position: Position, student: Student, keeper: Keeper, stage_results: dict,
              optimizer=None, scheduler=None, stream=None) -> None:
         state = {
             "version": CHECKPOINT_VERSION,
-            "identity": self.identity,
+            "identity": self.full_identity,
+            "scaler": self.precision.state_dict(),
             **position.to_state(),
             **student.state_dict(),
             **keeper.state(),
@@ -267,8 +279,10 @@ class Checkpoints:
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if state.get("version") != CHECKPOINT_VERSION:
             return {"foreign": True, "older": state.get("version", 1)}
-        if state.get("identity") != self.identity:
-            return {"foreign": True}
+        found = {"precision": "fp32", **(state.get("identity") or {})}
+        if found != self.full_identity:
+            same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
+            return {"foreign": True, "precision": found["precision"] if same_but_precision else None}
         return state
 
     def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
@@ -287,6 +301,11 @@ class Checkpoints:
                 f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
                 "to start over"
             )
+        if state is not None and state.get("precision"):
+            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
+            raise ConfigError(
+                f"{out} holds a checkpoint trained in {state['precision']} and this run asks for "
+                f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
         if state is not None and state.get("foreign"):
             fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
             raise ConfigError(
@@ -369,6 +388,10 @@ class Run:
     stage_results: dict = field(default_factory=dict)
     ranks: Ranks = field(default_factory=Ranks)
 
+    @property
+    def precision(self) -> Precision:
+        return self.checkpoints.precision
+
     def restore(self, state: dict) -> None:
         self.student.load_state_dict(state)
         self.position = Position.from_state(state)
@@ -394,7 +417,8 @@ class Run:
         step = self.position.global_step
         if self.keeper.last_eval and self.keeper.last_eval.get("step") == step:
             return
-        metrics = self.evaluator(self.student.model)
+        with self.precision.autocast():
+            metrics = self.evaluator(self.student.model)
         score = self.evaluator.score(metrics)
         keeper = self.keeper
         best_score = keeper.best["score"] if keeper.best else float("nan")
@@ -446,12 +470,18 @@ class _StageRun:
     scheduler: Any
     stream: StoreStream
     maker: BatchMaker
-    loss: float = float("nan")
+    compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
+    meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
+    checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
+
+    @property
+    def loss(self) -> float:
+        return self.meter.loss
 
 
 def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     stage, pairs, opts = run.stages[index], run.pairs[index], run.options
-    run.student.heads.use(stage.head)
+    run.student.heads.use(stage.head, seed=opts.seed + index)
     if stage.fresh_head and run.position.stage_step == 0:  # not when resuming mid-stage: the head is trained
         run.student.heads.reset(seed=opts.seed + index)
     kept = sorted({p.kept for p in pairs})
@@ -465,7 +495,7 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
     if opts.max_steps is not None:
         total = min(total, opts.max_steps)
     modules = run.student.modules(stage.trains)
-    optimizer = torch.optim.AdamW(param_groups(modules, opts.weight_decay), lr=stage.lr)
+    optimizer = _adamw(param_groups(modules, opts.weight_decay), stage.lr, run.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(stage.schedule, total,
                                                                              stage.warmup_ratio))
     if state is not None and state["position"]["stage_index"] == index:
@@ -473,38 +503,94 @@ def _open_stage(run: Run, index: int, state: dict | None) -> _StageRun:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             stream.load_state_dict(state["stream"])
+            run.precision.load_state_dict(state.get("scaler"))
         if ranks.main:  # the checkpoint holds rank 0's RNG; the others keep their own seed's
             set_rng_state(state["rng"])
     maker = run.feed.maker(stage, kept, run.device, stream)
     run.student.runner = ranks.wrap(run.student.model) if "student" in stage.trains else None
-    return _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker)
+    sr = _StageRun(stage, pairs, total, len(stream), modules, optimizer, scheduler, stream, maker,
+                   checked_step=run.position.stage_step)
+    sr.compute = _forward_losses(run, sr)
+    return sr
 
 
-def _step(run: Run, sr: _StageRun, batch: dict) -> dict[str, float]:
-    out = run.student.forward(batch, sr.stage.outputs)
-    inputs = TermInputs(out, batch, sr.pairs, run.student.projection)
-    loss, terms = weighted_sum(sr.stage.terms, inputs)
+def _adamw(groups: list[dict], lr: float, device: str) -> torch.optim.Optimizer:
+    """AdamW; on CUDA the fused kernel (one launch for every parameter, and under fp16 the loss scaler's
+    inf check without a host sync). The CPU keeps the default implementation: the same bits as ever."""
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
+
+
+def _forward_losses(run: Run, sr: _StageRun) -> Callable[[dict], tuple]:
+    """batch -> (loss, terms): the student's forward and the stage's loss terms, under the run's precision;
+    torch.compile'd with --compile (on CUDA with "reduce-overhead" also captured as CUDA graphs)."""
+    student, stage, pairs, precision, count = run.student, sr.stage, sr.pairs, run.precision, run.ranks.mean_count
+
+    def compute(batch: dict) -> tuple:
+        with precision.autocast():  # fp32: nothing; bf16 / fp16: the forward and the terms (which sum in float32)
+            out = student.forward(batch, stage.outputs)
+            return weighted_sum(stage.terms, TermInputs(out, batch, pairs, student.projection, count))
+
+    if run.options.compile is None:
+        return compute
+    return torch.compile(compute, mode=run.options.compile)
+
+
+def _step(run: Run, sr: _StageRun, batch: dict) -> None:
+    """One optimizer step. Nothing here reads a device value (no host sync): the loss and its terms go
+    to the stage's meter, read on the steps that log, evaluate or checkpoint (_read)."""
+    precision = run.precision
+    loss, terms = sr.compute(batch)
     sr.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    precision.backward(loss)
     run.ranks.average_grads([m for m in sr.modules if m is not run.student.model])
     if run.options.max_grad_norm:
+        precision.unscale(sr.optimizer)
         torch.nn.utils.clip_grad_norm_([p for m in sr.modules for p in m.parameters()], run.options.max_grad_norm)
-    sr.optimizer.step()
+    precision.step(sr.optimizer)
     sr.scheduler.step()
-    # under torchrun: the mean of the ranks' means, the loss of the global batch
-    sr.loss, *values = run.ranks.mean([float(loss.detach()), *terms.values()])
-    return dict(zip(terms, values))
+    sr.meter.add(loss, terms)
+
+
+def _read(run: Run, sr: _StageRun, saving: bool = False) -> tuple[float, dict[str, float]]:
+    """The last step's loss and terms (under torchrun the mean of the ranks', the loss of the global batch).
+    A non-finite loss at any step since the last reading stops the run before anything is logged, evaluated
+    or saved after it, so the last checkpoint and best/ stay the last good ones; before a save (`saving`)
+    the trained weights are checked too (an infinite learning rate makes them inf with a finite loss).
+    Every rank reads at the same steps (a collective under torchrun); the weights are the same on all."""
+    reading = sr.meter.read(run.ranks.mean)
+    if not reading.finite or saving and not _finite_weights(sr):
+        what = "loss" if not reading.finite else "weights"
+        first, step = sr.checked_step + 1, run.position.stage_step
+        when = f"at its step {step}" if first == step else f"between its steps {first} and {step}"
+        raise NonFiniteLoss(
+            f"the training {what} of stage {sr.stage.name} became NaN or infinite {when} (lr {sr.stage.lr:g}): "
+            "training stopped, nothing saved after it (the last checkpoint and best/ are kept); lower the "
+            "learning rate or check the options (--temperature, ...)")
+    sr.checked_step = run.position.stage_step
+    return reading.loss, reading.terms
+
+
+def _finite_weights(sr: _StageRun) -> bool:
+    """Every trained parameter finite: one reduction and one read, on the steps that save only."""
+    flags = [torch.isfinite(p).all() for m in sr.modules for p in m.parameters() if p.requires_grad]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
-    """Logging, evaluation and checkpoints due after an optimizer step."""
+    """Logging, evaluation and checkpoints due after an optimizer step (the loss read first: _read)."""
     opts, pos = run.options, run.position
     last = pos.stage_step >= sr.total
-    if pos.stage_step % opts.log_every == 0 or last:
+    log = pos.stage_step % opts.log_every == 0 or last
+    evaluate = sr.stage.select_best and opts.eval_every and pos.stage_step % opts.eval_every == 0 and not last
+    save = pos.stage_step % opts.checkpoint_every == 0 and not last
+    if log or evaluate or save:  # the same steps on every rank (the read is a collective under torchrun)
+        record["loss"], record["terms"] = _read(run, sr, saving=bool(evaluate or save))
+    if log:
         run.metrics_log.write(record)
-    if sr.stage.select_best and opts.eval_every and pos.stage_step % opts.eval_every == 0 and not last:
+    if evaluate:
         run.evaluate(sr.stage)
-    if pos.stage_step % opts.checkpoint_every == 0 and not last and run.ranks.main:
+    if save and run.ranks.main:
         run.checkpoints.save(pos, run.student, run.keeper, run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
@@ -517,16 +603,18 @@ def _epoch(run: Run, sr: _StageRun, bar) -> bool:
     tick = time.perf_counter()
     for raw in sr.stream:
         batch = sr.maker(raw)
-        terms = _step(run, sr, batch)
+        _step(run, sr, batch)
         now = time.perf_counter()
         pos.advance(int(batch["input_ids"].shape[0]) * run.ranks.world_size, now - tick)
         rate = pos.stage_examples / max(pos.stage_seconds, 1e-9)
-        bar.update(1)
-        bar.set_postfix(loss=f"{sr.loss:.4g}", ex_s=f"{rate:.1f}")
+        # "loss" and "terms" are filled in (read from the device) on the steps that log, evaluate or save
         record = {"type": "train", "stage": sr.stage.name, "step": pos.global_step, "stage_step": pos.stage_step,
-                  "epoch": epoch, "loss": sr.loss, "terms": terms, "lr": sr.scheduler.get_last_lr()[0],
+                  "epoch": epoch, "loss": None, "terms": None, "lr": sr.scheduler.get_last_lr()[0],
                   "examples_per_s": rate}
         _after_step(run, sr, record)
+        bar.update(1)
+        if record["loss"] is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4g}", ex_s=f"{rate:.1f}")
         tick = time.perf_counter()
         if pos.stage_step >= sr.total:
             return sr.stream.batches_done >= len(sr.stream)
@@ -552,6 +640,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
             sr.stream.set_epoch(sr.stream.epoch)
             ended = _epoch(run, sr, bar)
             if stage.select_best and ended and pos.stage_step < sr.total:
+                _read(run, sr, saving=True)  # nothing is saved after a non-finite loss
                 run.evaluate(stage)  # end of an epoch
             if sr.steps_per_epoch == 0:
                 break
@@ -564,6 +653,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
 
 def _end_stage(run: Run, index: int, sr: _StageRun) -> None:
     stage, pos = sr.stage, run.position
+    _read(run, sr, saving=True)  # the final loss; nothing is saved after a non-finite one
     if stage.select_best:
         run.evaluate(stage)
     run.stage_results[stage.name] = {

@@ -24,6 +24,16 @@ from pipelines.methods.ptp import IGNORE, NUM_PTP_CLASSES, PTPThresholds
 from pipelines.train.attention import attention_mse, score_rows
 from pipelines.train.ptp import ptp_labels
 
+# A term's denominator from this rank's count of what it averages over (a tensor): the count itself in one
+# process (at least 1: an empty batch gives 0, not NaN), the mean count per rank under N ranks
+# (pipelines.train.ddp.Ranks.mean_count), so that the ranks' losses average to the global batch's loss.
+Counter = Callable[[torch.Tensor], torch.Tensor]
+
+
+def local_count(count: torch.Tensor) -> torch.Tensor:
+    """One process: the count itself (0 read as 1: the sum is then 0, the graph kept). No host sync."""
+    return count.clamp(min=1)
+
 
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """hidden [B, T, d] at positions [B, N] (negative = unused slot, read as position 0) -> [B, N, d]."""
@@ -38,6 +48,7 @@ def hsk_mse(
     teacher_dense: torch.Tensor,
     projection: nn.Module | None = None,
     masked_only: bool = False,
+    count: Counter = local_count,
 ) -> torch.Tensor:
     """HSK loss of one kept layer: MSE(W * H^S_s, masked H^T_g(s)) at the stored token positions.
 
@@ -49,11 +60,14 @@ def hsk_mse(
     [B, N^L, d_T] float; projection: the shared Linear(d_S -> d_T) (None when d_S = d_T).
     masked_only=True averages over the kept (non-zero) teacher elements only: an option the paper
     does not use, never the default (a kept activation that is exactly 0.0 counts as dropped).
+    `count` turns the number of averaged elements into the denominator (under N ranks: the global one).
+    The error is summed in float32 whatever the autocast precision (a bf16 count is not exact past 256).
     """
     picked = gather_positions(student_hidden, positions)
     if projection is not None:
         picked = projection(picked)
-    target = teacher_dense.to(picked.dtype)
+    picked = picked.float()
+    target = teacher_dense.float()
     if picked.shape[-1] != target.shape[-1]:
         raise ValueError(
             f"student vectors have width {picked.shape[-1]} but teacher vectors {target.shape[-1]}: "
@@ -62,10 +76,8 @@ def hsk_mse(
     weight = valid.to(picked.dtype).unsqueeze(-1).expand_as(picked)
     if masked_only:
         weight = weight * (target != 0).to(picked.dtype)
-    denom = weight.sum()
-    if denom == 0:
-        return picked.sum() * 0.0  # keeps the graph; nothing to learn from this batch
-    return ((picked - target) ** 2 * weight).sum() / denom
+    # no `if denom == 0` (a host sync): an empty batch sums to 0 over a count of 1, keeping the graph
+    return ((picked - target) ** 2 * weight).sum() / count(weight.sum())
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 1.0) -> torch.Tensor:
@@ -97,14 +109,14 @@ def kd_loss(
     return (1.0 - alpha) * ce + alpha * T * T * kl
 
 
-def regression_mse(student_scores: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-    """Stage 2 for regression tasks (STS-B, docs/methods/mud.md): MSE to the gold score, NaN = no label."""
+def regression_mse(student_scores: torch.Tensor, gold: torch.Tensor, count: Counter = local_count) -> torch.Tensor:
+    """Stage 2 for regression tasks (STS-B, docs/methods/mud.md): MSE to the gold score, NaN = no label.
+    Unlabelled rows are zeroed, not indexed out (boolean indexing waits for the device)."""
     pred = student_scores.float().reshape(-1)
     gold = gold.float().reshape(-1)
     keep = ~torch.isnan(gold)
-    if not keep.any():
-        return pred.sum() * 0.0
-    return F.mse_loss(pred[keep], gold[keep])
+    error = torch.where(keep, pred - torch.nan_to_num(gold), torch.zeros_like(pred))
+    return (error**2).sum() / count(keep.sum())
 
 
 def pkd_loss(student_cls_list: list[torch.Tensor], teacher_cls_list: list[torch.Tensor]) -> torch.Tensor:
@@ -171,6 +183,7 @@ class TermInputs:
     batch: dict[str, torch.Tensor]  # labels, logits (teacher), dense_<i> / positions_<i> / valid_<i>, ...
     pairs: list  # pipelines.train.pairs.LayerPair of the stage
     projection: nn.Module | None  # the shared W: Linear(d_S -> d_T), None when the widths agree
+    count: Counter = local_count  # averaged-over counts -> denominators (Ranks.mean_count under torchrun)
 
 
 LOSS_TERMS: dict[str, Callable[..., torch.Tensor]] = {}
@@ -202,6 +215,7 @@ def _hsk_sum(x: TermInputs, masked_only: bool) -> torch.Tensor:
             x.batch[f"dense_{i}"],
             x.projection if pair.projection else None,
             masked_only=masked_only,
+            count=x.count,
         )
     return loss
 
@@ -243,13 +257,19 @@ def term_soft_ce(x: TermInputs, T: float = 1.0) -> torch.Tensor:
     return soft_cross_entropy(x.outputs.logits, x.batch["logits"], T)
 
 
+def _masked_ce(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, count: Counter) -> torch.Tensor:
+    """Mean cross-entropy over the rows `keep`: the sum over them (the others ignored, not indexed out: no
+    host sync) over their count (the same bits as F.cross_entropy's mean; 0, not NaN, when there are none)."""
+    ignored = torch.full_like(labels, IGNORE)
+    return F.cross_entropy(logits, torch.where(keep, labels, ignored), ignore_index=IGNORE,
+                           reduction="sum") / count(keep.sum())
+
+
 @loss_term("ce")
 def term_ce(x: TermInputs) -> torch.Tensor:
     """Cross-entropy to the gold label; rows without one (label < 0) are left out."""
-    s = x.outputs.logits.float()
     labels = x.batch["labels"].long()
-    has_label = labels >= 0
-    return F.cross_entropy(s[has_label], labels[has_label]) if has_label.any() else s.sum() * 0.0
+    return _masked_ce(x.outputs.logits.float(), labels, labels >= 0, x.count)
 
 
 @loss_term("kl")
@@ -262,7 +282,7 @@ def term_kl(x: TermInputs, T: float = 1.0) -> torch.Tensor:
 
 @loss_term("gold_mse")
 def term_gold_mse(x: TermInputs) -> torch.Tensor:
-    return regression_mse(x.outputs.logits, x.batch["labels"])
+    return regression_mse(x.outputs.logits, x.batch["labels"], x.count)
 
 
 @loss_term("teacher_mse")
@@ -287,7 +307,8 @@ def term_attention_mse(x: TermInputs, heads: str = "same") -> torch.Tensor:
         q, k, n_heads = calls[pair.student_layer - 1]
         positions, valid = x.batch[f"positions_{pair.kept}"], x.batch[f"valid_{pair.kept}"]
         rows = score_rows(q.float(), k.float(), positions, n_heads)
-        part = attention_mse(rows, x.batch[f"attention_{pair.kept}"], valid, x.batch["attention_mask"], heads)
+        part = attention_mse(rows, x.batch[f"attention_{pair.kept}"], valid, x.batch["attention_mask"], heads,
+                             count=x.count)
         loss = part if loss is None else loss + part
     if loss is None:
         raise ValueError("attention_mse: no layer pair has stored attention rows")
@@ -304,9 +325,7 @@ def term_ptp_ce(x: TermInputs, t1: float, t2: float) -> torch.Tensor:
     logits = x.outputs.logits.float()
     if logits.shape[-1] != NUM_PTP_CLASSES:
         raise ValueError(f"ptp_ce needs the 4-way ptp4 head on the student, got {logits.shape[-1]} outputs")
-    if not (labels != IGNORE).any():
-        return logits.sum() * 0.0  # no gold label in this batch: nothing to learn, the graph is kept
-    return F.cross_entropy(logits, labels, ignore_index=IGNORE)
+    return _masked_ce(logits, labels, labels != IGNORE, x.count)  # no gold label in the batch: 0
 
 
 # LightPAFF (pipelines/methods/lightpaff.py): fine-tuning on a task store, pre-training on a masked-LM store
@@ -329,14 +348,15 @@ def term_mlm_topk_kl(x: TermInputs) -> torch.Tensor:
     return topk_kl(x.outputs.logits.float(), x.batch["topk_ids"], x.batch["topk_logits"], x.batch["lse"])
 
 
-def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, float]]:
-    """sum(weight * term) over a stage's Terms, and each term's (unweighted) value for metrics.jsonl."""
+def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """sum(weight * term) over a stage's Terms, and each term's (unweighted) value for metrics.jsonl, detached
+    and left on the device (reading it waits for the device: the loop reads them on logging steps only)."""
     total, values = None, {}
     for term in terms:
         if term.loss not in LOSS_TERMS:
             raise KeyError(f"no loss term {term.loss!r}; registered: {', '.join(sorted(LOSS_TERMS))}")
         value = LOSS_TERMS[term.loss](inputs, **term.kwargs)
-        values[term.name] = float(value.detach())
+        values[term.name] = value.detach()
         part = value if term.weight == 1.0 else term.weight * value
         total = part if total is None else total + part
     return total, values

@@ -38,14 +38,15 @@ from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.run_state import MetricsLog
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.registry import Stage, Term
 from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages, work_state
+from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages
 from pipelines.train.options import TrainOptions
+from pipelines.train.precision import resolve
+from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import ShardedRows
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -240,6 +241,7 @@ def train_mlm_teacher(
     max_length: int = 128,
     seed: int = 0,
     device: str = "cpu",
+    precision: str = "auto",
     overwrite: bool = False,
     checkpoint_every: int = 100,
     progress: bool = True,
@@ -249,9 +251,10 @@ def train_mlm_teacher(
     """Train an MLM head (and the top `train_layers` layers) of `base` on `corpus`; save a BertForMaskedLM.
 
     `out` follows hsk teacher's output rule; a rerun after an interruption resumes (module docstring).
-    `on_step(step)` is called after every optimizer step.
+    `on_step(step)` is called after every optimizer step. `precision`: as `hsk train --precision`.
     """
     out = Path(out)
+    resolve(precision, str(device))  # a precision this device cannot run is refused before anything is written
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
     TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()
@@ -264,13 +267,11 @@ def train_mlm_teacher(
                 "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": max_length, "seed": seed}
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    checkpoints = Checkpoints(work / STATE_FILE, identity)
-    state = work_state(checkpoints, log)
-    metrics_log = MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None)
-    run = _run(model, tokenizer, data, (checkpoints, metrics_log), base, corpus, epochs, lr, batch_size, seed, device,
-               checkpoint_every, progress, log, on_step)
-    if state is not None:
-        run.restore(state)
+    folder = RunFolder(work, identity, STATE_FILE, own=True)  # the command's own: another run's is started over
+    options = _options(batch_size, seed, checkpoint_every, progress, precision)
+    checkpoints, state = open_run(folder, options, str(device), log)
+    run = _run(model, tokenizer, data, (folder, checkpoints, state), options, base, corpus, epochs, lr, device, log,
+               on_step)
     run_stages(run, state)
     history = _history(work / "metrics.jsonl")
     for h in history:
@@ -278,7 +279,8 @@ def train_mlm_teacher(
     summary = {
         "format": "hsk-teacher/1", "objective": "mlm", "base": base, "base_resolved": resolve_model(base),
         "train_layers": train_layers, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed,
-        "max_length": max_length, "train_rows": len(data.rows), "held_out_rows": len(corpus) - len(data.rows),
+        "max_length": max_length, "precision": run.precision.name,
+        "train_rows": len(data.rows), "held_out_rows": len(corpus) - len(data.rows),
         "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint, "history": history,
         "dev_metrics": history[-1]["dev"], "steps": run.position.global_step, "weights_hash": weights_hash(model),
         "vocab_hash": vocab_hash(tokenizer), "train_seconds": round(time.perf_counter() - started, 2),
@@ -293,21 +295,26 @@ def train_mlm_teacher(
     return summary
 
 
-def _run(model: Any, tokenizer: Any, data: _Data, records: tuple[Checkpoints, MetricsLog], base: str, corpus: Examples,
-         epochs: float, lr: float, batch_size: int, seed: int, device: str, checkpoint_every: int, progress: bool,
+def _options(batch_size: int, seed: int, checkpoint_every: int, progress: bool, precision: str) -> TrainOptions:
+    return TrainOptions(method="mlm-teacher", batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
+                        seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress,
+                        buffer_shards=1, precision=precision)  # a shard is a batch of similar lengths (`bucketed`)
+
+
+def _run(model: Any, tokenizer: Any, data: _Data, records: tuple[RunFolder, Checkpoints, dict | None],
+         options: TrainOptions, base: str, corpus: Examples, epochs: float, lr: float, device: str,
          log: Callable[[str], Any], on_step: Callable[[int], Any] | None) -> Run:
-    """The loop's run: the whole model is the student (only the unfrozen parameters train), head mlm."""
-    options = TrainOptions(method="mlm-teacher", batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
-                           seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress,
-                           buffer_shards=1)  # a shard is a batch of similar lengths (`bucketed`)
+    """The loop's run (restored from its checkpoint): the whole model is the student (only the unfrozen
+    parameters train), head mlm."""
+    folder, checkpoints, state = records
+    batch_size, seed = options.batch_size, options.seed
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
                        vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
     rows = bucketed(data, batch_size, seed, f"memory:{corpus.source}")
-    return Run(options=options, feed=MaskingFeed(rows, tokenizer, seed), task=None,
-               student=Student(model, info, None, Heads(model, "mlm")), stages=[_stage(epochs, lr)], pairs=[[]],
-               device=str(device), batch_size=batch_size,
-               evaluator=HeldOut(data.dev, data.dev_arrays, batch_size, str(device)),
-               keeper=Keeper(records[0].path.parent, None, rows.url), checkpoints=records[0], metrics_log=records[1],
-               log=log,
-               on_step=(lambda record: on_step(record["step"])) if on_step else None)
+    return build_run(folder, checkpoints, state, options=options, feed=MaskingFeed(rows, tokenizer, seed), task=None,
+                     student=Student(model, info, None, Heads(model, "mlm")), stages=[_stage(epochs, lr)],
+                     pairs=[[]], device=str(device), batch_size=batch_size,
+                     evaluator=HeldOut(data.dev, data.dev_arrays, batch_size, str(device)),
+                     keeper=Keeper(folder.path, None, rows.url), log=log,
+                     on_step=(lambda record: on_step(record["step"])) if on_step else None)

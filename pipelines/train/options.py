@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
 _FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.train.precision)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -43,6 +45,12 @@ class TrainOptions:
     teacher: str | None = field(default=None, metadata=_NO)  # override of the store's teacher path (hash-checked)
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
+    # auto | fp32 | bf16 | fp16 (pipelines.train.precision). Not hashed as given ("auto" is no result): the
+    # resolved precision is recorded in the run's checkpoint identity and its summary
+    precision: str = field(default="auto", metadata=_NO)
+    # torch.compile the student's forward and the loss terms (None: eager); "reduce-overhead" captures CUDA
+    # graphs, which want static shapes (--pad-to-max-length). The same computation: not a result field
+    compile: str | None = field(default=None, metadata=_NO)
     workers: int = field(default=2, metadata=_NO)  # stream prefetch threads (the CLI's --read-threads)
     # torch CPU threads the CLI set for a CPU run (None: not set, or not a CPU run): recorded in the summary
     threads: int | None = field(default=None, metadata=_NO)
@@ -67,6 +75,10 @@ class TrainOptions:
         for name, low in at_least.items():
             flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"

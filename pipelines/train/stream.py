@@ -509,8 +509,16 @@ class StoreStream:
 # --- decoding on the training device ----------------------------------------------------------------
 def _to(array: np.ndarray, device) -> torch.Tensor:
     if array.dtype == np.uint16:  # token ids: move 2 bytes each, widen on the device (& undoes the sign)
-        return torch.from_numpy(array.view(np.int16)).to(device).long() & 0xFFFF
-    return torch.from_numpy(array).to(device)
+        return _copy(torch.from_numpy(array.view(np.int16)), device).long() & 0xFFFF
+    return _copy(torch.from_numpy(array), device)
+
+
+def _copy(tensor: torch.Tensor, device) -> torch.Tensor:
+    """To a CUDA device through pinned memory, without waiting for the copy (the caching host allocator
+    keeps the pinned block until the copy is done); elsewhere a plain copy (on the CPU: none)."""
+    if torch.device(device).type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 # bit b of byte value v, most significant first (np.packbits' order): [256, 8]

@@ -40,12 +40,13 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.run_state import MetricsLog
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
 from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, Student, TaskFeed, run_stages, work_state
+from pipelines.train.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions
+from pipelines.train.precision import resolve
+from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
 
@@ -186,16 +187,13 @@ def _run(work: Path, identity: dict, options: TrainOptions, source: Any, stages:
     info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
                        hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
                        vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
-    checkpoints = Checkpoints(work / "checkpoint" / "state.pt", identity)
-    state = work_state(checkpoints, log)
-    run = Run(options=options, feed=TaskFeed(source), task=task, student=Student(model, info, None, Heads(model)),
-              stages=stages, pairs=[[]], device=device, batch_size=options.batch_size,
-              evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
-              keeper=Keeper(work, task, source.store.url), checkpoints=checkpoints,
-              metrics_log=MetricsLog(work / "metrics.jsonl", state["progress"]["step"] if state else None),
-              log=log)
-    if state is not None:
-        run.restore(state)
+    folder = RunFolder(work, identity, own=True)  # the command's hidden sibling: another run's is started over
+    checkpoints, state = open_run(folder, options, device, log)
+    run = build_run(folder, checkpoints, state, options=options, feed=TaskFeed(source), task=task,
+                    student=Student(model, info, None, Heads(model)), stages=stages, pairs=[[]], device=device,
+                    batch_size=options.batch_size,
+                    evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
+                    keeper=Keeper(work, task, source.store.url), log=log)
     run_stages(run, state)
     return run
 
@@ -229,7 +227,7 @@ def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work:
         "epochs": settings["epochs"],
         "steps": run.position.global_step,
         **{k: settings[k] for k in ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
-                                   "device", "max_length", "torch_threads") if k in settings},
+                                   "device", "max_length", "torch_threads", "precision") if k in settings},
         "train_examples": len(train),
         "train_source": train.source,
         "train_fingerprint": train.fingerprint,
@@ -261,6 +259,7 @@ def fine_tune_teacher(
     warmup_ratio: float = 0.1,
     weight_decay: float = 0.01,
     max_grad_norm: float = 1.0,
+    precision: str = "auto",
     progress: bool = True,
     overwrite: bool = False,
     log: Callable[[str], Any] = print,
@@ -273,6 +272,8 @@ def fine_tune_teacher(
     `save_pretrained` model + tokenizer and hsk_teacher.json; returns that summary (its
     "dev_metrics" are those of the saved model).
 
+    `precision`: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (pipelines.train.precision).
+
     `out_dir` follows the output rule (hskstore.outputs): it must be new (or an empty folder), or a
     teacher folder with `overwrite`; the checkpoint is built in a hidden sibling and moved in whole,
     so an interrupted run leaves the old teacher (or nothing) at `out_dir`.
@@ -282,12 +283,13 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    limit=train_limit, eval_limit=eval_limit)  # named as the CLI names them
+    resolve(precision, str(device))  # a precision this device cannot run is refused before anything is written
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
     options = TrainOptions(method="finetune", batch_size=batch_size, weight_decay=weight_decay,
                            max_grad_norm=max_grad_norm or None, seed=seed, workers=0, progress=progress,
-                           log_every=1, eval_batch_size=batch_size * 2)
+                           log_every=1, eval_batch_size=batch_size * 2, precision=precision)
     max_length = max_length or task.max_length
     out = Path(out_dir)
     started = time.perf_counter()
@@ -305,7 +307,7 @@ def fine_tune_teacher(
     run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
-                "max_length": max_length, **_cpu_threads(device)}
+                "max_length": max_length, "precision": run.precision.name, **_cpu_threads(device)}
     summary = _card(task, base, base_hash, tokenizer, run, work, train, dev_sets, settings, log)
     summary["train_seconds"] = round(time.perf_counter() - started, 2)
     summary["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

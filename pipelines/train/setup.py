@@ -1,0 +1,70 @@
+"""One setup for every kind of training run around the one loop (pipelines.train.loop).
+
+`hsk train` (the task methods, and LightPAFF pre-training on a masked-LM store), `hsk teacher` and the
+masked-LM teacher each prepare their own parts (source, student, stages, evaluator); what surrounds the
+loop is the same for all and made here: the step's precision (and torch.compile, a TrainOptions field
+the loop reads), the checkpoint with the run's identity (precision included), the resume policy of the
+folder, the metrics log, and the `Run` restored from its checkpoint.
+
+Two resume policies, by whose folder the run writes into:
+- a user's run folder (`hsk train --out`): another run's checkpoint is refused in one line (the caller
+  decides about finished runs: pipelines.train.distill);
+- a command's own work folder (`hsk teacher`'s hidden sibling): another run's checkpoint is started over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.core.run_state import MetricsLog
+from pipelines.train.ddp import Ranks, SilentLog
+from pipelines.train.loop import Checkpoints, Run, work_state
+from pipelines.train.options import TrainOptions
+from pipelines.train.precision import Precision, resolve
+
+
+@dataclass
+class RunFolder:
+    """Where a run keeps its checkpoint and metrics.jsonl, and what a checkpoint there must share with the run
+    that resumes it (the precision is added to `identity`)."""
+
+    path: Path
+    identity: dict
+    state_file: str = "checkpoint/state.pt"
+    own: bool = False  # the command's own work folder: another run's checkpoint is started over, not refused
+
+    def checkpoints(self, options: TrainOptions, device: str) -> Checkpoints:
+        """The run's checkpoints, with its precision resolved for `device` (auto: bf16 on a GPU that has it)."""
+        precision = Precision.make(resolve(options.precision, device), device)
+        return Checkpoints(self.path / self.state_file, self.identity, precision)
+
+
+def open_run(folder: RunFolder, options: TrainOptions, device: str,
+             log: Callable[[str], Any]) -> tuple[Checkpoints, dict | None]:
+    """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
+    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.distill
+    calls that itself, as it also judges finished runs)."""
+    checkpoints = folder.checkpoints(options, device)
+    if folder.own:
+        return checkpoints, work_state(checkpoints, log)
+    return checkpoints, None
+
+
+def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Any,
+              task: Any, student: Any, stages: list, pairs: list, device: str, batch_size: int, evaluator: Any,
+              keeper: Any, log: Callable[[str], Any], on_step: Callable[[dict], Any] | None = None,
+              ranks: Ranks | None = None) -> Run:
+    """The loop's Run of any kind of training, restored from `state` (a checkpoint of this run) when given.
+    Rank 0 alone writes metrics.jsonl."""
+    ranks = ranks or Ranks()
+    metrics_log = (MetricsLog(folder.path / "metrics.jsonl", state["progress"]["step"] if state else None)
+                   if ranks.main else SilentLog())
+    run = Run(options=options, feed=feed, task=task, student=student, stages=stages, pairs=pairs, device=device,
+              batch_size=batch_size, evaluator=evaluator, keeper=keeper, checkpoints=checkpoints,
+              metrics_log=metrics_log, log=log, on_step=on_step, ranks=ranks)
+    if state is not None:
+        run.restore(state)
+    return run

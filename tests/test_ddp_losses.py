@@ -1,0 +1,100 @@
+"""Per-element losses under torchrun are the global batch's, whatever each rank holds (issue 34 item 8).
+
+The HSK loss averages over every kept element of the batch, and the ranks' slices keep different numbers
+of tokens (texts differ in length): a mean of the ranks' means weighs a rank with fewer tokens up, so
+2 ranks trained other weights than 1 process from step 1. Each rank's sum is now divided by the global
+count (pipelines.train.ddp.Ranks.mean_count). For mud's HSK stage, tinybert-att (attention rows and
+HSK), pkd-skip and pea (PTP, then KD + Patient KD), one process and 2 ranks (gloo, CPU) log the same
+step-1 loss and reach the same weights. The teacher (and so bert<k> / sps<k>) has no dropout, so the
+ranks' random masks cannot differ from one process's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_bert
+
+from hskstore.config import HSKConfig
+from pipelines.dump.stage import DumpOptions
+
+REPO = Path(__file__).resolve().parents[1]
+ATT = DumpOptions(config=HSKConfig.parse("2,4,0.5"), ref_student_layers=2, shard_rows=16, batch_size=16,
+                  progress=False, attention_rows=True)
+CLS = DumpOptions(config=HSKConfig.parse("3,1,1"), layers=[1, 2, 3], token_strategy="cls", shard_rows=16,
+                  batch_size=16, progress=False)
+COMMON = ["--batch-size", "16", "--seed", "5", "--max-steps", "2", "--log-every", "1", "--workers", "0",
+          "--no-progress", "--no-eval"]
+# method -> (store, its arguments)
+RUNS = {
+    "mud": ("att", ["--method", "mud", "--stages", "hsk", "--student", "bert2", "--lr-hsk", "1e-3"]),
+    "tinybert-att": ("att", ["--method", "tinybert-att", "--student", "bert2", "--lr-hsk", "1e-3", "--lr-pred",
+                             "1e-3"]),
+    "pkd-skip": ("cls", ["--method", "pkd-skip", "--student", "bert3", "--lr", "1e-3"]),
+    "pea": ("cls", ["--method", "pea", "--student", "sps1", "--lr", "1e-3", "--set", "ptp_lr=1e-3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, tiny_tokenizer, glue_dir) -> dict[str, str]:
+    from transformers import AutoTokenizer
+
+    from pipelines.dump.stage import dump
+
+    root = tmp_path_factory.mktemp("ddp_losses")
+    teacher = make_tiny_bert(num_layers=4, seed=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    teacher.save_pretrained(root / "teacher")
+    AutoTokenizer.from_pretrained(tiny_tokenizer).save_pretrained(root / "teacher")
+    out = {}
+    for name, options in (("att", ATT), ("cls", CLS)):
+        out[name] = str(root / f"{name}.zarr")
+        dump("sst2", options, teacher=str(root / "teacher"), out=out[name], data_dir=str(glue_dir), limit=48,
+             log=lambda *_: None)
+    return out
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _records(out: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(out / "checkpoint" / "state.pt", map_location="cpu", weights_only=False)
+    flat = {f"model.{k}": v for k, v in state["model"].items()}
+    flat.update({f"projection.{k}": v for k, v in (state.get("projection") or {}).items()})
+    return flat
+
+
+@pytest.mark.parametrize("method", sorted(RUNS))
+def test_one_process_and_two_ranks_give_the_same_loss_and_weights(method, stores, tmp_path):
+    store, args = RUNS[method]
+    argv = ["train", "--store", stores[store], "--out", "OUT", *args, *COMMON]
+    one, two = tmp_path / "one", tmp_path / "two"
+    alone = subprocess.run([sys.executable, "-m", "pipelines.cli", *[str(one) if a == "OUT" else a for a in argv]],
+                           env=_env(), capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ranked = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "pipelines.cli", *[str(two) if a == "OUT" else a for a in argv]],
+                            env=_env(), capture_output=True, text=True, timeout=300)
+    assert ranked.returncode == 0, ranked.stderr[-3000:]
+    curve = {r["step"]: r for r in _records(one) if r["type"] == "train"}
+    ranked_curve = {r["step"]: r for r in _records(two) if r["type"] == "train"}
+    assert curve.keys() == ranked_curve.keys() and 1 in curve
+    for step, record in curve.items():  # each term too: the per-element ones were the ranks' means before
+        assert ranked_curve[step]["loss"] == pytest.approx(record["loss"], rel=1e-5, abs=1e-8), step
+        assert ranked_curve[step]["terms"] == pytest.approx(record["terms"], rel=1e-5, abs=1e-8), step
+    a, b = _weights(one), _weights(two)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)  # as tests/test_ddp.py
