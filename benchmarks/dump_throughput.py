@@ -109,9 +109,9 @@ DATA_DIR = str(Path(__file__).resolve().parents[1].parent / "shared/data/glue")
 
 
 def resolved_precision(precision: str, device: str) -> str:
-    from pipelines.core.precision import resolve_precision
+    from pipelines.core.precision import resolve_forward
 
-    return resolve_precision(precision, device)
+    return resolve_forward(precision, device)
 
 
 def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", limit: int = 1024,

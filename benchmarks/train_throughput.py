@@ -39,6 +39,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 
 from hskstore.config import HSKConfig
 from hskstore.reader import open_store
+from pipelines.core.precision import StepPrecision, resolve_step
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.distill import train
@@ -46,7 +47,6 @@ from pipelines.train.loop import _adamw, param_groups
 from pipelines.train.losses import hsk_mse
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import layer_pairs
-from pipelines.train.precision import Precision, resolve
 from pipelines.train.sources import BatchMaker, open_offline
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import build_student
@@ -142,7 +142,7 @@ class InMemory:
         self.projection = info.projection.to(self.device) if info.projection is not None else None
         self.modules = [self.model] + ([self.projection] if self.projection is not None else [])
         self.optimizer = _adamw(param_groups(self.modules, 0.01), 5e-5, self.device)
-        self.precision = Precision.make(resolve(options.precision, self.device), self.device)
+        self.precision = StepPrecision.make(resolve_step(options.precision, self.device), self.device)
         self.forward = self._forward if options.compile is None else torch.compile(self._forward, mode=options.compile)
 
     def _forward(self, batch: dict) -> torch.Tensor:
@@ -306,7 +306,7 @@ def main() -> None:
             "teacher": "random BERT-base (12 layers, d 768)",
             "student": args.student,
             "student_init": next(iter(summaries.values()))["student_init"] if summaries else None,
-            "precision": resolve(args.precision, args.device),
+            "precision": resolve_step(args.precision, args.device),
             "compile": args.compile,
             "teacher_size": args.teacher_size,
             "batch_size": args.batch_size,

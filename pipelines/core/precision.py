@@ -1,19 +1,30 @@
-"""The arithmetic a teacher's forward runs in (`hsk dump --precision`): fp32, tf32, fp16 or bf16.
+"""Numeric precision, in one home: a teacher's forward (`hsk dump --precision`) and a training step
+(`hsk train`/`hsk teacher --precision`).
 
-A store records the precision its teacher ran in (hskstore.meta.TeacherRef.precision; absent in a
-store means fp32), because what the store keeps depends on it. `auto` resolves before anything is
+**The forward** runs in fp32, tf32, fp16 or bf16. A store records the precision its teacher ran in
+(hskstore.meta.TeacherRef.precision; absent in a store means fp32), because what the store keeps depends on it. `auto` resolves before anything is
 recorded: fp32 on a CPU (or MPS); on a CUDA GPU fp16 where its tensor cores take it (compute
 capability >= 7.0), else fp32. The basis (issue 35, one H200): fp16 runs a BERT-base forward 3.0x
 and a MiniLM one 1.8x faster than fp32, and moves the last layer's fp16-rounded hidden states by
 6.7e-4 (base) / 2.4e-4 (MiniLM) relative, a few times what storing them in fp16 already costs
 (1.8e-4) and far below what int8/4-bit values cost; bf16 moves them 8x more for no more speed. What
 that does to a student's accuracy has yet to be measured on a GPU (docs/guide/gpu-dump.md).
+
+**A training step** runs in fp32, or mixed precision: bf16, or fp16 with loss scaling. `auto` (the
+default) is bf16 on a CUDA GPU that supports it and fp32 everywhere else, so a CPU run computes exactly
+what it computed before mixed precision existed. bf16 and fp16 run the student's forward and the loss
+terms under `torch.autocast` (the weights, the optimiser state and the loss sums stay float32: the terms
+cast to float32 themselves); fp16 scales the loss against underflow (`torch.amp.GradScaler`), whose
+state a checkpoint keeps. The resolved precision is part of a run's identity (a checkpoint trained in
+bf16 is not resumed in fp32) and of its summary.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,7 +35,7 @@ AUTO = "auto"
 _AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def resolve_precision(requested: str | None, device: str) -> str:
+def resolve_forward(requested: str | None, device: str) -> str:
     """The precision `requested` means on `device` (auto resolved), or one line saying why it cannot run there."""
     requested = requested or AUTO
     if requested not in PRECISION.values:
@@ -65,3 +76,70 @@ def forward_precision(precision: str, device: str) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+# --- a training step ------------------------------------------------------------------------------------------
+# name -> the autocast dtype (None: no autocast)
+STEP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, **_AUTOCAST}
+
+
+def resolve_step(name: str | None, device: str) -> str:
+    """`auto` (or None) -> bf16 on a CUDA GPU that supports it, else fp32; a named precision as it is,
+    refused in one line where this device cannot run it."""
+    kind = torch.device(device).type
+    name = (name or "auto").lower()
+    if name != AUTO and name not in STEP_DTYPES:
+        raise ConfigError(f"--precision {name}: choose one of {', '.join((AUTO, *STEP_DTYPES))}")
+    if name == "auto":
+        return "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if name != "fp32" and kind not in ("cuda", "cpu"):
+        raise ConfigError(f"--precision {name} runs on a CUDA GPU or the CPU, not on {kind}: use --precision fp32")
+    if name == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--precision bf16: this GPU does not support bfloat16; use --precision fp16 (with loss "
+                          "scaling) or fp32")
+    return name
+
+
+@dataclass
+class StepPrecision:
+    """How a step runs: `autocast()` around the forward and the losses, `backward`, `unscale` before
+    gradient clipping and `step` (the scaler's under fp16)."""
+
+    name: str = "fp32"
+    device_type: str = "cpu"
+    scaler: Any = field(default=None, repr=False)
+
+    @classmethod
+    def make(cls, name: str, device: str) -> StepPrecision:
+        kind = torch.device(device).type
+        scaler = torch.amp.GradScaler(kind) if name == "fp16" else None
+        return cls(name, kind, scaler)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = STEP_DTYPES[self.name]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """The true gradients before clipping them (fp16: divided by the loss scale)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimiser's step; fp16: skipped where the scaled gradients overflowed, the scale adapted."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

@@ -68,7 +68,7 @@ from pipelines.core.models import (
     vocab_hash,
     weights_hash,
 )
-from pipelines.core.precision import FP32, forward_precision, resolve_precision
+from pipelines.core.precision import FP32, forward_precision, resolve_forward
 from pipelines.core.tasks import Task, check_task_fit, get_task
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
 from pipelines.dump.pipeline import (
@@ -140,7 +140,7 @@ class DumpOptions:
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
         check_device(self.device)
-        resolve_precision(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
+        resolve_forward(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
 
 
 def teacher_heads(model) -> int:
@@ -448,7 +448,7 @@ def plan_dump(
     if selection.attention_rows and not attention_row_layers(selection.to_dict()):
         raise ConfigError(f"--attention-rows keeps the rows of kept layers above the embeddings, but config "
                           f"{selection.config} keeps only teacher layers {list(selection.teacher_layers)}")
-    precision = resolve_precision(options.precision, options.device)
+    precision = resolve_forward(options.precision, options.device)
     meta = store_metadata(
         task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity,
         precision,

@@ -39,6 +39,7 @@ from hskstore.meta import StoreMeta
 from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
+from pipelines.core.precision import resolve_step
 from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
@@ -50,7 +51,6 @@ from pipelines.train.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
-from pipelines.train.precision import resolve
 from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import (
     Source,
@@ -355,7 +355,7 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
-    resolve(options.precision, device)  # a precision this device cannot run is refused before anything loads
+    resolve_step(options.precision, device)  # a precision this device cannot run is refused before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
     folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused

@@ -12,7 +12,7 @@ state, so a rerun resumes mid-stage and computes the very same losses as an unin
 older layout is refused in one line. A step reads nothing back from the device: its loss and terms stay
 there (pipelines.train.meter) until a step logs, evaluates or checkpoints, where a NaN or infinite loss
 since the last reading stops the run before anything is saved. The step's precision (and torch.compile)
-come from pipelines.train.precision and the run's options; pipelines.train.setup builds every kind of Run.
+come from pipelines.core.precision and the run's options; pipelines.train.setup builds every kind of Run.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from hskstore.config import ConfigError
+from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import (
     MetricsLog,
     atomic_save,
@@ -49,7 +50,6 @@ from pipelines.train.losses import TermInputs, weighted_sum
 from pipelines.train.meter import LossMeter, NonFiniteLoss
 from pipelines.train.options import TrainOptions
 from pipelines.train.pairs import LayerPair
-from pipelines.train.precision import Precision
 from pipelines.train.sources import BatchMaker, Source, stream_names
 from pipelines.train.stream import StoreStream
 from pipelines.train.students import StudentInfo
@@ -249,7 +249,7 @@ class Checkpoints:
 
     path: Path
     identity: dict
-    precision: Precision = field(default_factory=Precision)
+    precision: StepPrecision = field(default_factory=StepPrecision)
 
     @property
     def full_identity(self) -> dict:
@@ -389,7 +389,7 @@ class Run:
     ranks: Ranks = field(default_factory=Ranks)
 
     @property
-    def precision(self) -> Precision:
+    def precision(self) -> StepPrecision:
         return self.checkpoints.precision
 
     def restore(self, state: dict) -> None:

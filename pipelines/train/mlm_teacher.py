@@ -38,6 +38,7 @@ from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
 from pipelines.core.output_kinds import TEACHER
+from pipelines.core.precision import resolve_step
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.registry import Stage, Term
@@ -45,7 +46,6 @@ from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages
 from pipelines.train.options import TrainOptions
-from pipelines.train.precision import resolve
 from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import ShardedRows
 from pipelines.train.stream import StoreStream
@@ -254,7 +254,7 @@ def train_mlm_teacher(
     `on_step(step)` is called after every optimizer step. `precision`: as `hsk train --precision`.
     """
     out = Path(out)
-    resolve(precision, str(device))  # a precision this device cannot run is refused before anything is written
+    resolve_step(precision, str(device))  # a precision this device cannot run is refused before anything is written
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
     TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()

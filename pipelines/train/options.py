@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
 _FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.train.precision)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
@@ -45,7 +45,7 @@ class TrainOptions:
     teacher: str | None = field(default=None, metadata=_NO)  # override of the store's teacher path (hash-checked)
     expect_store: str | None = field(default=None, metadata=_NO)  # refuse unless the store's content address
     device: str | None = field(default=None, metadata=_NO)
-    # auto | fp32 | bf16 | fp16 (pipelines.train.precision). Not hashed as given ("auto" is no result): the
+    # auto | fp32 | bf16 | fp16 (pipelines.core.precision). Not hashed as given ("auto" is no result): the
     # resolved precision is recorded in the run's checkpoint identity and its summary
     precision: str = field(default="auto", metadata=_NO)
     # torch.compile the student's forward and the loss terms (None: eager); "reduce-overhead" captures CUDA

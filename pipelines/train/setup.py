@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.precision import StepPrecision, resolve_step
 from pipelines.core.run_state import MetricsLog
 from pipelines.train.ddp import Ranks, SilentLog
 from pipelines.train.loop import Checkpoints, Run, work_state
 from pipelines.train.options import TrainOptions
-from pipelines.train.precision import Precision, resolve
 
 
 @dataclass
@@ -38,7 +38,7 @@ class RunFolder:
 
     def checkpoints(self, options: TrainOptions, device: str) -> Checkpoints:
         """The run's checkpoints, with its precision resolved for `device` (auto: bf16 on a GPU that has it)."""
-        precision = Precision.make(resolve(options.precision, device), device)
+        precision = StepPrecision.make(resolve_step(options.precision, device), device)
         return Checkpoints(self.path / self.state_file, self.identity, precision)
 
 

@@ -49,7 +49,7 @@ class RunSummary:
     # Recorded, not part of the run's identity: like the rank count, it changes the last bits, and a run
     # resumes under another count (elastic resume) with results equal to rounding.
     torch_threads: int | None = None
-    precision: str = "fp32"  # the step's precision, resolved (pipelines.train.precision; older runs: fp32)
+    precision: str = "fp32"  # the step's precision, resolved (pipelines.core.precision; older runs: fp32)
     compile: str | None = None  # torch.compile's mode of the step (--compile), None: eager
     warnings: list[str] = field(default_factory=list)
 

@@ -40,12 +40,12 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.output_kinds import TEACHER
+from pipelines.core.precision import resolve_step
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
 from pipelines.train.heads import Heads
 from pipelines.train.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
 from pipelines.train.options import TrainOptions
-from pipelines.train.precision import resolve
 from pipelines.train.setup import RunFolder, build_run, open_run
 from pipelines.train.sources import memory_source
 from pipelines.train.students import StudentInfo
@@ -272,7 +272,7 @@ def fine_tune_teacher(
     `save_pretrained` model + tokenizer and hsk_teacher.json; returns that summary (its
     "dev_metrics" are those of the saved model).
 
-    `precision`: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (pipelines.train.precision).
+    `precision`: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (pipelines.core.precision).
 
     `out_dir` follows the output rule (hskstore.outputs): it must be new (or an empty folder), or a
     teacher folder with `overwrite`; the checkpoint is built in a hidden sibling and moved in whole,
@@ -283,7 +283,7 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    limit=train_limit, eval_limit=eval_limit)  # named as the CLI names them
-    resolve(precision, str(device))  # a precision this device cannot run is refused before anything is written
+    resolve_step(precision, str(device))  # a precision this device cannot run is refused before anything is written
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
