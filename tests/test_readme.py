@@ -84,7 +84,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_has_the_commands_it_promises():
     """The README's first flow goes from a teacher to an evaluated student; the guide covers the rest."""
-    assert [args[0] for args in hsk_commands()] == ["quickstart", "teacher", "dump", "info", "train", "eval"]
+    assert [args[0] for args in hsk_commands()] == ["quickstart", "doctor", "teacher", "dump", "info", "train", "eval"]
     commands = [args for page in RUN_PAGES for args in hsk_commands(page_text(page), spans=False)]
     names = {args[0] for args in commands}
     assert {"teacher", "dump", "info", "verify", "train", "eval", "derive", "sweep", "report", "quickstart"} <= names
