@@ -18,6 +18,8 @@ from hskstore import codecs
 from hskstore.codecs import int4, mxfp4, nf3
 from hskstore.codecs.layout import GROUP, n_groups
 
+# Small constant tensors, made once per device: building one from host data is a blocking copy on CUDA,
+# which would stall the queue of device work the dump and the loader rely on.
 _ON_DEVICE: dict[tuple, torch.Tensor] = {}
 
 

@@ -31,6 +31,7 @@ from hskstore.config import Selection
 from hskstore.schema import layer_names
 from hskstore.selection import attention_scores, static_width_indices
 from pipelines.core import codecs_torch
+from pipelines.core.codecs_torch import cached, const  # constants made once per device (no blocking copy)
 from pipelines.dump.attention_scores import query_key_scores
 from pipelines.dump.probe import ProbeOutput
 
@@ -41,21 +42,6 @@ FP16_MAX = float(np.finfo(np.float16).max)
 NUMPY_KERNELS_ON_CPU = True
 
 
-# Small constant tensors, made once per device: building one from host data is a blocking copy
-# on CUDA, which would stall the queue of device work the dump relies on.
-_ON_DEVICE: dict[tuple, torch.Tensor] = {}
-
-
-def _cached(key: tuple, device: torch.device, make) -> torch.Tensor:
-    found = _ON_DEVICE.get((*key, str(device)))
-    if found is None:
-        found = _ON_DEVICE[(*key, str(device))] = make().to(device)
-    return found
-
-
-def _const(value: float, like: torch.Tensor) -> torch.Tensor:
-    """A 0-dim float32 tensor on `like`'s device: dividing by it is a true IEEE division everywhere."""
-    return _cached(("const", value), like.device, lambda: torch.tensor(value, dtype=torch.float32))
 
 
 # --- length selection ---------------------------------------------------------------------------------
@@ -78,8 +64,8 @@ def pre_softmax_scores(cls_rows: torch.Tensor, lengths: torch.Tensor) -> torch.T
     total = rows[:, 0].clone()
     for h in range(1, rows.shape[1]):  # numpy adds the heads in order; a tree sum would round differently
         total += rows[:, h]
-    mean = total / _const(rows.shape[1], total)
-    return torch.where(valid, mean, _const(-math.inf, mean))
+    mean = total / const(rows.shape[1], total)
+    return torch.where(valid, mean, const(-math.inf, mean))
 
 
 def ranking_scores(cls_rows: torch.Tensor, lengths: torch.Tensor, lengths_np: np.ndarray, kind: str):
@@ -93,14 +79,14 @@ def ranking_scores(cls_rows: torch.Tensor, lengths: torch.Tensor, lengths_np: np
 def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, strategy: str):
     """hskstore.selection.rank_tokens on tensors: (positions [B, N^L] int16, scores [B, N^L] float32)."""
     batch, length = scores.shape
-    inf = _const(math.inf, scores)
+    inf = const(math.inf, scores)
     if strategy in ("att", "att-nosep"):
         key = torch.where(eligible, -scores, inf) + 0.0  # + 0.0 folds -0.0 into +0.0: equal keys stay equal
     elif strategy == "left":
         key = torch.where(eligible, torch.arange(length, device=scores.device, dtype=torch.float32)[None, :], inf)
     elif strategy == "cls":
         key = torch.full((batch, length), math.inf, device=scores.device)
-        key[:, 0] = torch.where(eligible[:, 0], _const(0.0, scores), inf)
+        key[:, 0] = torch.where(eligible[:, 0], const(0.0, scores), inf)
     else:
         from hskstore.config import ConfigError
 
@@ -115,7 +101,7 @@ def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, str
         order = torch.nn.functional.pad(order, (0, pad))
         taken = torch.nn.functional.pad(taken, (0, pad), value=False)
     positions = torch.where(taken, order, -1).to(torch.int16)
-    kept = torch.where(taken, scores.gather(1, order), _const(0.0, scores))
+    kept = torch.where(taken, scores.gather(1, order), const(0.0, scores))
     return positions, kept
 
 
@@ -134,7 +120,7 @@ def kept_indices(vectors: torch.Tensor, n_width: int, strategy: str, seed: int) 
     """Indices [..., N^W] (increasing) of the activations each vector keeps (hskstore.selection.width_mask)."""
     d = vectors.shape[-1]
     if strategy != "mag":
-        idx = _cached(("static", strategy, d, n_width, seed), vectors.device,
+        idx = cached(("static", strategy, d, n_width, seed), vectors.device,
                       lambda: torch.from_numpy(static_width_indices(strategy, d, n_width, seed)))
         return idx.expand(*vectors.shape[:-1], n_width)
     if n_width >= d:
@@ -163,7 +149,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """[..., d] bool -> [..., ceil(d/8)] uint8, byte for byte numpy.packbits(mask, axis=-1)."""
     d = mask.shape[-1]
     bits = torch.nn.functional.pad(mask.to(torch.uint8), (0, -d % 8))
-    weights = _cached(("bits",), mask.device, lambda: torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8))
+    weights = cached(("bits",), mask.device, lambda: torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8))
     return (bits.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
 
 
@@ -177,7 +163,7 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, le
     scores = query_key_scores(rows, k, num_heads)  # the reference's own function: the same bits on any device
     keys = torch.arange(t, device=k.device)[None, :] < lengths[:, None]
     keep = (positions >= 0)[:, None, :, None] & keys[:, None, None, :]
-    kept = torch.where(keep, scores.clamp(-FP16_MAX, FP16_MAX), _const(0.0, scores)).to(torch.float16)
+    kept = torch.where(keep, scores.clamp(-FP16_MAX, FP16_MAX), const(0.0, scores)).to(torch.float16)
     return torch.nn.functional.pad(kept, (0, max_length - t))
 
 
