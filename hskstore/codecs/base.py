@@ -14,6 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, ClassVar
 
 from ..errors import UserError
+from ..plugins import CODECS, Plugin, PluginError, plugins
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,6 +83,9 @@ class Declared:
 
 _DECLARED: dict[str, Declared] = {}
 _LOADED: dict[str, ValueCodec] = {}
+_INSTALLED: dict[str, Plugin] = {}  # codec name -> the `hsk.codecs` entry point that declares it
+_CLASHES: dict[str, Plugin] = {}  # names an installed package declares that hsk already has
+_PLUGINS_FOUND = False
 
 
 def declare(name: str, module: str, help: str = "") -> None:
@@ -95,26 +99,68 @@ def register(codec: ValueCodec, help: str = "") -> None:
     _LOADED[codec.name] = codec
 
 
+def find_plugins() -> None:
+    """Declare the codecs of installed packages (entry point group `hsk.codecs`, hskstore.plugins), once.
+
+    Only the entry points' metadata is read here: a plugin's module is imported on the first `get` of
+    its name, like a built-in codec's, so a broken one fails only the commands that use it. An entry
+    point names its codec (`int3 = "my_pkg.int3"`): a module whose CODEC is the instance, or a
+    `module:attribute` that is. A name hsk already has is refused when looked up."""
+    global _PLUGINS_FOUND
+    if _PLUGINS_FOUND:
+        return
+    _PLUGINS_FOUND = True
+    for plugin in plugins(CODECS):
+        if plugin.name in _DECLARED:
+            _CLASHES[plugin.name] = plugin
+        else:
+            _DECLARED[plugin.name] = Declared(plugin.name, plugin.value, f"from {plugin.package}")
+            _INSTALLED[plugin.name] = plugin
+
+
 def names() -> tuple[str, ...]:
-    """Registered codec names, in registration order (float16 first: the default)."""
+    """Registered codec names, in registration order (float16 first: the default), installed ones last."""
+    find_plugins()
     return tuple(_DECLARED)
 
 
 def declared() -> tuple[Declared, ...]:
+    find_plugins()
     return tuple(_DECLARED.values())
 
 
 def get(name: str) -> ValueCodec:
     """The codec registered as `name`; UnknownCodecError (a user error) for any other name."""
     if name not in _LOADED:
+        find_plugins()
+        if name in _CLASHES:
+            plugin = _CLASHES[name]
+            raise PluginError(f"the {CODECS} extension {name!r} of {plugin.package} ({plugin.value}) names a value "
+                              f"codec hsk already has; uninstall {plugin.package.split()[0]}")
         if name not in _DECLARED:
             raise UnknownCodecError(f"unknown value dtype {name!r}; choose one of {', '.join(_DECLARED)}")
-        where = _DECLARED[name].module
-        codec = import_module(where if "." in where else f"{__package__}.{where}").CODEC
-        if codec.name != name:
-            raise TypeError(f"module {where} declares codec {codec.name!r}, registered as {name!r}")
-        _LOADED[name] = codec
+        _LOADED[name] = _installed(name) if name in _INSTALLED else _built_in(name)
     return _LOADED[name]
+
+
+def _built_in(name: str) -> ValueCodec:
+    where = _DECLARED[name].module
+    codec = import_module(where if "." in where else f"{__package__}.{where}").CODEC
+    if codec.name != name:
+        raise TypeError(f"module {where} declares codec {codec.name!r}, registered as {name!r}")
+    return codec
+
+
+def _installed(name: str) -> ValueCodec:
+    plugin = _INSTALLED[name]
+    loaded = plugin.load()  # PluginError, naming the package, when its import fails
+    codec = getattr(loaded, "CODEC", loaded)
+    if not isinstance(codec, ValueCodec) or codec.name != name:
+        what = f"codec {codec.name!r}" if isinstance(codec, ValueCodec) else f"a {type(codec).__name__}"
+        raise PluginError(f"the {CODECS} extension {name!r} of {plugin.package} ({plugin.value}) gives {what}, not "
+                          f"a ValueCodec named {name!r} (docs/guide/adding-a-codec.md); update or uninstall "
+                          f"{plugin.package.split()[0]}")
+    return codec
 
 
 def can_convert(source: str, target: str) -> bool:
