@@ -60,6 +60,9 @@ class Lut:
     mids: np.ndarray = field(init=False, repr=False)  # float32 midpoints between consecutive levels
     ties_up: np.ndarray = field(init=False, repr=False)  # bool, per midpoint: a tie takes the upper level
     top: np.float32 = field(init=False, repr=False)  # largest |level|
+    # the levels are consecutive integers from this one, and rounding them is np.rint's (ties to the even
+    # value: the even code): the nearest level is then rint(x) clipped, no search (int4); else None
+    rint_from: int | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         values = np.asarray(self.values, dtype=np.float32)
@@ -73,6 +76,9 @@ class Lut:
         object.__setattr__(self, "mids", ((grid[1:] + grid[:-1]) / 2).astype(np.float32))
         object.__setattr__(self, "ties_up", (levels[1:] % 2 == 0) & (self.ties == "even"))
         object.__setattr__(self, "top", np.float32(np.abs(grid).max()))
+        consecutive = (grid == grid[0] + np.arange(len(grid))).all() and grid[0] == int(grid[0])
+        even = self.ties == "even" and (levels % 2 == grid.astype(np.int64) % 2).all()
+        object.__setattr__(self, "rint_from", int(grid[0]) if consecutive and even else None)
 
     def n_bytes(self, n: int) -> int:
         return -(-self.bits * n // 8)
@@ -111,7 +117,9 @@ def block_of(bits: int) -> tuple[int, int]:
 
 
 def _pow2(exp: np.ndarray) -> np.ndarray:
-    return np.ldexp(np.float32(1), exp.astype(np.int32)).astype(np.float32)
+    """2^exp float32, exactly (e8m0's byte 255, never written, is 2^128: inf, as before)."""
+    with np.errstate(over="ignore"):
+        return np.ldexp(np.float32(1), exp.astype(np.int32)).astype(np.float32)
 
 
 def scale_of(kind: str, peak: np.ndarray, top: np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +151,9 @@ def scale_value(kind: str, stored: np.ndarray) -> np.ndarray:
 
 def nearest_level(lut: Lut, x: np.ndarray) -> np.ndarray:
     """Index into lut.levels of the level nearest each x (ties as lut.ties; beyond the grid: its ends)."""
+    low = lut.rint_from
+    if low is not None:
+        return (np.clip(np.rint(x), low, low + len(lut.levels) - 1) - low).astype(np.int64)
     idx = np.searchsorted(lut.mids, x, side="left")
     at = np.minimum(idx, len(lut.mids) - 1)
     return np.where((idx < len(lut.mids)) & lut.ties_up[at] & (x == lut.mids[at]), idx + 1, idx)

@@ -107,28 +107,37 @@ def _power_of_two(exp: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
+def _word_type(nbytes: int) -> torch.dtype:
+    return torch.int32 if nbytes <= 3 else torch.int64  # a block of up to 24 bits fits an int32's 31
+
+
+def _shifts(step: int, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return cached(("shifts", step, count, dtype), device, lambda: step * torch.arange(count, dtype=dtype))
+
+
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """hskstore.codecs.lut.pack_codes on tensors: `bits`-bit codes, little-endian, ceil(bits n / 8) bytes."""
     per, nbytes = lut.block_of(bits)
+    word_type = _word_type(nbytes)
     n = codes.shape[-1]
-    c = torch.nn.functional.pad(codes.to(torch.int64), (0, -n % per)).view(*codes.shape[:-1], -(-n // per), per)
-    shifts = cached(("code shifts", bits), codes.device, lambda: bits * torch.arange(per, dtype=torch.int64))
-    word = (c << shifts).sum(-1)
-    at = cached(("byte shifts", nbytes), codes.device, lambda: 8 * torch.arange(nbytes, dtype=torch.int64))
-    out = ((word.unsqueeze(-1) >> at) & 0xFF).to(torch.uint8)
+    c = torch.nn.functional.pad(codes.to(word_type), (0, -n % per)).view(*codes.shape[:-1], -(-n // per), per)
+    word = (c << _shifts(bits, per, word_type, codes.device)).sum(-1, dtype=word_type)
+    out = ((word.unsqueeze(-1) >> _shifts(8, nbytes, word_type, codes.device)) & 0xFF).to(torch.uint8)
     return out.flatten(-2)[..., : -(-bits * n // 8)]
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, n: int | None = None) -> torch.Tensor:
-    """hskstore.codecs.lut.unpack_codes on tensors: the codes [..., n] int64 (n=None: every code held)."""
+    """hskstore.codecs.lut.unpack_codes on tensors: the codes [..., n] (int32 or int64; n=None: every code)."""
     per, nbytes = lut.block_of(bits)
+    word_type = _word_type(nbytes)
     size = packed.shape[-1]
-    blocks = -(-size // nbytes)  # explicit: a view of no rows cannot infer it
-    b = torch.nn.functional.pad(packed.to(torch.int64), (0, -size % nbytes)).view(*packed.shape[:-1], blocks, nbytes)
-    at = cached(("byte shifts", nbytes), packed.device, lambda: 8 * torch.arange(nbytes, dtype=torch.int64))
-    word = (b << at).sum(-1)
-    shifts = cached(("code shifts", bits), packed.device, lambda: bits * torch.arange(per, dtype=torch.int64))
-    codes = ((word.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).flatten(-2)
+    if nbytes == 1:  # whole codes per byte (8, 4, 2 or 1 bits): no words to build
+        word = packed.to(word_type)
+    else:
+        blocks = -(-size // nbytes)  # explicit: a view of no rows cannot infer it
+        b = torch.nn.functional.pad(packed.to(word_type), (0, -size % nbytes)).view(*packed.shape[:-1], blocks, nbytes)
+        word = (b << _shifts(8, nbytes, word_type, packed.device)).sum(-1, dtype=word_type)
+    codes = ((word.unsqueeze(-1) >> _shifts(bits, per, word_type, packed.device)) & ((1 << bits) - 1)).flatten(-2)
     return codes[..., : n if n is not None else 8 * size // bits]
 
 
@@ -176,14 +185,21 @@ class LutTwin(TorchCodec):
         table = self.lut
         groups = grouped(values, table.scale.group)
         stored, divisor = scale_of(table.scale.kind, groups.abs().amax(dim=-1), float(table.top))
-        x = (groups / divisor.unsqueeze(-1)).contiguous()
-        mids = self._table("mids", x.device, table.mids)
-        idx = torch.searchsorted(mids, x, side="left")
-        at = idx.clamp(max=len(table.mids) - 1)
-        ties_up = self._table("ties", x.device, table.ties_up)
-        idx = torch.where((idx < len(table.mids)) & ties_up[at] & (x == mids[at]), idx + 1, idx)
-        codes = self._table("levels", x.device, np.asarray(table.levels, dtype=np.int64))[idx]
+        idx = self._nearest((groups / divisor.unsqueeze(-1)).contiguous())
+        codes = self._table("levels", idx.device, np.asarray(table.levels, dtype=np.int64))[idx]
         return pack_codes(codes.flatten(-2)[..., : values.shape[-1]], table.bits), stored
+
+    def _nearest(self, x: torch.Tensor) -> torch.Tensor:
+        """hskstore.codecs.lut.nearest_level on tensors."""
+        table = self.lut
+        if table.rint_from is not None:  # consecutive integer levels: torch.round is np.rint (ties to even)
+            low = table.rint_from
+            return (torch.round(x).clamp(low, low + len(table.levels) - 1) - low).to(torch.int64)
+        idx = torch.searchsorted(self._table("mids", x.device, table.mids), x, side="left")
+        # a value exactly on a midpoint whose tie goes up moves up one level: the midpoints that do, NaN
+        # (never equal) at the others and past the last, so one lookup decides
+        ties = self._table("ties", x.device, np.append(np.where(table.ties_up, table.mids, np.nan), np.nan))
+        return idx + (x == ties[idx])
 
     def decode(self, values: torch.Tensor, scale: torch.Tensor, n_width: int | None = None) -> torch.Tensor:
         table = self.lut
