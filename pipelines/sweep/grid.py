@@ -53,7 +53,7 @@ def _candidates(sel: Selection) -> list[HSKConfig]:
 def _widths(sel: Selection) -> list[float]:
     """The width ratios a source can be narrowed to, one per distinct N^W."""
     src = sel.config
-    if sel.width_strategy == "uniform" or sel.value_dtype != "float16":
+    if sel.width_strategy == "uniform" or not codecs.get(sel.value_dtype).lossless:
         widths = [src.width]  # uniform masks do not nest; quantised codes cannot be re-ranked narrower
     else:
         widths = sorted({w for w in WIDTH_MENU if w <= src.width} | {src.width})
