@@ -7,7 +7,9 @@
 
 Each line below is one codec's registration: its name (what `--values` takes and a store records),
 its module (imported on first use; its CODEC is the instance) and the CLI's words for it. The order
-is the CLI's; the first is the default. docs/guide/adding-a-codec.md says how to add one.
+is the CLI's; the first is the default. Installed packages add theirs through the entry point group
+`hsk.codecs` (base.find_plugins). A codec that a `lut.Lut` describes (int4, mxfp4, nf3) needs no
+device code. docs/guide/adding-a-codec.md says how to add one.
 """
 
 from .base import (
