@@ -6,7 +6,7 @@
 The 1,000 stores are fakes made by copying one real store's metadata tree (every file but the
 chunks: root zarr.json, card, croissant.json, each array's zarr.json), 10 folders of 100, the way a
 team's bucket nests them. The catalog reads root metadata only, so a fake lists exactly as the real
-store would. Each round times, alternately: the library call (`hskstore.catalog.catalog`, what the
+store would. Each round times, alternately: the library call (`hskstore.share.catalog.catalog`, what the
 goal is about), the whole CLI (`hsk catalog DIR --json`: Python start-up and imports included) and
 the HTML page's rendering. Every round is reported, with the load average: the machine is shared.
 """
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hskstore.catalog import catalog, render_html
+from hskstore.share.catalog import catalog, render_html
 
 
 def metadata_files(store: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""`hskstore.catalog.catalog` over N fake stores, timed in two source trees alternately (before/after a change).
+"""`hskstore.share.catalog.catalog` over N fake stores, timed in two source trees alternately (before/after a change).
 
     python benchmarks/catalog_trees.py --trees /work/main . --n 1000 --rounds 5
 
@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 TIMER = """
 import statistics, sys, time
-from hskstore.catalog import catalog
+from hskstore.share.catalog import catalog
 times = []
 for _ in range(4):
     start = time.perf_counter(); found = catalog([sys.argv[1]]); times.append(time.perf_counter() - start)
@@ -35,7 +35,7 @@ def build_store(out: Path) -> None:
     sys.path.insert(0, str(HERE / "tests"))
     from test_store import make_meta, shard_arrays
 
-    from hskstore.writer import StoreWriter
+    from hskstore.io.writer import StoreWriter
 
     meta = make_meta(n_rows=8)
     with StoreWriter.open(str(out), meta) as writer:

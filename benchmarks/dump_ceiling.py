@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.core.tasks import get_task
 from pipelines.dump import pipeline, stage
 from pipelines.dump.probe import ProbeOutput, TeacherProbe

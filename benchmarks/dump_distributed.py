@@ -33,8 +33,8 @@ from dump_throughput import host_side_ms_per_example, make_teacher
 from transformers import BertTokenizerFast
 
 from hskstore import open_store
-from hskstore.config import HSKConfig
-from hskstore.info import storage_report
+from hskstore.format.config import HSKConfig
+from hskstore.io.info import storage_report
 from pipelines.core.data import load_examples
 from pipelines.core.tasks import get_task
 from pipelines.dump.distributed import dump_distributed

@@ -23,7 +23,7 @@ import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from benchmarks.dump_throughput import DATA_DIR, bare_forward, make_teacher
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.core.data import load_examples
 from pipelines.core.tasks import get_task
 from pipelines.core.tokenize import encode

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import load_examples
 from pipelines.core.tasks import get_task

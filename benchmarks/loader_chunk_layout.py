@@ -22,7 +22,7 @@ from pathlib import Path
 from loader_throughput import build  # benchmarks/ is on sys.path when run as a script
 
 from hskstore import open_store
-from hskstore.digest import shard_digest
+from hskstore.format.digest import shard_digest
 
 
 def read_hsk(store) -> None:

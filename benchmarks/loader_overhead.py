@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hskstore import codec, open_store
-from hskstore.config import HSKConfig, Selection
-from hskstore.schema import array_specs, make_layout
-from hskstore.writer import StoreWriter
+from hskstore import open_store
+from hskstore.format import codec
+from hskstore.format.config import HSKConfig, Selection
+from hskstore.format.schema import array_specs, make_layout
+from hskstore.io.writer import StoreWriter
 from pipelines.train.stream import StoreStream, decode_batch
 
 D, T, VOCAB = 768, 128, 30522

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from hskstore import open_store
-from hskstore.schema import make_layout
-from hskstore.writer import StoreWriter
+from hskstore.format.schema import make_layout
+from hskstore.io.writer import StoreWriter
 from pipelines.train.stream import StoreStream, decode_batch
 
 

@@ -36,9 +36,9 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle
 
-from hskstore import codec
-from hskstore.reader import open_store
-from hskstore.selection import width_mask
+from hskstore.format import codec
+from hskstore.io.reader import open_store
+from hskstore.method.selection import width_mask
 
 WIDTHS = (0.1, 0.2, 0.3, 0.5)
 SHARD_ROWS, CHUNK_ROWS = 1024, 256

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hskstore.reader import HSKStore, open_store
-from hskstore.schema import array_specs
-from hskstore.writer import StoreWriter
+from hskstore.format.schema import array_specs
+from hskstore.io.reader import HSKStore, open_store
+from hskstore.io.writer import StoreWriter
 
 
 def build(source: str, out: str, shards: int) -> None:

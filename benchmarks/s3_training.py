@@ -34,7 +34,7 @@ from latency_proxy import LatencyProxy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from s3_server import BUCKET, start_s3_server  # noqa: E402
 
-from hskstore.config import HSKConfig  # noqa: E402
+from hskstore.format.config import HSKConfig  # noqa: E402
 from pipelines.dump.stage import DumpOptions, dump  # noqa: E402
 from pipelines.train.distill import TrainOptions, train  # noqa: E402
 

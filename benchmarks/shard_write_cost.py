@@ -4,7 +4,7 @@
     python benchmarks/shard_write_cost.py --store /tmp/q.zarr --json benchmarks/results/shard_write_cost.json
 
 Every shard of STORE is read once, then written again into a fresh store with StoreWriter, once per
-arm and round, arms alternated: `hsk` (hskstore/shard_codec.py encodes each shard's object) and
+arm and round, arms alternated: `hsk` (hskstore/format/shard_codec.py encodes each shard's object) and
 `zarr` (the writer's shard layouts switched off: `array[start:stop] = data`, zarr's async pipeline).
 Reported: CPU microseconds per example (the process's CPU time, every thread) and wall, and the
 Blosc-only cost of the same inner chunks on one thread, the floor both arms pay.
@@ -24,8 +24,8 @@ import numcodecs.blosc
 import numpy as np
 
 from hskstore import open_store
-from hskstore.shard_codec import ShardLayout
-from hskstore.writer import StoreWriter
+from hskstore.format.shard_codec import ShardLayout
+from hskstore.io.writer import StoreWriter
 
 DERIVED_FIELDS = ("checksums", "manifest", "complete", "identity", "stored_bytes", "inputs_hash",
                   "format_version", "created", "software_version")

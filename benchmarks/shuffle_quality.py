@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hskstore.schema import array_specs
+from hskstore.format.schema import array_specs
 from pipelines.train.stream import CANONICAL_STREAMS, global_plan, rank_slice
 
 

@@ -28,7 +28,7 @@ import torch
 from loader_overhead import D, build_store  # benchmarks/ is on sys.path when run as a script
 
 from hskstore import open_store
-from hskstore.digest import shard_digest
+from hskstore.format.digest import shard_digest
 from pipelines.train.stream import StoreStream, decode_batch
 
 

@@ -5,7 +5,7 @@
 
 Dumps the teacher once at a generous config (every layer of a 4-layer reference student, 16
 tokens, full width), derives each config in float16, int8, int4 and mxfp4 (derive is exact: the
-same arrays a direct dump writes), and reports, from `hskstore.info.storage_report`: bytes per
+same arrays a direct dump writes), and reports, from `hskstore.io.info.storage_report`: bytes per
 kept HSK value (values, masks, positions, scores and scales included, and each part alone) and
 the ratio against the paper's format (4 bytes per kept value + 1 byte per mask element, no mask
 at full width). Writes benchmarks/results/storage.json and prints a markdown table.
@@ -19,10 +19,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hskstore.config import HSKConfig
-from hskstore.derive import derive
-from hskstore.info import storage_report
-from hskstore.reader import open_store
+from hskstore.format.config import HSKConfig
+from hskstore.io.info import storage_report
+from hskstore.io.reader import open_store
+from hskstore.share.derive import derive
 from pipelines.dump.stage import DumpOptions, dump
 
 CONFIGS = ["1,9,0.1", "5,2,0.3", "3,8,0.2", "5,16,1"]

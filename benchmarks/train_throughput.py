@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-from hskstore.config import HSKConfig
-from hskstore.reader import open_store
+from hskstore.format.config import HSKConfig
+from hskstore.io.reader import open_store
 from pipelines.core.precision import StepPrecision, resolve_step
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump

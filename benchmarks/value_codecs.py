@@ -35,7 +35,7 @@ import numpy as np
 
 from hskstore import codecs
 from hskstore.codecs import int4, layout, mxfp4
-from hskstore.selection import width_mask
+from hskstore.method.selection import width_mask
 
 try:  # run as a script (python benchmarks/value_codecs.py) or as a module
     from mask_codecs import load_vectors, stored_bytes

@@ -5,7 +5,7 @@
     shard = store.read_shard(0)              # dict of arrays, checked against its digests
     dense = store.dense(shard, store.layers[0])   # [n, N^L, d] zero-filled teacher vectors
 
-For analysis, hskstore.view gives every kept layer's dense vectors for chosen rows as numpy arrays
+For analysis, hskstore.io.view gives every kept layer's dense vectors for chosen rows as numpy arrays
 (`dense_view`) or an xarray.Dataset (`dense_dataset`); docs/guide/zarr-tools.md opens a store with
 zarr and xarray alone.
 """
@@ -15,19 +15,18 @@ from typing import TYPE_CHECKING
 
 from .version import __version__
 
-# Names resolved on first use (PEP 562), so `import hskstore.errors` or `hskstore.config` does not load
+# Names resolved on first use (PEP 562), so `import hskstore.errors` or `hskstore.format.config` does not load
 # zarr: the CLI imports those to parse arguments and refuse bad ones before anything heavy loads.
 _EXPORTS = {
-    "ConfigError": "config", "HSKConfig": "config", "Selection": "config",
+    "ConfigError": "format.config", "HSKConfig": "format.config", "Selection": "format.config",
     "CorruptStoreError": "errors", "IncompleteStoreError": "errors", "ProvenanceError": "errors",
     "StoreError": "errors", "StoreExistsError": "errors", "UnverifiedStoreError": "errors", "UserError": "errors",
-    "LeaseHeldError": "lease", "OutputError": "outputs",
-    "HSKStore": "reader", "KeptLayer": "reader", "MLMStore": "reader", "TaskStore": "reader", "open_store": "reader",
-    "StoreMeta": "meta",
+    "LeaseHeldError": "io.lease", "OutputError": "io.outputs",
+    "HSKStore": "io.reader", "KeptLayer": "io.reader", "MLMStore": "io.reader", "TaskStore": "io.reader",
+    "open_store": "io.reader", "StoreMeta": "format.meta",
 }
 
 if TYPE_CHECKING:
-    from .config import ConfigError, HSKConfig, Selection
     from .errors import (
         CorruptStoreError,
         IncompleteStoreError,
@@ -37,10 +36,11 @@ if TYPE_CHECKING:
         UnverifiedStoreError,
         UserError,
     )
-    from .lease import LeaseHeldError
-    from .meta import StoreMeta
-    from .outputs import OutputError
-    from .reader import HSKStore, KeptLayer, MLMStore, TaskStore, open_store
+    from .format.config import ConfigError, HSKConfig, Selection
+    from .format.meta import StoreMeta
+    from .io.lease import LeaseHeldError
+    from .io.outputs import OutputError
+    from .io.reader import HSKStore, KeptLayer, MLMStore, TaskStore, open_store
 
 
 def __getattr__(name: str) -> object:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hskstore.config import HSKConfig
-from hskstore.info import format_report, storage_report
-from hskstore.outputs import claim_output, mark_output
-from hskstore.reader import open_store
+from hskstore.format.config import HSKConfig
+from hskstore.io.info import format_report, storage_report
+from hskstore.io.outputs import claim_output, mark_output
+from hskstore.io.reader import open_store
 from pipelines.core.data import load_examples
 from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
@@ -37,7 +37,7 @@ def quickstart(
     progress: bool = True,
     log=print,
 ) -> dict:
-    """Teacher, store and student under `out_dir`, a "quickstart" output (hskstore.outputs): a new
+    """Teacher, store and student under `out_dir`, a "quickstart" output (hskstore.io.outputs): a new
     folder, or one a previous quickstart made (rerun: the teacher is reused, the rest redone);
     `overwrite` also fine-tunes the teacher again (each output is replaced only once its new one is
     complete). Any other folder or file is refused and left as it is."""

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hskstore.config import ConfigError, Selection
-from hskstore.meta import StoreMeta
+from hskstore.format.config import ConfigError, Selection
+from hskstore.format.meta import StoreMeta
 from pipelines.core.tasks import Task
 
 # --------------------------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ class Context:
 
     task: Task | None  # None: a masked-LM store (no task, no layer selection)
     selection: Selection | None
-    meta: StoreMeta  # the store's metadata, typed (hskstore.meta)
+    meta: StoreMeta  # the store's metadata, typed (hskstore.format.meta)
     warnings: list[str] = field(default_factory=list)  # what the run should say (and record) about its plan
     student: str | None = None  # the student asked for, when known (a sweep's plan, a run)
     student_layers: int | None = None  # its depth (effective layers of an SPS student), when known

@@ -12,7 +12,7 @@ from conftest import save_tiny_teacher
 from transformers import BertForSequenceClassification
 
 from hskstore import ConfigError, open_store
-from hskstore.derive import derive
+from hskstore.share.derive import derive
 from pipelines.cli import main
 
 HEADS = 4  # the tiny teacher's

@@ -16,8 +16,8 @@ import yaml
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
-from hskstore.card import CARD_NAME
-from hskstore.info import storage_report
+from hskstore.io.card import CARD_NAME
+from hskstore.io.info import storage_report
 from pipelines.cli import main
 
 
@@ -163,7 +163,7 @@ def test_pack_refuses_incomplete_and_damaged_stores(teacher_dir, glue_dir, store
 
     import zarr
 
-    from hskstore.schema import META_KEY
+    from hskstore.format.schema import META_KEY
 
     half = tmp_path / "half.zarr"
     shutil.copytree(store, half)

@@ -1,4 +1,4 @@
-"""The dump's choices, defaults and bounds are declared once (hskstore.config); the CLI, DumpOptions and
+"""The dump's choices, defaults and bounds are declared once (hskstore.format.config); the CLI, DumpOptions and
 Selection read them from there, and a value outside them is refused in one line naming the flag."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hskstore.config import (
+from hskstore.format.config import (
     DUMP_BOUNDS,
     DUMP_CHOICES,
     MLM_BOUNDS,

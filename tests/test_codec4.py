@@ -15,10 +15,11 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore import codec, codecs, open_store
+from hskstore import codecs, open_store
 from hskstore.codecs import layout, mxfp4
 from hskstore.codecs.int8 import quantize_int8
-from hskstore.info import format_report, storage_report
+from hskstore.format import codec
+from hskstore.io.info import format_report, storage_report
 from pipelines.cli import main
 from pipelines.train.stream import decode_batch, dense_targets
 
@@ -103,7 +104,7 @@ def test_mxfp4_exact_on_the_grid_ties_to_even():
 
 @pytest.mark.parametrize("value_dtype", codecs.names())
 def test_torch_decode_equals_numpy(value_dtype):
-    from hskstore.selection import width_mask
+    from hskstore.method.selection import width_mask
 
     d, n_width = 48, 13
     vectors = heavy_tailed((6, 4, d), seed=3).astype(np.float32)

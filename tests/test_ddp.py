@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert, stop_at_step_script
 
-from hskstore.config import ConfigError, HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.cli import main
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.ddp import Ranks

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hskstore import ConfigError, CorruptStoreError, IncompleteStoreError, StoreExistsError, codec, open_store
-from hskstore.config import HSKConfig, Selection
-from hskstore.derive import derive
-from hskstore.layermap import default_l_top, select_depth
-from hskstore.schema import array_specs, layer_names, make_layout
-from hskstore.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
-from hskstore.writer import StoreWriter
+from hskstore import ConfigError, CorruptStoreError, IncompleteStoreError, StoreExistsError, open_store
+from hskstore.format import codec
+from hskstore.format.config import HSKConfig, Selection
+from hskstore.format.schema import array_specs, layer_names, make_layout
+from hskstore.io.writer import StoreWriter
+from hskstore.method.layermap import default_l_top, select_depth
+from hskstore.method.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
+from hskstore.share.derive import derive
 
 N, T, L, D, HEADS, SEP, CLS = 23, 12, 6, 32, 3, 102, 101
 SHARD_ROWS = 8  # 3 shards, the last one partial
@@ -264,7 +265,7 @@ def test_resume_from_other_source_data_is_refused(tmp_path, teacher):
 
 def test_streaming_reads_one_shard_at_a_time(tmp_path, teacher, monkeypatch):
     """Memory does not grow with the store: every source read is one shard's rows."""
-    from hskstore.reader import HSKStore
+    from hskstore.io.reader import HSKStore
 
     direct_dump(tmp_path / "big.zarr", teacher, make_selection("4,8,0.5"))
     sizes = []

@@ -46,7 +46,7 @@ def test_site_builds_strict(tmp_path):
     for name in names:  # every command has its section, with its own usage line
         assert f'id="hsk-{name}"' in cli and f"Usage: hsk {name}" in cli, name
     api = (site / "reference" / "hskstore" / "index.html").read_text()
-    assert 'id="hskstore.reader.open_store"' in api
+    assert 'id="hskstore.io.reader.open_store"' in api
     for page in ("benchmarks", "evidence"):
         html = (site / page / "index.html").read_text()
         images = re.findall(r'<img[^>]+src="([^"]+)"', html)

@@ -19,9 +19,9 @@ from conftest import save_tiny_teacher
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
-from hskstore.config import HSKConfig
-from hskstore.schema import PROGRESS_DONE
-from hskstore.writer import StoreWriter
+from hskstore.format.config import HSKConfig
+from hskstore.format.schema import PROGRESS_DONE
+from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 from pipelines.dump import stage as dump_stage
 from pipelines.dump.stage import DumpOptions, dump

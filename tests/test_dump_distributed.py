@@ -17,7 +17,7 @@ import zarr
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
-from hskstore.schema import PROGRESS_DONE
+from hskstore.format.schema import PROGRESS_DONE
 from pipelines.cli import main
 
 SHARD = 4

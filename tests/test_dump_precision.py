@@ -10,7 +10,7 @@ import pytest
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
-from hskstore.writer import StoreWriter
+from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 
 

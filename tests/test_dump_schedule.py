@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
-from hskstore.config import HSKConfig
-from hskstore.writer import StoreWriter
+from hskstore.format.config import HSKConfig
+from hskstore.io.writer import StoreWriter
 from pipelines.dump import pipeline
 from pipelines.dump.probe import TeacherProbe
 from pipelines.dump.stage import DumpOptions, dump

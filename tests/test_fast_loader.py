@@ -1,5 +1,5 @@
 """The loader's fast paths give the same bits as the paths they replace: whole-shard objects decoded by
-hsk (hskstore.zarr_adapter.read_shards) against zarr's read, and dense targets on CPU (dense_by_scatter)
+hsk (hskstore.io.zarr_adapter.read_shards) against zarr's read, and dense targets on CPU (dense_by_scatter)
 against the gather kept for accelerators (dense_by_gather, the previous implementation) and numpy's
 codec.dense, on stores of every value codec."""
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from test_stream import D, build
 
-from hskstore import CorruptStoreError, codec, codecs, open_store
-from hskstore.shard_codec import EMPTY_CHUNK, ShardLayout
+from hskstore import CorruptStoreError, codecs, open_store
+from hskstore.format import codec
+from hskstore.format.shard_codec import EMPTY_CHUNK, ShardLayout
 from pipelines.train.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
 
 CODECS = list(codecs.names())

@@ -20,9 +20,9 @@ import zarr
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
-from hskstore.digest import shard_digest
-from hskstore.lease import STALE_AFTER_S, Lease
-from hskstore.writer import FAULT_EXIT
+from hskstore.format.digest import shard_digest
+from hskstore.io.lease import STALE_AFTER_S, Lease
+from hskstore.io.writer import FAULT_EXIT
 from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

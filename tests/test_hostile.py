@@ -23,7 +23,7 @@ import pytest
 import zarr
 from conftest import save_tiny_teacher
 
-from hskstore.manifest import compute_manifest, list_arrays
+from hskstore.format.manifest import compute_manifest, list_arrays
 from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -477,12 +477,12 @@ def test_leftovers_of_killed_commands_are_removed_by_the_next_one(store, tmp_pat
 def test_a_failed_catalog_page_leaves_no_temporary(store, tmp_path, capsys, monkeypatch):
     import errno
 
-    import hskstore.catalog
+    import hskstore.share.catalog
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hskstore.catalog, "render_html", full)
+    monkeypatch.setattr(hskstore.share.catalog, "render_html", full)
     before = tree_hashes(tmp_path)
     refused(capsys, main(["catalog", str(store), "--html", str(tmp_path / "page.html")]), "disk full")
     assert tree_hashes(tmp_path) == before

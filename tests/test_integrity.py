@@ -17,8 +17,8 @@ import zarr
 from conftest import save_tiny_teacher
 
 from hskstore import StoreError, open_store
-from hskstore.lease import Lease
-from hskstore.writer import FAULT_EXIT
+from hskstore.io.lease import Lease
+from hskstore.io.writer import FAULT_EXIT
 from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import torch
 from conftest import save_tiny_teacher, tiny_bert_config
 from transformers import AutoTokenizer, BertForMaskedLM, BertForSequenceClassification
 
-from hskstore.config import ConfigError, HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.cli import main
 from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 from pipelines.dump.stage import DumpOptions, dump

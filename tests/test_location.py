@@ -1,7 +1,7 @@
-"""hskstore.location: the same operations on a local folder and an fsspec URL; local-only checks stay local.
+"""hskstore.io.location: the same operations on a local folder and an fsspec URL; local-only checks stay local.
 
 Also the shape of hskstore around it: files import each other one way, private zarr names only in
-hskstore/zarr_adapter.py, and a store writer's thread pool is shut down when its writer is done.
+hskstore/io/zarr_adapter.py, and a store writer's thread pool is shut down when its writer is done.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hskstore.location import LocalLocation, RemoteLocation, location
+from hskstore.io.location import LocalLocation, RemoteLocation, location
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_local_only_checks(tmp_path, monkeypatch):
 
 def test_private_zarr_names_only_in_the_adapter():
     offenders = []
-    for path in list((ROOT / "hskstore").glob("*.py")) + list((ROOT / "pipelines").rglob("*.py")):
+    for path in list((ROOT / "hskstore").rglob("*.py")) + list((ROOT / "pipelines").rglob("*.py")):
         if path.name == "zarr_adapter.py":
             continue
         text = path.read_text()
@@ -111,7 +111,7 @@ def _write_threads() -> list[threading.Thread]:
 def test_store_writer_shuts_its_pool(tmp_path):
     from test_store import make_meta, shard_arrays
 
-    from hskstore.writer import StoreWriter, writing
+    from hskstore.io.writer import StoreWriter, writing
 
     meta = make_meta()
     with writing(str(tmp_path / "s.zarr"), meta) as writer:
@@ -132,9 +132,9 @@ def test_array_data_goes_through_the_location(tmp_path, monkeypatch):
     from test_store import make_meta, shard_arrays
 
     from hskstore.errors import StoreError
-    from hskstore.location import zarr_location
-    from hskstore.reader import open_store
-    from hskstore.writer import writing
+    from hskstore.io.location import zarr_location
+    from hskstore.io.reader import open_store
+    from hskstore.io.writer import writing
 
     made = []
     original = LocalLocation.zarr_store

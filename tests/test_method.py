@@ -3,16 +3,10 @@
 import numpy as np
 import pytest
 
-from hskstore import codec
-from hskstore.config import ConfigError, HSKConfig
-from hskstore.layermap import layer_map, ranking_layer_map, select_depth, student_to_store_layers
-from hskstore.selection import (
-    attention_scores,
-    eligible_tokens,
-    rank_tokens,
-    static_width_indices,
-    width_mask,
-)
+from hskstore.format import codec
+from hskstore.format.config import ConfigError, HSKConfig
+from hskstore.method.layermap import layer_map, ranking_layer_map, select_depth, student_to_store_layers
+from hskstore.method.selection import attention_scores, eligible_tokens, rank_tokens, static_width_indices, width_mask
 
 
 @pytest.mark.parametrize(

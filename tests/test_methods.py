@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore.config import ConfigError, HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.methods import Method, MethodError, Stage, Term, all_methods, get_method, register
 from pipelines.methods.pkd import pkd_teacher_layers
@@ -107,7 +107,7 @@ def test_pkd_needs_two_student_layers():
 
 
 def test_pkd_pairs_from_a_store(stores):
-    from hskstore.reader import open_store
+    from hskstore.io.reader import open_store
 
     sel = open_store(stores["cls"]).selection
     pairs = layer_pairs("pkd-last", sel, 3, loss="pkd_cls", projection=False)
@@ -222,7 +222,7 @@ def test_offline_equals_online(method, stores, teacher_dir, glue_dir, tmp_path):
                                                    + o["beta"] * terms["pkd"], rel=1e-5)
     else:
         assert set(terms) == {"ce", "kl"} and off["layer_pairs"] == []
-        from hskstore.reader import open_store
+        from hskstore.io.reader import open_store
 
         group = open_store(store).group  # kd reads the inputs, labels and logits, no layer
         names = ["label", "input_ids", "token_type_ids", "length", "text_hash", "logits"]

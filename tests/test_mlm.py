@@ -14,7 +14,7 @@ from test_dump import chunk_bytes
 from transformers import AutoTokenizer, BertForMaskedLM
 
 from hskstore import StoreExistsError, open_store
-from hskstore.writer import StoreWriter
+from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 from pipelines.dump.mlm import KEPT, MASK, RANDOM, Masking, dump_mlm, load_corpus, mask_rows
 from pipelines.train.losses import topk_kl, topk_probs

@@ -15,8 +15,9 @@ import torch
 from conftest import save_tiny_teacher
 from test_codec4 import assert_same_arrays, heavy_tailed
 
-from hskstore import codec, codecs, open_store
+from hskstore import codecs, open_store
 from hskstore.codecs import nf3
+from hskstore.format import codec
 from pipelines.cli import main
 from pipelines.core import codecs_torch
 

@@ -1,4 +1,4 @@
-"""The one output rule (hskstore.outputs): what is refused, what is replaced, and that nothing else is touched."""
+"""The one output rule (hskstore.io.outputs): what is refused, what is replaced, and that nothing else is touched."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hskstore.outputs import MARKER, OutputError, claim_output, mark_output, output_kind, staged_replace
+from hskstore.io.outputs import MARKER, OutputError, claim_output, mark_output, output_kind, staged_replace
 
 
 def tree_hashes(root: Path) -> dict[str, str]:

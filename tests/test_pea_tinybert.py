@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert, save_tiny_teacher
 
-from hskstore.config import ConfigError, HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.adapter import StudentOutputs
 from pipelines.train.attention import ScoreRecorder, attention_mse, score_rows

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import make_tiny_bert, save_tiny_teacher
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 
 PINNED = Path(__file__).parent / "data" / "pinned_curves.json"

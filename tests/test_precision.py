@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 
 COMMON = ["--student", "bert2", "--batch-size", "8", "--max-steps", "3", "--seed", "3", "--workers", "0",

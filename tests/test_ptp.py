@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.methods.ptp import (
     IGNORE,
     PTPThresholds,

@@ -131,7 +131,7 @@ def test_every_documented_command_parses_as_written(page, args, capsys):
 def test_method_is_explained_by_the_repository_itself():
     assert (ROOT / "docs" / "METHOD.md").is_file()
     for path in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("pipelines/**/*.py"),
-                 *ROOT.glob("hskstore/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
+                 *ROOT.glob("hskstore/**/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
         text = path.read_text()
         assert "shared/docs" not in text and "shared/seeds" not in text, path
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines import registry
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.registry import Method, MethodError, Stage, Term, register

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from conftest import make_tiny_bert, save_tiny_teacher
 from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.cli import main
 from pipelines.core.pruned_bert import HskBertForSequenceClassification
 from pipelines.dump.stage import DumpOptions, dump

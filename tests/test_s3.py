@@ -88,7 +88,7 @@ def test_dump_to_s3_killed_then_rerun_matches_local(s3, teacher_dir, glue_dir, l
     """kill -9 mid-dump, rerun the same command: the S3 store equals a local dump of the same rows."""
     import zarr
 
-    from hskstore.schema import PROGRESS_DONE
+    from hskstore.format.schema import PROGRESS_DONE
 
     url = s3_url("k.zarr")
     args = dump_args(teacher_dir, glue_dir, url)

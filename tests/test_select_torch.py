@@ -14,9 +14,10 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore import codec, codecs, open_store
+from hskstore import codecs, open_store
 from hskstore.codecs import mxfp4
-from hskstore.config import HSKConfig
+from hskstore.format import codec
+from hskstore.format.config import HSKConfig
 from pipelines.cli import main
 from pipelines.core import codecs_torch
 from pipelines.dump import select_torch
@@ -212,7 +213,7 @@ def test_stores_of_both_engines_are_identical(teacher_dir, glue_dir, tmp_path, e
 
 
 def test_a_numpy_dump_resumed_by_the_torch_engine(teacher_dir, glue_dir, tmp_path, monkeypatch, capsys):
-    from hskstore.writer import StoreWriter
+    from hskstore.io.writer import StoreWriter
 
     args = ["--config", "3,6,0.25", "--values", "int4"]
     assert main(dump_args(teacher_dir, glue_dir, tmp_path / "full.zarr", *args)) == 0

@@ -1,8 +1,10 @@
-"""The code's shape as gates (issue 20): no import cycles, nothing radon rates D, hskstore without torch.
+"""The code's shape as gates (issue 20): no import cycles, nothing radon rates D, hskstore without torch,
+hskstore's layers imported in one direction (issue 38).
 
 CI runs these with the rest of the suite, so the shape stays true: a change that adds an import
-cycle between two files or two packages, or a block radon rates D or worse (complexity > 20), fails
-here with the names to look at. ruff's C901 gate (max-complexity 12, pyproject.toml) covers the rest.
+cycle between two files or two packages, an import against hskstore's layers, or a block radon rates
+D or worse (complexity > 20), fails here with the names to look at. ruff's C901 gate (max-complexity 12,
+pyproject.toml) covers the rest.
 """
 
 from __future__ import annotations
@@ -144,6 +146,60 @@ def test_no_import_cycle_between_packages():
 def test_hskstore_never_imports_pipelines():
     leaks = {m: sorted(t for t in ts if t.startswith("pipelines")) for m, ts in import_graph().items()}
     assert {m: ts for m, ts in leaks.items() if m.startswith("hskstore") and ts} == {}
+
+
+# hskstore's layers (issue 38, docs/concepts/layout.md): what each may import. The root holds the errors, the
+# plugin loader and the version, which every layer uses; the codecs (hskstore/codecs) are part of the format.
+LAYERS = {
+    "root": {"root"},
+    "format": {"root", "format"},
+    "method": {"root", "format", "method"},
+    "io": {"root", "format", "io"},
+    "share": {"root", "format", "method", "io", "share"},
+}
+ROOT_MODULES = {"hskstore.errors", "hskstore.plugins", "hskstore.version"}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a hskstore module (None: a top-level module no layer holds yet: place it in one)."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    if len(parts) > 1 and parts[1] == "codecs":
+        return "format"
+    return "root" if module in ROOT_MODULES else None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between hskstore modules against the direction of the layers (the package itself, which
+    re-exports the public names on first use, excepted), and modules outside every layer."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("hskstore.") or module == "hskstore":
+            continue
+        layer = layer_of(module)
+        if layer is None:
+            found.append(f"{module}: in no layer (hskstore/format, io, method or share)")
+            continue
+        found += [f"{module} ({layer}) imports {t} ({layer_of(t)})" for t in sorted(targets)
+                  if t.startswith("hskstore.") and layer_of(t) not in LAYERS[layer]]
+    return found
+
+
+def test_layer_rule_finds_a_violation():
+    graph = {"hskstore.io.reader": {"hskstore.share.bundle", "hskstore.format.schema", "hskstore.errors"},
+             "hskstore.method.selection": {"hskstore.io.reader"}, "hskstore.format.schema": {"hskstore.codecs"},
+             "hskstore.stray": set()}
+    assert layer_violations(graph) == [
+        "hskstore.io.reader (io) imports hskstore.share.bundle (share)",
+        "hskstore.method.selection (method) imports hskstore.io.reader (io)",
+        "hskstore.stray: in no layer (hskstore/format, io, method or share)",
+    ]
+
+
+def test_hskstore_imports_follow_its_layers():
+    """format <- io <- share, and the method's pure functions on the format alone."""
+    assert layer_violations(import_graph()) == []
 
 
 def test_no_block_rated_d_or_worse():

@@ -1,4 +1,4 @@
-"""Shards encoded by hskstore.shard_codec are the bytes zarr writes for the same data, object for object."""
+"""Shards encoded by hskstore.format.shard_codec are the bytes zarr writes for the same data, object for object."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zarr
 
-from hskstore.schema import ArraySpec
-from hskstore.shard_codec import ShardLayout
-from hskstore.zarr_adapter import put_shard
+from hskstore.format.schema import ArraySpec
+from hskstore.format.shard_codec import ShardLayout
+from hskstore.io.zarr_adapter import put_shard
 
 
 def objects(root: Path) -> dict[str, bytes]:

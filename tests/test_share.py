@@ -20,7 +20,7 @@ import torch
 from conftest import save_tiny_teacher, tiny_bert_config
 
 from hskstore import open_store
-from hskstore.croissant import CROISSANT_NAME, sibling_name
+from hskstore.io.croissant import CROISSANT_NAME, sibling_name
 from pipelines.cli import main
 
 mlc = pytest.importorskip("mlcroissant", reason="mlcroissant (the test extra) validates Croissant documents")
@@ -183,7 +183,7 @@ def test_catalog_finds_nested_stores_and_bundles_and_filters(shelf, capsys):
                                                                                            "1,2,0.5", "int4")
     assert int4["parent"] == parent.content_address and int4["teacher_hash"] == parent.meta["teacher"]["weights_hash"]
     assert int4["created"] and all(e["status"] == "complete" for e in entries)
-    from hskstore.info import storage_report  # the bytes `hsk info` and the card state, from zarr.json alone
+    from hskstore.io.info import storage_report  # the bytes `hsk info` and the card state, from zarr.json alone
     small = open_store(str(shelf / "team-a" / "sst2-int4.zarr"))
     assert int4["bytes"] == small.meta["stored_bytes"] == storage_report(small)["total_bytes"]
     assert int4["card"] is None  # cards are read for the HTML page only
@@ -379,7 +379,7 @@ def test_export_reads_back_equal_through_pyarrow_datasets_and_the_iterable_datas
     import datasets
     import pyarrow.parquet as pq
 
-    from hskstore.export import iterable_dataset
+    from hskstore.share.export import iterable_dataset
 
     store = open_store(str(shelf / name))
     out = tmp_path / "x.parquet"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from hskstore import CorruptStoreError, IncompleteStoreError, StoreError, StoreExistsError, open_store
-from hskstore.config import HSKConfig, Selection
-from hskstore.schema import array_specs, make_layout
-from hskstore.writer import StoreWriter
+from hskstore.format.config import HSKConfig, Selection
+from hskstore.format.schema import array_specs, make_layout
+from hskstore.io.writer import StoreWriter
 
 D = 16
 

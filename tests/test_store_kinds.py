@@ -1,5 +1,5 @@
 """Store kinds as types and typed metadata (issue 20): open_store gives a TaskStore or an MLMStore, each
-parsing its metadata once into hskstore.meta records; the entry list comes from the schema."""
+parsing its metadata once into hskstore.format.meta records; the entry list comes from the schema."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from hskstore import open_store
-from hskstore.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
-from hskstore.outputs import STORE_ENTRIES
-from hskstore.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
-from hskstore.schema import array_specs, make_layout
+from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
+from hskstore.format.schema import array_specs, make_layout
+from hskstore.io.outputs import STORE_ENTRIES
+from hskstore.io.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
 
 VECTORS = Path(__file__).resolve().parent.parent / "docs" / "conformance"
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from hskstore import CorruptStoreError, IncompleteStoreError, codec, open_store
-from hskstore.config import HSKConfig, Selection
-from hskstore.schema import array_specs, make_layout
-from hskstore.writer import StoreWriter
+from hskstore import CorruptStoreError, IncompleteStoreError, open_store
+from hskstore.format import codec
+from hskstore.format.config import HSKConfig, Selection
+from hskstore.format.schema import array_specs, make_layout
+from hskstore.io.writer import StoreWriter
 from pipelines.train.stream import StoreStream, decode_batch
 
 D = 20  # not a multiple of 8: the last mask byte is partly padding

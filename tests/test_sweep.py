@@ -16,8 +16,8 @@ from conftest import save_tiny_teacher
 import pipelines.sweep.execute as sweep
 import pipelines.sweep.stores as sweep_stores
 from hskstore import ConfigError
-from hskstore.config import HSKConfig
-from hskstore.reader import open_store
+from hskstore.format.config import HSKConfig
+from hskstore.io.reader import open_store
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.sweep.execute import SweepError, run_sweep
 from pipelines.sweep.grid import budget_grid, estimate_bytes_per_example, table5_grid

@@ -17,7 +17,7 @@ import torch
 from conftest import build_tiny_tokenizer, make_tiny_bert, save_tiny_teacher
 
 from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.distill import train
 from pipelines.train.options import TrainOptions

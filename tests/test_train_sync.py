@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import save_tiny_teacher
 
-from hskstore.config import HSKConfig
+from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import save_tiny_teacher
 
-from hskstore.config import HSKConfig
-from hskstore.reader import open_store
+from hskstore.format.config import HSKConfig
+from hskstore.io.reader import open_store
 from pipelines.cli import main
 from pipelines.dump.stage import DumpOptions, dump
 
@@ -161,7 +161,7 @@ def test_out_that_is_not_a_run_is_refused_untouched(store, tmp_path, glue_dir, c
 
 
 def test_a_run_folder_is_marked_and_reruns_resume(store, tmp_path, glue_dir):
-    from hskstore.outputs import output_kind
+    from hskstore.io.outputs import output_kind
 
     out = tmp_path / "r"
     assert _train(store, out, "--method", "kd", "--data-dir", str(glue_dir)) == 0

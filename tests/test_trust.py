@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_bert, save_tiny_teacher
 
-from hskstore.writer import StoreWriter
+from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 
 DATA_ROWS = 24
@@ -325,7 +325,7 @@ def test_generic_labels_are_unknown_not_a_mismatch_and_the_task_is_recorded(tiny
 
 def test_moved_store_finds_its_teacher_from_anywhere(sst2_teacher, tiny_tokenizer, glue_dir, tmp_path, capsys,
                                                      monkeypatch):
-    from hskstore.reader import open_store
+    from hskstore.io.reader import open_store
     from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
 
     work = tmp_path / "work"
@@ -436,8 +436,8 @@ def test_control_characters_never_reach_the_terminal(sst2_teacher, glue_dir, tmp
 
 
 def test_student_layer_advice_works():
-    from hskstore.config import ConfigError
-    from hskstore.layermap import student_to_store_layers
+    from hskstore.format.config import ConfigError
+    from hskstore.method.layermap import student_to_store_layers
 
     with pytest.raises(ConfigError, match="derive at most 1 layer ") as exc:
         student_to_store_layers(2, [2, 3, 4], 4)

@@ -1,4 +1,4 @@
-"""hskstore.zarr_adapter holds every private zarr name hsk uses: this fails when zarr renames or removes one."""
+"""hskstore.io.zarr_adapter holds every private zarr name hsk uses: this fails when zarr renames or removes one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import fsspec
 import numpy as np
 import zarr
 
-from hskstore import zarr_adapter
+from hskstore.io import zarr_adapter
 
 
 def _resolve(dotted: str):

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import zarr
 
-from hskstore import codec, open_store
-from hskstore.manifest import list_arrays
-from hskstore.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
-from hskstore.view import DIMS, dense_dataset, dense_view
+from hskstore import open_store
+from hskstore.format import codec
+from hskstore.format.manifest import list_arrays
+from hskstore.format.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
+from hskstore.io.view import DIMS, dense_dataset, dense_view
 from pipelines.cli import main
 
 xr = pytest.importorskip("xarray")

@@ -180,7 +180,7 @@ def relayout(src: str, out: str, chunk_rows: int) -> None:
     """The store at `src` rewritten by hsk's writer with inner chunks of `chunk_rows` rows (the dump picks
     chunks of a quarter shard only for shards of 64 rows or more: too big for a vector)."""
     from hskstore import open_store
-    from hskstore.writer import StoreWriter
+    from hskstore.io.writer import StoreWriter
 
     store = open_store(src)
     meta = {k: v for k, v in store.meta.items() if k not in _WRITTEN_BY_WRITER}
@@ -196,10 +196,10 @@ def pin(url: str) -> None:
     as the writer does (croissant.json names the root zarr.json by its sha256, so it follows the pinning)."""
     import zarr
 
-    from hskstore.croissant import write_croissant
-    from hskstore.manifest import MANIFEST_KEY, compute_manifest, list_arrays
-    from hskstore.schema import META_KEY, array_specs
-    from hskstore.writer import identity, write_store_card
+    from hskstore.format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
+    from hskstore.format.schema import META_KEY, array_specs
+    from hskstore.io.croissant import write_croissant
+    from hskstore.io.writer import identity, write_store_card
 
     group = zarr.open_group(url, mode="r+")
     meta = group.attrs[META_KEY]
@@ -233,8 +233,8 @@ def source_texts(name: str) -> list[str]:
 def expected(bundle: Path) -> dict:
     """What a reader must decode from a bundle, computed by the reference reader (hskstore)."""
     from hskstore import open_store
-    from hskstore.codec import decode_values
-    from hskstore.schema import PROGRESS_DIGESTS
+    from hskstore.format.codec import decode_values
+    from hskstore.format.schema import PROGRESS_DIGESTS
 
     store = open_store(str(bundle))
     meta = store.meta
@@ -303,7 +303,7 @@ def generate(out: Path) -> list[Path]:
     """Write every bundle and its JSON into `out`; returns the files written."""
     import torch
 
-    from hskstore.bundle import pack
+    from hskstore.share.bundle import pack
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)

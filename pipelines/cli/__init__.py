@@ -103,8 +103,8 @@ def _error(message: object) -> None:
 
 def _environment_message(exc: BaseException) -> str | None:
     """The one line for a problem of the machine a user can act on (full disk, a name too long, storage
-    credentials, permission or endpoint: hskstore.access), None for the rest."""
-    from hskstore.access import access_problem
+    credentials, permission or endpoint: hskstore.io.access), None for the rest."""
+    from hskstore.io.access import access_problem
 
     access = access_problem(exc)
     if access is not None:

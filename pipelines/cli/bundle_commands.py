@@ -27,8 +27,8 @@ def pack(
     """
     from tqdm.auto import tqdm
 
-    from hskstore.bundle import pack as pack_store
-    from hskstore.croissant import claim_sibling, write_bundle_croissant
+    from hskstore.io.croissant import claim_sibling, write_bundle_croissant
+    from hskstore.share.bundle import pack as pack_store
 
     sibling = claim_sibling(out, overwrite=overwrite)  # refused before any work, like the bundle itself
     path = pack_store(
@@ -53,7 +53,7 @@ def unpack(
 
     Example: hsk unpack sst2.hsk.zip sst2.zarr
     """
-    from hskstore.bundle import unpack as unpack_bundle
+    from hskstore.share.bundle import unpack as unpack_bundle
 
     path = unpack_bundle(bundle, out, overwrite=overwrite, log=typer.echo)
     typer.echo(f"unpacked {bundle} -> {path}")

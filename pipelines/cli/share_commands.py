@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hskstore.config import VALUES, ConfigError
+from hskstore.format.config import VALUES, ConfigError
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -35,10 +35,10 @@ def catalog(
 
     Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html catalog.html
     """
-    from hskstore.catalog import Filters, format_table, is_catalog_page, render_html, to_json
-    from hskstore.catalog import catalog as list_stores
-    from hskstore.location import atomic_file
-    from hskstore.outputs import claim_file_output
+    from hskstore.io.location import atomic_file
+    from hskstore.io.outputs import claim_file_output
+    from hskstore.share.catalog import Filters, format_table, is_catalog_page, render_html, to_json
+    from hskstore.share.catalog import catalog as list_stores
 
     page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
     try:
@@ -71,7 +71,7 @@ def export(
     """
     from tqdm.auto import tqdm
 
-    from hskstore.export import export_parquet
+    from hskstore.share.export import export_parquet
 
     if fmt != "parquet":
         raise ConfigError(f"unknown --format {fmt!r}: hsk exports parquet")

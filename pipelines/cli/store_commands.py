@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from hskstore.config import (
+from hskstore.errors import UserError
+from hskstore.format.config import (
     BATCH_SIZE,
     ENGINE,
     L_TOP,
@@ -28,7 +29,6 @@ from hskstore.config import (
     ConfigError,
     HSKConfig,
 )
-from hskstore.errors import UserError
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -259,11 +259,11 @@ def info(
     card: bool = typer.Option(False, "--card", help="Print the store's card (its README.md) instead."),
 ) -> None:
     """Describe a store: config, provenance, rows, and what it costs (bytes per array, example, kept value)."""
-    from hskstore.card import CARD_NAME, read_card, store_name
     from hskstore.errors import printable
-    from hskstore.info import format_report, storage_report
-    from hskstore.lineage import chain, format_chain
-    from hskstore.reader import open_store, render_card
+    from hskstore.io.card import CARD_NAME, read_card, store_name
+    from hskstore.io.info import format_report, storage_report
+    from hskstore.io.lineage import chain, format_chain
+    from hskstore.io.reader import open_store, render_card
 
     s = open_store(store, allow_incomplete=True)
     text = read_card(s.group)
@@ -299,7 +299,7 @@ def verify(store: str = typer.Argument(..., help="Store path, fsspec URL or .hsk
     """
     from tqdm.auto import tqdm
 
-    from hskstore.reader import open_store
+    from hskstore.io.reader import open_store
 
     s = open_store(store, allow_incomplete=True)
     problems = s.verify(progress=lambda it: tqdm(it, desc="verify", unit="shard", disable=None))
@@ -330,7 +330,7 @@ def upgrade(store: str = typer.Argument(..., help="A complete store folder or fs
     Example: hsk upgrade old-sst2.zarr && hsk verify old-sst2.zarr
     """
     from hskstore import __version__
-    from hskstore.writer import upgrade as upgrade_store
+    from hskstore.io.writer import upgrade as upgrade_store
 
     done = upgrade_store(store, software_version=__version__, log=typer.echo)
     if not done.changed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hskstore.config import ConfigError, check_at_least
+from hskstore.format.config import ConfigError, check_at_least
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()

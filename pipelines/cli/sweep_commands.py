@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from hskstore.config import VALUES
 from hskstore.errors import UserError
+from hskstore.format.config import VALUES
 
 from .train_commands import method_options
 from .types import check_seed
@@ -128,9 +128,9 @@ def derive_cmd(
 ) -> None:
     from tqdm.auto import tqdm
 
-    from hskstore.derive import derive
-    from hskstore.info import human_bytes, storage_report
-    from hskstore.reader import open_store
+    from hskstore.io.info import human_bytes, storage_report
+    from hskstore.io.reader import open_store
+    from hskstore.share.derive import derive
 
     def bar(shards):
         return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).

@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from hskstore.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
 from hskstore.errors import UserError
+from hskstore.format.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -159,7 +159,7 @@ def train(
         "complete)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
-    from hskstore.config import HSKConfig
+    from hskstore.format.config import HSKConfig
 
     # Arguments first, torch after: a typo is refused in a second, not after torch's import.
     parsed = HSKConfig.parse(config) if config else None

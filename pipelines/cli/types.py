@@ -8,7 +8,7 @@ in 0..2**32-1, no empty string; and a file:// URL (any option or argument) is re
 it names, so that every command writes it as it writes that path. A bad value is one `hsk: error:`
 line before anything is imported or written, and option declarations stay plain Python types. Ranges
 particular to one option (a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives
-(the method's options, hskstore.config's bounds).
+(the method's options, hskstore.format.config's bounds).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes mor
 
 def check_seed(flag: str, value: int) -> None:
     """Refuse a seed numpy would refuse, in one line (also for seeds given in lists, such as --seeds)."""
-    if value < 0:  # worded as hskstore.config's bounds word it
+    if value < 0:  # worded as hskstore.format.config's bounds word it
         raise UserError(f"{flag} must be an integer >= 0, got {value}")
     if value > SEED_MAX:
         raise UserError(f"{flag} must be at most {SEED_MAX} (numpy's largest seed), got {value}")
@@ -42,7 +42,7 @@ def read_value(flag: str, name: str, value):
     if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
         raise UserError(f"{flag} needs a value, got {value!r}")
     if isinstance(value, str) and value[:7].lower() == "file://":
-        return value[7:]  # as hskstore.location.local_path reads it (not imported here: fsspec and zarr are slow)
+        return value[7:]  # as hskstore.io.location.local_path reads it (not imported here: fsspec and zarr are slow)
     return value
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 
 COMPUTE_DEVICES = ("cpu", "cuda", "mps")
 

@@ -1,9 +1,9 @@
 """The folders hsk's commands write besides stores, and which rule each follows.
 
-hskstore.outputs owns the generic output rule (refuse what is not ours, replace only our own kind,
+hskstore.io.outputs owns the generic output rule (refuse what is not ours, replace only our own kind,
 swap a replacement in whole) and the one kind it knows, the store. What a run, a sweep or a teacher
 folder is, and whether a rerun resumes it or must be told `--overwrite`, is the commands' business
-and lives here. Each kind's folder is named by the MARKER file hskstore.outputs.mark_output writes
+and lives here. Each kind's folder is named by the MARKER file hskstore.io.outputs.mark_output writes
 into it first.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.outputs import OutputError, claim_output
+from hskstore.io.outputs import OutputError, claim_output
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class OutputKind:
     resumable: bool
 
     def claim(self, path: str, *, overwrite: bool) -> str:
-        """"new", "replace", or (resumable kinds) "resume": hskstore.outputs.claim_output, plus this kind's rule."""
+        """"new", "replace", or (resumable kinds) "resume": hskstore.io.outputs.claim_output, plus this kind's rule."""
         status = claim_output(path, self.name, overwrite=overwrite)
         if status == "resume" and not self.resumable:
             raise OutputError(

@@ -2,7 +2,7 @@
 (`hsk train`/`hsk teacher --precision`).
 
 **The forward** runs in fp32, tf32, fp16 or bf16. A store records the precision its teacher ran in
-(hskstore.meta.TeacherRef.precision; absent in a store means fp32), because what the store keeps depends
+(hskstore.format.meta.TeacherRef.precision; absent in a store means fp32), because what the store keeps depends
 on it. `auto` resolves before anything is recorded: fp32 on a CPU (or MPS); on a CUDA GPU fp16 where its
 tensor cores take it (compute capability >= 7.0), else fp32. The basis (issue 35, one H200): fp16 runs a
 BERT-base forward 3.0x and a MiniLM one 1.8x faster than fp32, and moves the last layer's fp16-rounded
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hskstore.config import PRECISION, ConfigError
+from hskstore.format.config import PRECISION, ConfigError
 
 FP32 = "fp32"
 AUTO = "auto"

@@ -69,7 +69,7 @@ def default_threads(command: str) -> int:
 
 def check_threads(requested: int | None) -> None:
     """Refuse a thread count below 1 in one line (before anything is loaded)."""
-    from hskstore.config import check_at_least
+    from hskstore.format.config import check_at_least
 
     check_at_least("--threads", requested, 1)
 

@@ -36,10 +36,10 @@ import torch
 from tqdm.auto import tqdm
 
 from hskstore import __version__
-from hskstore.config import ConfigError, Selection
 from hskstore.errors import ProvenanceError, UserError
-from hskstore.meta import StoreMeta
-from hskstore.writer import StoreWriter, writing
+from hskstore.format.config import ConfigError, Selection
+from hskstore.format.meta import StoreMeta
+from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.models import load_classifier, load_tokenizer, weights_hash
 from pipelines.core.tokenize import encode
 from pipelines.dump.heap import pin_mmap_threshold, release_free_memory

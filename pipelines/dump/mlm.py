@@ -7,8 +7,8 @@ way whatever the shard layout, batch or resume. Per masked position the store ke
 top-k vocabulary ids and logits and the log-sum-exp over the whole vocabulary, so that
 p(id) = exp(logit - lse) for a kept id and the mass outside the top-k is 1 - sum of those.
 
-Same guarantees as a task store (hskstore.writer): whole shards, digests, resumable bit-identically,
-provenance in the metadata; the arrays are `hskstore.schema.mlm_array_specs`.
+Same guarantees as a task store (hskstore.io.writer): whole shards, digests, resumable bit-identically,
+provenance in the metadata; the arrays are `hskstore.format.schema.mlm_array_specs`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from hskstore import __version__
-from hskstore.config import ConfigError
-from hskstore.meta import (
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import (
     MLM,
     MLM_TEACHER_KEYS,
     MLM_TOKENIZER_KEYS,
@@ -36,7 +36,7 @@ from hskstore.meta import (
     TeacherRef,
     TokenizerRef,
 )
-from hskstore.writer import StoreWriter, writing
+from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, _read_table
 from pipelines.core.models import (
@@ -252,7 +252,7 @@ def dump_mlm(
         raise ConfigError(f"--top-k {top_k} must be in 1..{model.config.vocab_size} (the teacher's vocabulary)")
     meta = mlm_metadata(corpus, teacher, model, tokenizer, masking, max_length, top_k, shard_rows)
     meta.update(extra_meta or {})
-    # The same output rule, writer lease and staged --overwrite as every store (hskstore/writer.py).
+    # The same output rule, writer lease and staged --overwrite as every store (hskstore/io/writer.py).
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from hskstore.writer import StoreWriter
+from hskstore.io.writer import StoreWriter
 from pipelines.core.tokenize import encode
 
 Arrays = dict[str, np.ndarray]

@@ -1,6 +1,6 @@
 """Selection and encoding on the teacher's device, in torch: the same bytes as the numpy reference.
 
-`hskstore.selection` and `hskstore.codecs` (numpy) stay the reference that `derive` and the readers
+`hskstore.method.selection` and `hskstore.codecs` (numpy) stay the reference that `derive` and the readers
 use (value codes: each codec's torch twin, pipelines/core/codecs_torch.py); this module computes the
 same arrays from a ProbeOutput without moving hidden states to the host: eligibility, ranking scores,
 top-N^L positions (stable: descending score, then ascending position), gathering, width masks, value
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hskstore.config import Selection
-from hskstore.schema import layer_names
-from hskstore.selection import attention_scores, static_width_indices
+from hskstore.format.config import Selection
+from hskstore.format.schema import layer_names
+from hskstore.method.selection import attention_scores, static_width_indices
 from pipelines.core import codecs_torch
 from pipelines.core.codecs_torch import cached, const  # constants made once per device (no blocking copy)
 from pipelines.dump.attention_scores import query_key_scores
@@ -46,11 +46,11 @@ NUMPY_KERNELS_ON_CPU = True
 
 # --- length selection ---------------------------------------------------------------------------------
 def eligible_tokens(input_ids: torch.Tensor, lengths: torch.Tensor, sep_id: int | None, exclude_sep: bool):
-    """hskstore.selection.eligible_tokens on tensors: real tokens, without [SEP] when asked."""
+    """hskstore.method.selection.eligible_tokens on tensors: real tokens, without [SEP] when asked."""
     eligible = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]
     if exclude_sep:
         if sep_id is None:
-            from hskstore.config import ConfigError
+            from hskstore.format.config import ConfigError
 
             raise ConfigError("excluding [SEP] needs a tokenizer with a sep token")
         eligible &= input_ids != sep_id
@@ -77,7 +77,7 @@ def ranking_scores(cls_rows: torch.Tensor, lengths: torch.Tensor, lengths_np: np
 
 
 def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, strategy: str):
-    """hskstore.selection.rank_tokens on tensors: (positions [B, N^L] int16, scores [B, N^L] float32)."""
+    """hskstore.method.selection.rank_tokens on tensors: (positions [B, N^L] int16, scores [B, N^L] float32)."""
     batch, length = scores.shape
     inf = const(math.inf, scores)
     if strategy in ("att", "att-nosep"):
@@ -88,7 +88,7 @@ def rank_tokens(scores: torch.Tensor, eligible: torch.Tensor, n_tokens: int, str
         key = torch.full((batch, length), math.inf, device=scores.device)
         key[:, 0] = torch.where(eligible[:, 0], const(0.0, scores), inf)
     else:
-        from hskstore.config import ConfigError
+        from hskstore.format.config import ConfigError
 
         raise ConfigError(f"unknown token strategy {strategy!r}")
     if key.device.type == "cpu" and NUMPY_KERNELS_ON_CPU:  # numpy's stable argsort is the faster on the host
@@ -117,7 +117,7 @@ def _mag_keys(vectors: torch.Tensor) -> torch.Tensor:
 
 
 def kept_indices(vectors: torch.Tensor, n_width: int, strategy: str, seed: int) -> torch.Tensor:
-    """Indices [..., N^W] (increasing) of the activations each vector keeps (hskstore.selection.width_mask)."""
+    """Indices [..., N^W] (increasing) of the activations each vector keeps (hskstore.method.selection.width_mask)."""
     d = vectors.shape[-1]
     if strategy != "mag":
         idx = cached(("static", strategy, d, n_width, seed), vectors.device,

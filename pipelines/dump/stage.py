@@ -17,7 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 from hskstore import __version__
-from hskstore.config import (
+from hskstore.errors import printable
+from hskstore.format.config import (
     BATCH_SIZE,
     DUMP_BOUNDS,
     DUMP_CHOICES,
@@ -37,9 +38,7 @@ from hskstore.config import (
     Selection,
     check_choices,
 )
-from hskstore.errors import printable
-from hskstore.layermap import check_chosen_depth, default_l_top, select_depth
-from hskstore.meta import (
+from hskstore.format.meta import (
     TASK,
     TASK_TEACHER_KEYS,
     TASK_TOKENIZER_KEYS,
@@ -50,9 +49,10 @@ from hskstore.meta import (
     TeacherRef,
     TokenizerRef,
 )
-from hskstore.outputs import STORE, claim_output
-from hskstore.schema import attention_row_layers
-from hskstore.writer import StoreWriter, writing
+from hskstore.format.schema import attention_row_layers
+from hskstore.io.outputs import STORE, claim_output
+from hskstore.io.writer import StoreWriter, writing
+from hskstore.method.layermap import check_chosen_depth, default_l_top, select_depth
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.devices import check_device
@@ -97,7 +97,7 @@ class DumpResult:
 
 @dataclass
 class DumpOptions:
-    """Every choice of `hsk dump`, with the product's defaults (declared in hskstore.config)."""
+    """Every choice of `hsk dump`, with the product's defaults (declared in hskstore.format.config)."""
 
     config: HSKConfig
     ref_student_layers: int | None = STUDENT_LAYERS.default
@@ -285,7 +285,7 @@ def teacher_keys(scores: dict, precision: str) -> tuple[str, ...]:
 def compute_record(batch_size: int, device: str, torch_threads: int | None = None) -> dict:
     """How the teacher's outputs are computed, beyond the metadata: their bytes depend on it (length-bucketed
     batches pad to their longest row; kernels differ by device and, on CPU, by thread count). Recorded at
-    creation; a resume must match it (hskstore.writer), so the finished store equals an uninterrupted dump."""
+    creation; a resume must match it (hskstore.io.writer), so the finished store equals an uninterrupted dump."""
     kind = torch.device(device).type
     threads = (torch_threads or torch.get_num_threads()) if kind == "cpu" else None
     return {"batch_size": batch_size, "device": kind, "torch_threads": threads}

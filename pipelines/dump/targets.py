@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hskstore import codec
-from hskstore.config import Selection
-from hskstore.schema import layer_names
-from hskstore.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
+from hskstore.format import codec
+from hskstore.format.config import Selection
+from hskstore.format.schema import layer_names
+from hskstore.method.selection import attention_scores, eligible_tokens, rank_tokens, width_mask
 from pipelines.dump.attention_scores import query_key_scores
 from pipelines.dump.probe import ProbeOutput
 

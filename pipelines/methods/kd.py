@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.config import check_between
+from hskstore.format.config import check_between
 from pipelines.core.tasks import Task
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 

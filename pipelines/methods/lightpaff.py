@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.config import check_between
-from hskstore.reader import store_type
+from hskstore.format.config import check_between
+from hskstore.io.reader import store_type
 from pipelines.registry import Context, Method, MethodError, Stage, Term, register
 
 PAPER = ("Song, Sun, Tan, Qin, Lu, Liu, Liu, 'LightPAFF: A Two-Stage Distillation Framework for Pre-training "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.methods.kd import check_kd, kd_stage, prediction_terms
 from pipelines.registry import Context, Method, MethodError, Term, register
 

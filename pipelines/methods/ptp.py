@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.core.tasks import get_task
 
 # (t1, t2) per task, from the authors' code; other tasks need --ptp-t1 and --ptp-t2.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hskstore.config import check_between
+from hskstore.format.config import check_between
 from pipelines.methods.mud import pred_stage
 from pipelines.registry import HEAD_MAPS, Context, Method, MethodError, Stage, Term, register
 

@@ -2,7 +2,7 @@
 
 Every run is checked with the trainer's own check (pipelines.train.distill.run_problems: the method
 against the store, the student's depth against the store's layer map), on the selection its store
-will have (hskstore.derive.plan_derive: nothing is derived to find out). `hsk sweep --dry-run`
+will have (hskstore.share.derive.plan_derive: nothing is derived to find out). `hsk sweep --dry-run`
 shows the result per run; a sweep refuses to start while any run cannot run.
 """
 
@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hskstore.config import ConfigError, HSKConfig, Selection
-from hskstore.derive import plan_derive
-from hskstore.meta import StoreMeta
-from hskstore.reader import open_store
+from hskstore.format.config import ConfigError, HSKConfig, Selection
+from hskstore.format.meta import StoreMeta
+from hskstore.io.reader import open_store
+from hskstore.share.derive import plan_derive
 from pipelines.core.models import ModelLoadError
 from pipelines.core.tasks import get_task
 from pipelines.sweep.plan import PlannedRun

@@ -3,7 +3,7 @@
 The experiment of METHOD.md (the paper's Table 5 idea): how good is a student distilled from A
 units of hidden-state knowledge (A = N^D * N^L * N^W / d_T), for A from a tenth of a token vector
 up to everything the source store keeps? One source store is dumped once with the teacher; every
-smaller config is derived from it without the teacher (`hskstore.derive`), so the sweep never
+smaller config is derived from it without the teacher (`hskstore.share.derive`), so the sweep never
 loads the teacher.
 
 The sweep in four modules: `spec` (what is asked: `SweepSpec`), `plan` (the runs: `plan_runs`,
@@ -48,8 +48,8 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from hskstore.config import ConfigError
-from hskstore.outputs import claim_output, mark_output
+from hskstore.format.config import ConfigError
+from hskstore.io.outputs import claim_output, mark_output
 from pipelines.core.output_kinds import SWEEP
 from pipelines.sweep.plan import PlannedRun, plan_runs, run_dir, train_options
 from pipelines.sweep.results import append_results, read_results, rows_to_table

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from hskstore import codecs
-from hskstore.config import HSKConfig, Selection
-from hskstore.meta import StoreMeta
-from hskstore.reader import HSKStore
-from hskstore.schema import ids_dtype
+from hskstore.format.config import HSKConfig, Selection
+from hskstore.format.meta import StoreMeta
+from hskstore.format.schema import ids_dtype
+from hskstore.io.reader import HSKStore
 
 # Amounts of HSK the grid aims at (token-vector units); powers of two continue up to the source's A.
 BASE_TARGETS = (0.1, 0.5, 1.0)
@@ -41,7 +41,7 @@ def selection(meta: dict | StoreMeta) -> Selection:
 
 
 def _candidates(sel: Selection) -> list[HSKConfig]:
-    """Every round-numbered config derivable from a source with selection `sel` (see hskstore.derive)."""
+    """Every round-numbered config derivable from a source with selection `sel` (see hskstore.share.derive)."""
     src = sel.config
     if src.logits_only:
         return []

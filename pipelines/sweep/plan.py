@@ -1,7 +1,7 @@
 """Which runs a sweep makes: the spec's entries expanded against the source store, one `PlannedRun` each.
 
 Pure planning: the source store is opened and every derived config checked against it
-(`hskstore.derive.plan_derive`), but nothing is derived or trained. A run's `run_id` hashes everything
+(`hskstore.share.derive.plan_derive`), but nothing is derived or trained. A run's `run_id` hashes everything
 that decides its result (the source's identity, the config, dtype, student, method options and
 training settings), so plans are deterministic and a rerun recognises finished runs. Which configs a
 grid holds is `pipelines.sweep.grid`'s; deriving and training is `pipelines.sweep.execute`'s.
@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hskstore.config import ConfigError, HSKConfig, Selection
-from hskstore.derive import plan_derive
-from hskstore.meta import StoreMeta
-from hskstore.reader import open_store
+from hskstore.format.config import ConfigError, HSKConfig, Selection
+from hskstore.format.meta import StoreMeta
+from hskstore.io.reader import open_store
+from hskstore.share.derive import plan_derive
 from pipelines.methods import Context, get_method
 from pipelines.sweep.grid import budget_grid, selection, table5_grid
 from pipelines.sweep.spec import (

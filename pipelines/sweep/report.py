@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 from matplotlib.figure import Figure
 
-from hskstore.outputs import mark_output, staged_replace
+from hskstore.io.outputs import mark_output, staged_replace
 from pipelines.core.output_kinds import REPORT
 from pipelines.sweep.results import ResultsError, conform, read_results
 
@@ -406,7 +406,7 @@ def report(results_path: str | os.PathLike | Sequence[str | os.PathLike], out_di
 
     Several results tables (e.g. one per task): one panel per table, metric against store bytes per
     example (`plot_tasks`), and one section of the markdown per table.
-    out_dir follows the output rule (hskstore.outputs): a new (or empty) folder, or a report folder
+    out_dir follows the output rule (hskstore.io.outputs): a new (or empty) folder, or a report folder
     with `overwrite`, replaced only once the new report is complete; anything else is refused.
     """
     paths = [results_path] if isinstance(results_path, (str, os.PathLike)) else list(results_path)

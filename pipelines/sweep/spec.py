@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hskstore.config import VALUE_DTYPES, ConfigError
-from hskstore.meta import StoreMeta
-from hskstore.reader import open_store
+from hskstore.format.config import VALUE_DTYPES, ConfigError
+from hskstore.format.meta import StoreMeta
+from hskstore.io.reader import open_store
 from pipelines.methods import get_method
 from pipelines.train.options import TrainOptions
 

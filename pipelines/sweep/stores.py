@@ -18,19 +18,19 @@ from typing import Any
 
 import zarr
 
-from hskstore.config import HSKConfig
-from hskstore.derive import derive
-from hskstore.info import storage_report
-from hskstore.location import atomic_file, zarr_location
-from hskstore.meta import StoreMeta
-from hskstore.reader import open_store
-from hskstore.schema import META_KEY
+from hskstore.format.config import HSKConfig
+from hskstore.format.meta import StoreMeta
+from hskstore.format.schema import META_KEY
+from hskstore.io.info import storage_report
+from hskstore.io.location import atomic_file, zarr_location
+from hskstore.io.reader import open_store
+from hskstore.share.derive import derive
 from pipelines.sweep.spec import SweepSpec
 
 
 @dataclass(frozen=True)
 class StoreSize:
-    """What the results table records about a run's store (from hskstore.info.storage_report)."""
+    """What the results table records about a run's store (from hskstore.io.info.storage_report)."""
 
     total_bytes: int
     bytes_per_example: float

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 
 
 def _is_self_attention(module: nn.Module) -> bool:

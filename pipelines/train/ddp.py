@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 
 
 @dataclass(frozen=True)

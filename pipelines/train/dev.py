@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hskstore.config import ConfigError
-from hskstore.meta import StoreMeta
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import StoreMeta
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task
 

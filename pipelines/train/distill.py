@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hskstore.config import ConfigError, Selection
-from hskstore.meta import StoreMeta
-from hskstore.outputs import OutputError, claim_output, mark_output, staged_replace
+from hskstore.format.config import ConfigError, Selection
+from hskstore.format.meta import StoreMeta
+from hskstore.io.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
 from pipelines.core.precision import resolve_step

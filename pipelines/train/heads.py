@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 
 HEAD_SIZES: dict[str, int] = {"ptp4": 4}  # head name -> number of outputs (besides "task")
 

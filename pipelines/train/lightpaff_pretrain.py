@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from hskstore import open_store
-from hskstore.config import ConfigError
-from hskstore.meta import StoreMeta
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import StoreMeta
 from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
 from pipelines.train.adapter import masked_lm_batch

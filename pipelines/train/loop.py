@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import (
     MetricsLog,

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hskstore.config import ConfigError
-from hskstore.meta import Layout
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import Layout
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash

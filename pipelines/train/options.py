@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hskstore.config import ConfigError, check_at_least
+from hskstore.format.config import ConfigError, check_at_least
 
 if TYPE_CHECKING:  # the dump's options (torch-side); training options do not need them at runtime
     from pipelines.dump.stage import DumpOptions

@@ -7,7 +7,7 @@ summary.json. Layer 0 is the embedding output on both sides; layer k the k-th bl
 
 Rules:
 - "store" (mud): the store's reference student entries, as they are when the student has the
-  reference depth, else the student's top layers meet the stored ones (hskstore.layermap); a store
+  reference depth, else the student's top layers meet the stored ones (hskstore.method.layermap); a store
   written from an explicit layer list maps teacher layer j to round(j * S / L).
 - "pkd-skip", "pkd-last" (Patient KD, pipelines/methods/pkd.py): student layers 1..S-1 against the
   teacher's I_pt (`pkd_teacher_layers`); the store must hold the [CLS] vectors of those layers.
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from hskstore.config import ConfigError, Selection
-from hskstore.layermap import student_to_store_layers
+from hskstore.format.config import ConfigError, Selection
+from hskstore.method.layermap import student_to_store_layers
 from pipelines.methods.pkd import PKD_RULES, pkd_teacher_layers
 
 

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from hskstore.config import ConfigError
-from hskstore.outputs import mark_output, staged_replace
+from hskstore.format.config import ConfigError
+from hskstore.io.outputs import mark_output, staged_replace
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, load_examples
 from pipelines.core.models import (

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from hskstore.config import ConfigError, HSKConfig
 from hskstore.errors import ProvenanceError
-from hskstore.meta import StoreMeta
-from hskstore.reader import open_store
-from hskstore.schema import array_specs
+from hskstore.format.config import ConfigError, HSKConfig
+from hskstore.format.meta import StoreMeta
+from hskstore.format.schema import array_specs
+from hskstore.io.reader import open_store
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task, get_task
 from pipelines.train.options import TrainOptions

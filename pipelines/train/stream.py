@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from hskstore import CorruptStoreError, HSKStore, IncompleteStoreError
-from hskstore.config import ConfigError
+from hskstore.format.config import ConfigError
 from pipelines.core import codecs_torch
 
 TRIMMED = ("input_ids", "token_type_ids")  # cut to the batch's longest text
@@ -540,7 +540,7 @@ def _luts(device: torch.device, n_width: int) -> tuple[torch.Tensor, torch.Tenso
 
 def dense_targets(values: torch.Tensor, packed: torch.Tensor, hidden_size: int,
                   scale: torch.Tensor | None = None, *, codec: str) -> torch.Tensor:
-    """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.codec.dense. `codec`: the
+    """Zero-filled teacher vectors [..., d] float32; the torch twin of hskstore.format.codec.dense. `codec`: the
     store's value codec by name (its torch twin decodes, pipelines/core/codecs_torch.py).
 
     Values are stored in index order under the mask, so the j-th set bit of a vector takes value j.

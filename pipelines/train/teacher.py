@@ -6,7 +6,7 @@ fine-tuning, run by the one training loop as the `finetune` method (pipelines/me
 AdamW, weight decay 0.01 except bias/LayerNorm, linear schedule with warmup, gradient clipping,
 best dev evaluation kept. Deterministic for a seed on CPU. The loop works in a hidden sibling
 `.OUT.hsk-train` (checkpoint, metrics.jsonl), so an interrupted run resumes; the teacher is then
-built in a staged sibling and swapped in whole (the output rule, hskstore/outputs.py), and the
+built in a staged sibling and swapped in whole (the output rule, hskstore/io/outputs.py), and the
 work folder is removed.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hskstore.config import ConfigError
-from hskstore.outputs import mark_output, staged_replace
+from hskstore.format.config import ConfigError
+from hskstore.io.outputs import mark_output, staged_replace
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.models import (
     load_classifier,
@@ -274,7 +274,7 @@ def fine_tune_teacher(
 
     `precision`: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16 (pipelines.core.precision).
 
-    `out_dir` follows the output rule (hskstore.outputs): it must be new (or an empty folder), or a
+    `out_dir` follows the output rule (hskstore.io.outputs): it must be new (or an empty folder), or a
     teacher folder with `overwrite`; the checkpoint is built in a hidden sibling and moved in whole,
     so an interrupted run leaves the old teacher (or nothing) at `out_dir`.
     """

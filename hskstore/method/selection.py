@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import ConfigError
+from ..format.config import ConfigError
 
 
 def eligible_tokens(

@@ -1,5 +1,5 @@
 """Dimension names and attributes on the arrays of an existing store: what `hsk upgrade` adds to a store
-written before format 3 (hskstore/schema.py declares them; new stores are created with them).
+written before format 3 (hskstore/format/schema.py declares them; new stores are created with them).
 
 zarr has no public call that changes an existing array's `dimension_names`, so each array's zarr.json is
 rewritten with the two fields set, its other fields as they were (the data is not touched).
@@ -11,8 +11,8 @@ import json
 
 import zarr
 
-from .manifest import array_description, list_arrays, manifest_of
-from .schema import PROGRESS_DESCRIBED, array_specs
+from ..format.manifest import array_description, list_arrays, manifest_of
+from ..format.schema import PROGRESS_DESCRIBED, array_specs
 from .zarr_adapter import get_bytes, set_bytes
 
 ZARR_JSON = "zarr.json"

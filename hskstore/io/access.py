@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 
-from .errors import StoreError
+from ..errors import StoreError
 
 CREDENTIALS = ("set the object store's credentials (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
                "AWS_PROFILE)")

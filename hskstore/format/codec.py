@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import codecs
+from .. import codecs
 
 
 # --- masks ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from zarr.codecs import BloscCodec, BloscShuffle
 
-from . import codecs
+from .. import codecs
 from .config import HSKConfig
 from .meta import MLM, TASK, Layout, objective_of
 
@@ -273,5 +273,5 @@ def shard_bounds(meta: dict, shard: int) -> tuple[int, int]:
 
 
 def make_layout(n_rows: int, n_width: int, shard_rows: int = 1024, chunk_rows: int | None = None) -> dict:
-    """Layout.of as its mapping (hskstore.meta)."""
+    """Layout.of as its mapping (hskstore.format.meta)."""
     return Layout.of(n_rows, n_width, shard_rows, chunk_rows).to_dict()

@@ -1,7 +1,7 @@
 """The decoded view for analysis: per example and kept layer, the dense teacher vectors a task store holds.
 
     from hskstore import open_store
-    from hskstore.view import dense_view, dense_dataset
+    from hskstore.io.view import dense_view, dense_dataset
     store = open_store("sst2.zarr")
     view = dense_view(store, slice(0, 100))   # numpy: view.hidden [100, N^D, N^L, d] float32
     ds = dense_dataset(store, slice(0, 100))  # the same as an xarray.Dataset (needs `pip install xarray`)
@@ -18,7 +18,7 @@ from importlib import import_module
 
 import numpy as np
 
-from .config import ConfigError
+from ..format.config import ConfigError
 from .reader import HSKStore
 
 DIMS = ("rows", "layer", "kept_tokens", "hidden")  # the axes of `DenseView.hidden` (`dense_dataset`'s names)

@@ -215,7 +215,7 @@ class MaskedLMSelection:
                    d["max_masked"], d["top_k"])
 
 
-# StoreMeta fields after the description, as the writer adds them (hskstore.writer)
+# StoreMeta fields after the description, as the writer adds them (hskstore.io.writer)
 _BOOKKEEPING = ("sharing", "derived_from", "format_version", "complete", "identity", "created", "software_version",
                 "inputs_hash", "checksums", "stored_bytes", "manifest")
 
@@ -225,7 +225,7 @@ class StoreMeta:
     """Everything a store's metadata says, typed; `raw` is the dict itself (the serialised form).
 
     `selection` is kind-specific and stays a mapping here: a task store parses it as config.Selection,
-    a masked-LM store as MaskedLMSelection (hskstore.reader's store classes).
+    a masked-LM store as MaskedLMSelection (hskstore.io.reader's store classes).
     """
 
     objective: str

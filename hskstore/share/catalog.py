@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import fsspec
 
-from .errors import StoreError, printable
-from .location import is_bundle, location, zip_problem
-from .meta import objective_of
-from .outputs import LEASE_NAME
-from .reader import store_type
-from .schema import PROGRESS_GROUP
+from ..errors import StoreError, printable
+from ..format.meta import objective_of
+from ..format.schema import PROGRESS_GROUP
+from ..io.location import is_bundle, location, zip_problem
+from ..io.outputs import LEASE_NAME
+from ..io.reader import store_type
 
 CARD = "README.md"
 GENERATOR = "hsk catalog"

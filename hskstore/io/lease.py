@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 
-from .errors import StoreError
+from ..errors import StoreError
 from .location import Location, location
 from .outputs import LEASE_NAME
 

@@ -11,7 +11,7 @@ an fsspec file. What this module touches that zarr does not promise:
 - `Array._async_array` (to read several arrays' rows in one go: zarr's synchronous API reads one array
   at a time, so a shard of 12 arrays behind 50 ms of network latency would cost 12 round trips);
 - `Array.store_path` (the array's place in its store): whole shard objects are fetched
-  (`read_shards`) and stored (`put_shard`) here, encoded and decoded by hskstore.shard_codec. zarr
+  (`read_shards`) and stored (`put_shard`) here, encoded and decoded by hskstore.format.shard_codec. zarr
   reads and writes a shard's inner chunks as separate tasks on a thread pool; for a shard of 4
   chunks and 19 arrays that costs more CPU than the compression (benchmarks/loader_throughput.py,
   shard_write_cost.py).
@@ -32,7 +32,7 @@ import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.core.sync import sync
 
-from .shard_codec import ShardLayout
+from ..format.shard_codec import ShardLayout
 
 # The private names above, for the test that checks zarr still has them.
 PRIVATE_NAMES = ("zarr.core.sync.sync", "zarr.core.buffer.cpu.Buffer", "zarr.core.buffer.default_buffer_prototype",

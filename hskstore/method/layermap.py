@@ -5,7 +5,7 @@ Student entries are [emb, 1..S]; teacher hidden states are H_0 (embeddings) .. H
 
 from __future__ import annotations
 
-from .config import ConfigError
+from ..format.config import ConfigError
 
 
 def layer_map(n_student: int, l_top: int) -> list[int]:

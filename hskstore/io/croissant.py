@@ -28,12 +28,12 @@ from pathlib import Path
 
 import zarr
 
+from ..format.digest import fingerprint
+from ..format.schema import ArraySpec, array_specs
 from .card import front_matter, store_name, stored_bytes
-from .digest import fingerprint
 from .location import atomic_file
 from .outputs import remove_dead_temporaries
 from .reader import HSKStore, store_type
-from .schema import ArraySpec, array_specs
 from .zarr_adapter import get_bytes, set_bytes
 
 CROISSANT_NAME = "croissant.json"
@@ -286,7 +286,7 @@ def _is_croissant_file(path: Path) -> bool:
 
 def claim_sibling(bundle: str | Path, *, overwrite: bool) -> Path:
     """The sibling croissant.json path of a bundle about to be packed; refuses (one line) what must not be replaced."""
-    from .errors import StoreExistsError
+    from ..errors import StoreExistsError
 
     path = sibling_name(Path(bundle))
     remove_dead_temporaries(str(path))

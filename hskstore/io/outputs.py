@@ -12,7 +12,7 @@ lease (the first file a writer creates, so even a half-created store is recognis
 output folder by the MARKER file `mark_output` writes into it before anything else.
 
 The rule is the same for local paths and fsspec URLs (s3://, memory://...): storage goes through
-hskstore.location. This module knows one kind itself, the store; the kinds of other folders (runs,
+hskstore.io.location. This module knows one kind itself, the store; the kinds of other folders (runs,
 teachers, sweeps...) and which of them resume are the commands' (pipelines/core/output_kinds.py).
 """
 
@@ -28,14 +28,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import StoreError, StoreExistsError
-from .location import WRITABLE_SCHEMES, LocalLocation, Location, location, private_folder
-from .schema import top_level_entries
-from .version import __version__
+from ..errors import StoreError, StoreExistsError
+from ..format.schema import top_level_entries
+from ..version import __version__
+from .location import WRITABLE_SCHEMES, LocalLocation, Location, is_bundle, location, private_folder
 
 MARKER = ".hsk-output.json"
 STORE = "store"
-LEASE_NAME = ".hsk-lease.json"  # a store's writer lease (hskstore.lease); names a store from its first byte
+LEASE_NAME = ".hsk-lease.json"  # a store's writer lease (hskstore.io.lease); names a store from its first byte
 # The top-level entries a store of any hsk version and kind can hold (from the schema); a zarr group with no
 # attributes and only these is a store whose creation was interrupted by an older hsk (it wrote the attributes last).
 STORE_ENTRIES = top_level_entries() | {LEASE_NAME}
@@ -51,8 +51,17 @@ class OutputError(StoreExistsError):
     """An output path holds something this command must not write over; the message says what to do."""
 
 
+def refuse_bundle_output(url: str) -> None:
+    """Writers call this: a bundle name is no writable output (bundles are read-only, made only by `hsk pack`)."""
+    if is_bundle(url):
+        raise StoreExistsError(
+            f"{url} is a bundle name: bundles are read-only. Write the store to a folder or URL, then "
+            f"`hsk pack STORE {url}`"
+        )
+
+
 def fault(point: str) -> None:
-    """Test hook (see hskstore.writer): with HSK_FAULT=<point>, end the process here as a kill would, with
+    """Test hook (see hskstore.io.writer): with HSK_FAULT=<point>, end the process here as a kill would, with
     exit status 86; with HSK_FAULT=wait-<point>:<file>, wait here until <file> exists."""
     name, _, flag = os.environ.get("HSK_FAULT", "").partition(":")
     if name == point:
@@ -218,7 +227,7 @@ def _remove_dead_staged(path: str) -> None:
 
 
 def remove_dead_temporaries(path: str) -> None:
-    """Delete the temporary files `.NAME.hsk-tmp-PID-...` (hskstore.location.atomic_file) of earlier commands on
+    """Delete the temporary files `.NAME.hsk-tmp-PID-...` (hskstore.io.location.atomic_file) of earlier commands on
     `path` killed on this machine: plain files under exactly that name whose process no longer runs."""
     for tmp in location(str(path)).leftovers("tmp"):
         if isinstance(tmp, LocalLocation) and tmp.path.is_file() and not tmp.path.is_symlink():
@@ -299,7 +308,7 @@ def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Pa
     """The output rule for commands that write one local file (a catalog page, a parquet export).
 
     Nothing there: "new". A file `recognise(path)` says this command wrote: replaced only with
-    `overwrite` (write it with `hskstore.location.atomic_file`). Anything else (a folder, a link, a
+    `overwrite` (write it with `hskstore.io.location.atomic_file`). Anything else (a folder, a link, a
     foreign file) is refused with one line and left untouched. Temporaries of earlier runs on `path`
     that were killed are deleted.
     """

@@ -6,7 +6,7 @@ written; resuming rewrites it, and since the inputs are deterministic the bytes 
 same. The store is marked complete, with array checksums and the manifest, only after every
 shard is done.
 
-Creation is crash-safe: the first object written is the writer lease (hskstore.lease), which
+Creation is crash-safe: the first object written is the writer lease (hskstore.io.lease), which
 already names the folder an hsk store; the group's zarr.json is then written with the hsk
 attributes in the same write, and the arrays after it. A store whose creation was cut short
 has no shard written, so the next writer simply recreates its structure.
@@ -15,7 +15,7 @@ has no shard written, so the next writer simply recreates its structure.
 alone (no lease) is for code that coordinates its writers itself, e.g. workers of one driver
 that holds the lease and write disjoint shards.
 
-Fault hook for tests (hskstore.outputs.fault): with the environment variable HSK_FAULT set to one of
+Fault hook for tests (hskstore.io.outputs.fault): with the environment variable HSK_FAULT set to one of
 FAULT_POINTS, the writer ends the process with os._exit(FAULT_EXIT) at that point, as a kill or a power cut would
 (no cleanup, no finally blocks). HSK_FAULT=wait-<point>:<file> instead makes it wait at that
 point until <file> exists (a writer held still, so a test can start a second one against it).
@@ -33,28 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
-from .array_meta import described_manifest, write_described
-from .bundle import refuse_bundle_output
-from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
-from .croissant import CROISSANT_NAME, read_croissant, write_croissant
-from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, StoreExistsError, shown
-from .lease import Lease, LeaseHeldError
-from .lineage import data_origin
-from .location import location, zarr_location
-from .manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
-from .outputs import (
-    LEASE_NAME,
-    PARTIAL_FILE,
-    STORE,
-    STORE_ENTRIES,
-    claim_output,
-    fault,
-    output_kind,
-    staged_replace,
-)
-from .reader import HSKStore, render_card
-from .schema import (
+from ..errors import CorruptStoreError, StoreExistsError, shown
+from ..format.digest import array_checksum, shard_digest
+from ..format.manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
+from ..format.schema import (
     DIGEST_BYTES,
     DIMENSIONS_SINCE,
     FORMAT_VERSION,
@@ -66,7 +48,25 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .shard_codec import ShardLayout
+from ..format.shard_codec import ShardLayout
+from .array_meta import described_manifest, write_described
+from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
+from .croissant import CROISSANT_NAME, read_croissant, write_croissant
+from .lease import Lease, LeaseHeldError
+from .lineage import data_origin
+from .location import location, zarr_location
+from .outputs import (
+    LEASE_NAME,
+    PARTIAL_FILE,
+    STORE,
+    STORE_ENTRIES,
+    claim_output,
+    fault,
+    output_kind,
+    refuse_bundle_output,
+    staged_replace,
+)
+from .reader import HSKStore, render_card
 from .zarr_adapter import put_shard
 
 FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap",
@@ -258,7 +258,7 @@ class StoreWriter:
         self.specs = array_specs(meta)
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
         # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
-        # (same bytes: hskstore/shard_codec.py); an array laid out otherwise is written through zarr.
+        # (same bytes: hskstore/format/shard_codec.py); an array laid out otherwise is written through zarr.
         self._layouts = {name: ShardLayout.of(array) for name, array in self._arrays.items()}
         # Arrays of a shard are encoded and written concurrently (Blosc releases the GIL), by a pool
         # started at the first shard written (a complete store opened for its card starts none).

@@ -18,10 +18,11 @@ from pathlib import Path
 import fsspec
 import zarr
 
-from .errors import CorruptStoreError, StoreError, StoreExistsError
-from .lease import Lease
-from .location import BUNDLE_SUFFIX, atomic_file, is_bundle, zarr_location, zip_problem
-from .outputs import (
+from ..errors import CorruptStoreError, StoreError, StoreExistsError
+from ..format.schema import META_KEY
+from ..io.lease import Lease
+from ..io.location import BUNDLE_SUFFIX, atomic_file, is_bundle, zarr_location, zip_problem
+from ..io.outputs import (
     STORE,
     OutputError,
     output_kind,
@@ -30,21 +31,11 @@ from .outputs import (
     remove_tree,
     staged_replace,
 )
-from .reader import HSKStore
-from .schema import META_KEY
-from .zarr_adapter import get_bytes, list_keys
+from ..io.reader import HSKStore
+from ..io.zarr_adapter import get_bytes, list_keys
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's first representable time: no build time in the bytes
-__all__ = ["BUNDLE_SUFFIX", "is_bundle", "pack", "refuse_bundle_output", "store_keys", "unpack", "zarr_location"]
-
-
-def refuse_bundle_output(url: str) -> None:
-    """Writers call this: a bundle is read-only, made only by `hsk pack`."""
-    if is_bundle(url):
-        raise StoreExistsError(
-            f"{url} is a bundle name: bundles are read-only. Write the store to a folder or URL, then "
-            f"`hsk pack STORE {url}`"
-        )
+__all__ = ["BUNDLE_SUFFIX", "is_bundle", "pack", "store_keys", "unpack", "zarr_location"]
 
 
 def _packable(key: str) -> bool:
@@ -127,7 +118,7 @@ def unpack(bundle: str, out: str | os.PathLike, *, overwrite: bool = False, log=
     """Extract a bundle into the local folder `out` (checked before it takes its name); returns it.
 
     Replacing a store takes its writer lease first (refused while a dump writes it), then builds the new
-    one in a hidden sibling and swaps it in (hskstore.outputs.staged_replace): the old store stays whole
+    one in a hidden sibling and swaps it in (hskstore.io.outputs.staged_replace): the old store stays whole
     until the new one is, even if the unpack is killed.
     """
     out = Path(out)

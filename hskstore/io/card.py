@@ -7,7 +7,7 @@ short body a person reads. The front matter is emitted by hand as YAML whose lea
 scalars and flow lists (JSON is valid YAML), so hskstore needs no YAML library.
 
 The card is a description, not a contract: the checksummed metadata in zarr.json stays the
-authority, and `hskstore.reader.render_card(meta, ...)` rebuilds the card of any store.
+authority, and `hskstore.io.reader.render_card(meta, ...)` rebuilds the card of any store.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 
 import zarr
 
-from .meta import objective_of
+from ..format.meta import objective_of
 from .zarr_adapter import get_bytes, set_bytes
 
 CARD_NAME = "README.md"
@@ -40,7 +40,7 @@ def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -
     """The card's machine-readable fields, from a store's hsk metadata.
 
     `at` (what the store keeps, in a few words) and `category` (its Hugging Face task category) are its
-    kind's: hskstore.reader's store classes give them (`card_headline`).
+    kind's: hskstore.io.reader's store classes give them (`card_headline`).
     """
     task, teacher, tokenizer = meta["task"], meta["teacher"], meta["tokenizer"]
     selection = {k: v for k, v in meta["selection"].items() if k != "deviations"}
@@ -66,7 +66,7 @@ def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -
             "hidden_size": teacher.get("hidden_size"),
             # recorded since the [CLS] rows of other architectures are read (older cards stay as they were)
             **{k: teacher[k] for k in ("model_type", "scores") if k in teacher},
-            # recorded only when not fp32 (hskstore.meta.TeacherRef): fp32 stores keep their cards
+            # recorded only when not fp32 (hskstore.format.meta.TeacherRef): fp32 stores keep their cards
             **({"precision": teacher["precision"]} if teacher.get("precision") else {}),
         },
         "tokenizer": {"id": tokenizer["name"], "vocab_hash": tokenizer.get("vocab_hash"),
@@ -174,7 +174,7 @@ def store_name(url: str) -> str:
 
 
 def write_card(group: zarr.Group, text: str) -> str:
-    """Write a finished store's card (hskstore.reader.render_card) at the store's root; returns its text."""
+    """Write a finished store's card (hskstore.io.reader.render_card) at the store's root; returns its text."""
     set_bytes(group, CARD_NAME, text.encode())
     return text
 

@@ -6,7 +6,7 @@ One row per example, one column per store array, named by its path with "/" as "
 - each kept layer's values are *decoded* to float32, [N^L, N^W] in index order (the kept
   activations; int8/int4/mxfp4 codes times their scales), so the `scale` arrays are not
   exported; `masks` stay bit-packed uint8 [N^L, ceil(d/8)] (numpy packbits order) and say
-  which of the d activations each value is (`hskstore.codec.dense` rebuilds the dense vectors);
+  which of the d activations each value is (`hskstore.format.codec.dense` rebuilds the dense vectors);
 - float16 arrays (attention rows) become float32 (Parquet readers differ on half floats);
 - everything else (ids, label, logits, positions, scores, masked-LM arrays) keeps its dtype
   (`datasets`' numpy format widens integers to int64: the uint64 `text_hash` shows the same bits
@@ -17,7 +17,7 @@ The `datasets.IterableDataset` differs in one column: its `text_hash` is int64 w
 narrow one (`with_format("torch")` would fail with "Overflow when unpacking long long").
 
 Every shard is read digest-checked. The file is written under a temporary name beside OUT and
-renamed in, following the output rule for files (`hskstore.outputs.claim_file_output`); its schema
+renamed in, following the output rule for files (`hskstore.io.outputs.claim_file_output`); its schema
 metadata (`hsk_export`) names the store's content address. pyarrow is an hskstore dependency;
 `datasets` is imported only by `iterable_dataset`.
 """
@@ -32,10 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import codec
-from .location import atomic_file
-from .outputs import claim_file_output
-from .reader import HSKStore, open_store
+from ..format import codec
+from ..io.location import atomic_file
+from ..io.outputs import claim_file_output
+from ..io.reader import HSKStore, open_store
 
 EXPORT_KEY = b"hsk_export"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import codecs
-from .errors import UserError
+from .. import codecs
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

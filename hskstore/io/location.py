@@ -34,7 +34,7 @@ from typing import BinaryIO
 import fsspec
 import zarr
 
-from .errors import CorruptStoreError, StoreError
+from ..errors import CorruptStoreError, StoreError
 from .zarr_adapter import ObjectReader, RemoteZipStore, local_store, read_files_here, zip_store
 
 # Where outputs can go besides local folders: object stores and network filesystems (fsspec protocols).

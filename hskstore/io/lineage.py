@@ -4,7 +4,7 @@
   examples' own (`meta["dataset"]["fingerprint"]`, over texts and labels): the sha256 and size of a
   local source file, or the hub dataset (its revision when the source names one). A derived
   store inherits its parent's.
-- `derived_from` (hskstore.derive): the parent's URL, content address, identity, config and the
+- `derived_from` (hskstore.share.derive): the parent's URL, content address, identity, config and the
   derive options, nested back to the dump.
 - `chain`: the ancestors of a store, nearest first, each found where it is reachable (the recorded
   URL, or a folder of the same name beside the store) and checked by its content address as
@@ -25,9 +25,9 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import StoreError, printable
+from ..errors import StoreError, printable
+from ..format.manifest import identity
 from .location import is_local
-from .manifest import identity
 from .reader import HSKStore
 
 _FILE_SOURCES = ("glue_data", "file", "text", "table")

@@ -32,16 +32,17 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import codec, codecs
-from .config import VALUE_DTYPES, ConfigError, HSKConfig, Selection, check_choices
-from .digest import array_checksum
-from .errors import CorruptStoreError, StoreExistsError
-from .layermap import select_depth
-from .outputs import STORE, claim_output
-from .reader import HSKStore, open_store
-from .schema import PROGRESS_DIGESTS, attention_row_layers, layer_names
-from .selection import static_width_indices, width_mask
-from .writer import writing
+from .. import codecs
+from ..errors import CorruptStoreError, StoreExistsError
+from ..format import codec
+from ..format.config import VALUE_DTYPES, ConfigError, HSKConfig, Selection, check_choices
+from ..format.digest import array_checksum
+from ..format.schema import PROGRESS_DIGESTS, attention_row_layers, layer_names
+from ..io.outputs import STORE, claim_output
+from ..io.reader import HSKStore, open_store
+from ..io.writer import writing
+from ..method.layermap import select_depth
+from ..method.selection import static_width_indices, width_mask
 
 # Bookkeeping of the source that must not leak into the derived store (the writer recomputes it).
 _SOURCE_ONLY = ("checksums", "inputs_hash", "complete", "identity", "created", "software_version",
@@ -263,9 +264,9 @@ def derive(
     (e.g. `tqdm`); `log` gets the writer's messages (lease taken over, already complete).
     `attention_rows`: None keeps the source's TinyBERT attention rows, False drops them, True
     requires them. Returns the derived store's metadata. Follows the output rule
-    (hskstore.outputs) and holds the writer lease.
+    (hskstore.io.outputs) and holds the writer lease.
     """
-    from . import __version__
+    from .. import __version__
 
     config = HSKConfig.parse(config) if isinstance(config, str) else config
     if _same_location(str(source_url), str(out_url)):

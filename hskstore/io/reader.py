@@ -8,16 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
-from . import card, codec, info
-from .access import raise_if_access
-from .config import ConfigError, HSKConfig, Selection
-from .digest import array_checksum, shard_digest
-from .errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
-from .location import object_reader, url_problem, zarr_location
-from .manifest import MANIFEST_KEY, compute_manifest, list_arrays
-from .meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
-from .outputs import recover_swap
-from .schema import (
+from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
+from ..format import codec
+from ..format.config import ConfigError, HSKConfig, Selection
+from ..format.digest import array_checksum, shard_digest
+from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
+from ..format.meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
+from ..format.schema import (
     DIGEST_BYTES,
     MANIFEST_SINCE,
     META_KEY,
@@ -30,7 +27,11 @@ from .schema import (
     n_shards,
     shard_bounds,
 )
-from .shard_codec import ShardLayout
+from ..format.shard_codec import ShardLayout
+from . import card, info
+from .access import raise_if_access
+from .location import object_reader, url_problem, zarr_location
+from .outputs import recover_swap
 from .zarr_adapter import read_many, read_shards
 
 _REQUIRED = ("task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
@@ -128,10 +129,10 @@ class HSKStore:
 
     `open_store` gives one of its kinds, TaskStore or MLMStore; each owns what differs between them (its
     selection, `hsk info` report, card, what derive accepts, what a trainer may read). `meta` is the
-    metadata dict as stored, `metadata` its typed view (hskstore.meta.StoreMeta).
+    metadata dict as stored, `metadata` its typed view (hskstore.format.meta.StoreMeta).
     """
 
-    objective = ""  # the kind's name in meta["objective"] (hskstore.meta)
+    objective = ""  # the kind's name in meta["objective"] (hskstore.format.meta)
     selection: Selection | None = None
     # Stage.reads a trainer may ask of this kind of store (pipelines.train.sources maps them to arrays)
     reads: frozenset[str] = frozenset()
@@ -567,7 +568,7 @@ def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
 
 
 def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
-    """The card's text: front matter, then what the store is for and how to open it (hskstore.card).
+    """The card's text: front matter, then what the store is for and how to open it (hskstore.io.card).
 
     `name` is how the examples refer to the store (its folder name: the card stays true when the
     store is copied elsewhere).

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import CorruptStoreError, printable
+from ..errors import CorruptStoreError, printable
 
-if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.reader)
-    from .meta import StoreMeta
+if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.io.reader)
+    from ..format.meta import StoreMeta
     from .reader import HSKStore, MLMStore, TaskStore
 
 
