@@ -39,7 +39,7 @@ from hskstore import codec, open_store
 from hskstore.config import HSKConfig, Selection
 from hskstore.schema import array_specs, make_layout
 from hskstore.writer import StoreWriter
-from pipelines.train.stream import StoreStream, decode_batch
+from pipelines.train.data.stream import StoreStream, decode_batch
 
 D, T, VOCAB = 768, 128, 30522
 

@@ -12,7 +12,7 @@ from test_stream import D, build
 
 from hskstore import CorruptStoreError, codec, codecs, open_store
 from hskstore.shard_codec import EMPTY_CHUNK, ShardLayout
-from pipelines.train.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
+from pipelines.train.data.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
 
 CODECS = list(codecs.names())
 
@@ -154,7 +154,7 @@ def test_batches_alike_decoded_in_place_or_copied(stores, world_size):
     """A store's shards are decoded into the shuffle pool; a source without read_shard(out=) (rows held in
     memory) has its shards copied in: the same batches, bit for bit, for every rank (ranks keep part of
     a shard's rows) and from a resumed position."""
-    from pipelines.train.sources import ShardedRows
+    from pipelines.train.data.sources import ShardedRows
 
     store = stores["float16"]
     held = ShardedRows(store.metadata, {n: store.read(slice(0, len(store)), [n])[n] for n in store.specs}, "mem")

@@ -10,7 +10,7 @@ from hskstore import CorruptStoreError, IncompleteStoreError, codec, open_store
 from hskstore.config import HSKConfig, Selection
 from hskstore.schema import array_specs, make_layout
 from hskstore.writer import StoreWriter
-from pipelines.train.stream import StoreStream, decode_batch
+from pipelines.train.data.stream import StoreStream, decode_batch
 
 D = 20  # not a multiple of 8: the last mask byte is partly padding
 T = 12

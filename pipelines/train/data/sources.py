@@ -23,9 +23,9 @@ from hskstore.reader import open_store
 from hskstore.schema import array_specs
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task, get_task
+from pipelines.train.data.stream import decode_batch
 from pipelines.train.options import TrainOptions
-from pipelines.train.stream import decode_batch
-from pipelines.train.students import StudentInfo
+from pipelines.train.students.build import StudentInfo
 
 logger = logging.getLogger("hsk.train")
 
