@@ -221,8 +221,8 @@ def _shares_of(folder: Path, task, enc, labels) -> dict:
 
     from pipelines.core.metrics import compute_metrics
     from pipelines.core.models import load_classifier
-    from pipelines.train import sps
-    from pipelines.train.evaluate import predict
+    from pipelines.train.run.evaluate import predict
+    from pipelines.train.students import sps
 
     assert sps.SPS_MODEL_TYPE  # imported for its side effect: PEA-KD's SPS students load with transformers
     logits = predict(load_classifier(str(folder / "best"), require_head=True), enc)

@@ -13,7 +13,7 @@ configs; each round is one epoch (every shard read and checked once) after a war
 breakdown in CPU microseconds per example (reads with digest checks alone; the stream, reads
 included; decode_batch alone). decode_batch is meant for the training GPU: `stream_only` is the
 per-core rate when it runs there. On CPU tensors decode_batch scatters through numpy's flatnonzero
-(pipelines/train/stream.py dense_by_scatter); on a GPU it gathers (dense_by_gather), the same bits.
+(pipelines/train/data/stream.py dense_by_scatter); on a GPU it gathers (dense_by_gather), the same bits.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from hskstore import open_store
 from hskstore.format.schema import make_layout
 from hskstore.io.writer import StoreWriter
-from pipelines.train.stream import StoreStream, decode_batch
+from pipelines.train.data.stream import StoreStream, decode_batch
 
 
 def build(url: str, rows: int, shard_rows: int, config: str, chunk_rows: int | None) -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/shuffle_quality.py                  # 64 shards of 1024 rows, global batch 32
 
-The training order (pipelines/train/stream.py global_plan) permutes the shards, deals them to
+The training order (pipelines/train/data/stream.py global_plan) permutes the shards, deals them to
 c = min(C, W) canonical streams, and permutes each stream's windows (W/c shards each); a global
 batch is every stream's share. Computed from the plan alone (no store is read), on a store whose rows are
 sorted by label (the worst case: a dump of a label-sorted file; half label 0, then half label 1):
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hskstore.format.schema import array_specs
-from pipelines.train.stream import CANONICAL_STREAMS, global_plan, rank_slice
+from pipelines.train.data.stream import CANONICAL_STREAMS, global_plan, rank_slice
 
 
 class Layout:

@@ -124,7 +124,7 @@ def models() -> list[Finding]:
 def tinybert() -> Finding:
     """Where `--student tinybert4` would take its weights from, in the order hsk tries them."""
     from pipelines.core.data import hub_offline, hub_reachable
-    from pipelines.train.students import TINYBERT4_HUB_ID, TINYBERT_ENV
+    from pipelines.train.students.build import TINYBERT4_HUB_ID, TINYBERT_ENV
 
     local = os.environ.get(TINYBERT_ENV)
     if local:

@@ -16,7 +16,7 @@ from pipelines.core.data import load_examples
 from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.distill import train
+from pipelines.train.kinds.distill import train
 from pipelines.train.options import TrainOptions
 
 OUTPUT_KIND = QUICKSTART.name
@@ -41,7 +41,7 @@ def quickstart(
     folder, or one a previous quickstart made (rerun: the teacher is reused, the rest redone);
     `overwrite` also fine-tunes the teacher again (each output is replaced only once its new one is
     complete). Any other folder or file is refused and left as it is."""
-    from pipelines.train.teacher import fine_tune_teacher
+    from pipelines.train.kinds.teacher import fine_tune_teacher
 
     if data_dir is not None:  # refused before anything is created (a --data-dir without the data: one line)
         load_examples(task, "train", data_dir=data_dir, limit=1)

@@ -1,11 +1,11 @@
 """What a distillation method is, as data, and every name a method may use: torch-free, below methods and train.
 
 A `Method` names typed options and builds a list of `Stage`s. A Stage says everything the one
-training loop (pipelines.train.loop) needs to run it: how long and at what learning rate, what it
+training loop (pipelines.train.run.loop) needs to run it: how long and at what learning rate, what it
 reads from the store, what the student must output, which head it trains and what else trains,
 whether it keeps the best dev checkpoint, and its loss as a weighted sum of named `Term`s, each
 logged on its own in metrics.jsonl. Layer pairs are not written by hand: a Stage names a pairing
-rule, which pipelines.train.pairs computes from the store's layer map and the student's depth.
+rule, which pipelines.train.losses.pairs computes from the store's layer map and the student's depth.
 
 Every name a Stage or Term holds is one of the vocabularies declared here, and is checked when the
 Stage or Term is built (a misspelt loss term is a one-line MethodError listing the known ones, before
@@ -13,13 +13,16 @@ any model is loaded), as torchdistill looks its names up when it builds a run an
 IntermediateMatch asserts them in its constructor. This module declares the names; pipelines.train
 implements them, keyed by the same names (tests/test_registry.py checks the two sets agree):
 
-    LOSS_TERMS  -> pipelines.train.losses.LOSS_TERMS     HEADS      -> pipelines.train.heads
-    STORE_READS -> pipelines.train.sources.STORE_READS   PAIR_RULES -> pipelines.train.pairs.RULES
-    HEAD_MAPS   -> pipelines.train.attention.HEAD_MAPS   SCHEDULES  -> pipelines.train.loop.schedule_factor
+    LOSS_TERMS  -> pipelines.train.losses.terms.LOSS_TERMS
+    HEADS       -> pipelines.train.students.heads
+    STORE_READS -> pipelines.train.data.sources.STORE_READS
+    PAIR_RULES  -> pipelines.train.losses.pairs.RULES
+    HEAD_MAPS   -> pipelines.train.losses.attention.HEAD_MAPS
+    SCHEDULES   -> pipelines.train.run.loop.schedule_factor
 
 Methods (pipelines.methods, one module each) import this module and never pipelines.train, so
 `import pipelines.methods` loads no torch. A method that needs a new loss term declares its name
-with `declare_loss_term` and implements it with pipelines.train.losses.loss_term.
+with `declare_loss_term` and implements it with pipelines.train.losses.terms.loss_term.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ OUTPUTS: dict[str, str] = {
     "logits": "the head's outputs",
     "hidden_states": "every layer's hidden states (0 = embeddings)",
     "attentions": "every layer's attention probabilities",
-    "attention_scores": "pre-softmax (q, k) of every self-attention call (pipelines.train.attention.ScoreRecorder)",
+    "attention_scores": "pre-softmax (q, k) of every self-attention call (pipelines/train/losses/attention.py)",
 }
 TRAINS: dict[str, str] = {
     "student": "the student model",
@@ -103,7 +106,7 @@ def check_names(where: str, what: str, names: Iterable[str], vocabulary: Mapping
 
 
 def declare_loss_term(name: str, description: str) -> str:
-    """Declare a new loss term name (then implement it with pipelines.train.losses.loss_term)."""
+    """Declare a new loss term name (then implement it with pipelines.train.losses.terms.loss_term)."""
     if LOSS_TERMS.get(name, description) != description:
         raise ValueError(f"loss term {name!r} is already declared as: {LOSS_TERMS[name]}")
     LOSS_TERMS[name] = description
@@ -116,7 +119,7 @@ def declare_loss_term(name: str, description: str) -> str:
 
 @dataclass(frozen=True)
 class Term:
-    """One named part of a stage's loss: weight * `pipelines.train.losses.LOSS_TERMS[loss](inputs, **params)`."""
+    """One named part of a stage's loss: weight * `pipelines.train.losses.terms.LOSS_TERMS[loss](inputs, **params)`."""
 
     name: str  # as logged in metrics.jsonl ("ce", "kl", "hsk", "pkd", ...)
     loss: str  # a name of LOSS_TERMS
@@ -143,11 +146,11 @@ class Stage:
     warmup_ratio: float = 0.0
     reads: tuple[str, ...] = ()  # STORE_READS besides the inputs: "logits", "layers", ...
     outputs: tuple[str, ...] = ("logits",)  # OUTPUTS: what the student's forward must return
-    head: str = "task"  # HEADS: the head this stage trains (pipelines.train.heads)
+    head: str = "task"  # HEADS: the head this stage trains (pipelines.train.students.heads)
     fresh_head: bool = False  # start from a newly initialised head instead of the one kept aside
     trains: tuple[str, ...] = ("student",)  # TRAINS
     select_best: bool = False  # evaluate on dev (epoch ends, --eval-every) and keep the best checkpoint
-    pairs: str | None = None  # PAIR_RULES: the layer pairing rule (pipelines.train.pairs)
+    pairs: str | None = None  # PAIR_RULES: the layer pairing rule (pipelines.train.losses.pairs)
     pair_loss: str | None = None  # the loss term(s) the pairs feed, "+"-joined (recorded with each pair)
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 `python tests/smoke_lowest_transformers.py WORKDIR` (tests/smoke_lowest_transformers.sh makes the venv): tiny
 BERT and ModernBERT teachers are dumped, verified and read by `hsk info`; a bert2 and an sps2 student
-(pipelines/train/sps.py) train one step from the BERT store, a bert2 from the ModernBERT one, on the GLUE rows
+(pipelines/train/students/sps.py) train one step from the BERT store, a bert2 from the ModernBERT one, on the GLUE rows
 the tests use (skipped where they are absent, as the tests are). Exits non-zero on the first failure. Not
 collected by pytest.
 """

@@ -1,4 +1,5 @@
-"""The student adapter (pipelines/train/adapter.py): fixed output keys whatever the model, on tiny random models."""
+"""The student adapter (pipelines/train/students/adapter.py): fixed output keys whatever the model, on tiny random
+models."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import torch
 from conftest import make_tiny_bert, tiny_bert_config
 from transformers import BertForMaskedLM
 
-from pipelines.train.adapter import StudentOutputs, adapter_for
-from pipelines.train.heads import Heads
-from pipelines.train.sps import sps_from_bert
+from pipelines.train.students.adapter import StudentOutputs, adapter_for
+from pipelines.train.students.heads import Heads
+from pipelines.train.students.sps import sps_from_bert
 
 
 def _batch(lengths: list[int], width: int = 7) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Data-parallel training under torchrun (pipelines/train/ddp.py), 2 ranks on CPU (gloo).
+"""Data-parallel training under torchrun (pipelines/train/run/ddp.py), 2 ranks on CPU (gloo).
 
 A 2-layer width-32 teacher without dropout and a store of 32 SST-2 rows in 2 shards of 16. With a
 global batch of 32 an epoch is one step on every row, whether one process takes the 32 rows or two
@@ -23,7 +23,7 @@ from conftest import make_tiny_bert, stop_at_step_script
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.cli import main
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.ddp import Ranks
+from pipelines.train.run.ddp import Ranks
 
 REPO = Path(__file__).resolve().parents[1]
 ARGS = ["--method", "kd", "--epochs", "3", "--lr", "1e-3", "--batch-size", "32", "--max-steps", "3", "--seed", "5",

@@ -3,7 +3,7 @@
 The HSK loss averages over every kept element of the batch, and the ranks' slices keep different numbers
 of tokens (texts differ in length): a mean of the ranks' means weighs a rank with fewer tokens up, so
 2 ranks trained other weights than 1 process from step 1. Each rank's sum is now divided by the global
-count (pipelines.train.ddp.Ranks.mean_count). For mud's HSK stage, tinybert-att (attention rows and
+count (pipelines.train.run.ddp.Ranks.mean_count). For mud's HSK stage, tinybert-att (attention rows and
 HSK), pkd-skip and pea (PTP, then KD + Patient KD), one process and 2 ranks (gloo, CPU) log the same
 step-1 loss and reach the same weights. The teacher (and so bert<k> / sps<k>) has no dropout, so the
 ranks' random masks cannot differ from one process's.

@@ -13,7 +13,14 @@ from test_stream import D, build
 from hskstore import CorruptStoreError, codecs, open_store
 from hskstore.format import codec
 from hskstore.format.shard_codec import EMPTY_CHUNK, ShardLayout
-from pipelines.train.stream import StoreStream, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
+from pipelines.train.data.stream import (
+    PinnedStaging,
+    StoreStream,
+    decode_batch,
+    dense_by_gather,
+    dense_by_scatter,
+    dense_targets,
+)
 
 CODECS = list(codecs.names())
 
@@ -99,6 +106,52 @@ def test_cpu_decode_is_bit_identical(stores, value_dtype):
     assert not assert_dense_same(value_dtype, arrays[0], unused, arrays[2]).any()
 
 
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and same_bits(a[k].cpu().numpy(), b[k].cpu().numpy()) for k in a)
+
+
+@pytest.mark.parametrize("value_dtype", CODECS)
+def test_staged_bytes_decode_alike(stores, value_dtype):
+    """The CUDA path's transfer, run on CPU through ordinary memory: a batch's stored bytes packed into one
+    reused buffer and viewed back in their dtypes give the direct path's tensors, and the device's decode of
+    them (dense_by_gather) equals numpy's codec.dense, bit for bit. Buffers are reused (2 in turn): the
+    batches decoded earlier are intact after later ones were staged."""
+    store = stores[value_dtype]
+    staging = PinnedStaging("cpu", pin=False, slots=2)
+    done = []
+    for batch in StoreStream(store, batch_size=7, buffer_shards=3, seed=1):
+        done.append((decode_batch(batch, store.layers, store.hidden_size, "cpu", value_dtype),
+                     decode_batch(batch, store.layers, store.hidden_size, "cpu", value_dtype, staging)))
+        for layer in store.layers:
+            names = [f"{layer.name}/{p}" for p in ("values", "masks", "scale") if f"{layer.name}/{p}" in batch]
+            sent = staging.send({n: batch[n] for n in names})
+            on_device = dense_by_gather(*(sent.get(f"{layer.name}/{p}") for p in ("values", "masks")),
+                                        store.hidden_size, sent.get(f"{layer.name}/scale"), codec=value_dtype)
+            stored = [batch.get(f"{layer.name}/{p}") for p in ("values", "masks")]
+            assert same_bits(on_device.numpy(), codec.dense(value_dtype, *stored, store.hidden_size,
+                                                            batch.get(f"{layer.name}/scale")))
+    assert len(done) > 2
+    assert all(same_tensors(direct, staged) for direct, staged in done)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_decode_from_pinned_buffers_without_a_sync(stores):
+    """On CUDA: targets copied from the reused pinned buffers and decoded on the device equal the CPU decode,
+    and after the first batch (its lookup tables) nothing in the transfer or decode waits for the device."""
+    for value_dtype, store in stores.items():
+        staging = PinnedStaging("cuda")
+        batches = list(StoreStream(store, batch_size=7, buffer_shards=3, seed=1))
+        decode_batch(batches[0], store.layers, store.hidden_size, "cuda", value_dtype, staging)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = [decode_batch(b, store.layers, store.hidden_size, "cuda", value_dtype, staging) for b in batches]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        for batch, out in zip(batches, got):
+            assert same_tensors(decode_batch(batch, store.layers, store.hidden_size, "cpu", value_dtype), out)
+
+
 @pytest.mark.parametrize("d", [D, 64])  # masks of 3 bytes (padding bits), and of 8 (counted as one word)
 def test_uneven_bit_counts_decode_alike(d):
     """Vectors keeping fewer values than N^W (the gather's semantics: the j-th set bit takes value j)."""
@@ -155,7 +208,7 @@ def test_batches_alike_decoded_in_place_or_copied(stores, world_size):
     """A store's shards are decoded into the shuffle pool; a source without read_shard(out=) (rows held in
     memory) has its shards copied in: the same batches, bit for bit, for every rank (ranks keep part of
     a shard's rows) and from a resumed position."""
-    from pipelines.train.sources import ShardedRows
+    from pipelines.train.data.sources import ShardedRows
 
     store = stores["float16"]
     held = ShardedRows(store.metadata, {n: store.read(slice(0, len(store)), [n])[n] for n in store.specs}, "mem")

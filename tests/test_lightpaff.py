@@ -1,4 +1,5 @@
-"""LightPAFF training (pipelines/methods/lightpaff.py, pipelines/train/lightpaff_pretrain.py) on tiny random models.
+"""LightPAFF training (pipelines/methods/lightpaff.py, pipelines/train/kinds/lightpaff_pretrain.py) on tiny random
+models.
 
 A random 3-layer masked-LM teacher dumps a masked-LM store of 40 SST-2 sentences; a random 4-layer
 classifier with the same tokenizer dumps task stores of SST-2 rows from a file where some or all
@@ -23,7 +24,7 @@ from pipelines.cli import main
 from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.methods import get_method
-from pipelines.train.losses import LOSS_TERMS, TermInputs
+from pipelines.train.losses.terms import LOSS_TERMS, TermInputs
 
 LOGITS_ONLY = DumpOptions(config=HSKConfig.parse("0,0,0"), shard_rows=16, batch_size=16, progress=False)
 
@@ -182,7 +183,7 @@ def test_pretrain_then_finetune(mlm_store, task_stores, tmp_path):
 def test_pretrain_resumes_mid_run_to_the_same_curve(mlm_store, tmp_path):
     # 40 rows / batch 8 = 5 steps an epoch, so 7 steps cross an epoch boundary. The run dies at step 5,
     # after the checkpoint of step 4: steps 5-7 are recomputed from it (step 5's record is dropped)
-    from pipelines.train.distill import train
+    from pipelines.train.kinds.distill import train
     from pipelines.train.options import TrainOptions
 
     def opts(**kw) -> TrainOptions:
@@ -245,9 +246,9 @@ def test_rows_without_labels_train_on_kl_only(task_stores, tmp_path):
 def test_an_older_checkpoint_is_refused_in_one_line_then_started_over(mlm_store, tmp_path, capsys):
     """A checkpoint of an older layout (version 2: LightPAFF pre-training had its own) is not resumed: the
     command says what to do in one line and leaves the folder as it was; --no-resume starts over."""
-    from pipelines.train.distill import train
-    from pipelines.train.loop import CHECKPOINT_VERSION
+    from pipelines.train.kinds.distill import train
     from pipelines.train.options import TrainOptions
+    from pipelines.train.run.loop import CHECKPOINT_VERSION
 
     out = tmp_path / "run"
 

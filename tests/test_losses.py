@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipelines.train.losses import (
+from pipelines.train.losses.terms import (
     hsk_mse,
     kd_loss,
     pkd_loss,

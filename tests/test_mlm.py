@@ -17,7 +17,7 @@ from hskstore import StoreExistsError, open_store
 from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 from pipelines.dump.mlm import KEPT, MASK, RANDOM, Masking, dump_mlm, load_corpus, mask_rows
-from pipelines.train.losses import topk_kl, topk_probs
+from pipelines.train.losses.terms import topk_kl, topk_probs
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +204,8 @@ def test_cli_mlm_teacher_dump_info_verify(tmp_path, tiny_base_dir, corpus_file, 
 def test_mlm_teacher_resumes_to_the_same_teacher(tmp_path, tiny_base_dir, corpus_file):
     """A run cut short mid-epoch leaves no teacher at --out; the same call then resumes from the hidden
     work folder and saves the teacher an uninterrupted run saves."""
-    from pipelines.train.mlm_teacher import train_mlm_teacher
-    from pipelines.train.teacher import work_dir
+    from pipelines.train.kinds.mlm_teacher import train_mlm_teacher
+    from pipelines.train.kinds.teacher import work_dir
 
     corpus = load_corpus(str(corpus_file))  # 60 rows: 54 train, 6 held out; batch 16 -> 4 steps an epoch
 

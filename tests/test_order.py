@@ -1,4 +1,4 @@
-"""Elastic deterministic data order (pipelines/train/stream.py global_plan; docs: docs/guide/scaling.md).
+"""Elastic deterministic data order (pipelines/train/data/stream.py global_plan; docs: docs/guide/scaling.md).
 
 The global batches are a pure function of the store's layout, seed, epoch, global batch and shuffle
 window; N ranks each take a slice of every global batch. So 1, 2 and 4 ranks see the same rows at
@@ -21,7 +21,7 @@ from test_ddp import REPO, assert_same_weights, store, torchrun, train_records, 
 from test_stream import build
 
 from pipelines.cli import main
-from pipelines.train.stream import StoreStream
+from pipelines.train.data.stream import StoreStream
 
 # a global batch of 16 over 32 rows: two steps per epoch, so a stop after step 1 is mid-epoch
 ARGS = ["--method", "kd", "--epochs", "2", "--lr", "1e-3", "--batch-size", "16", "--max-steps", "4", "--seed", "5",

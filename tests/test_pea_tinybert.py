@@ -14,13 +14,13 @@ from conftest import make_tiny_bert, save_tiny_teacher
 
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.adapter import StudentOutputs
-from pipelines.train.attention import ScoreRecorder, attention_mse, score_rows
-from pipelines.train.distill import train
-from pipelines.train.losses import LOSS_TERMS, TermInputs
+from pipelines.train.kinds.distill import train
+from pipelines.train.losses.attention import ScoreRecorder, attention_mse, score_rows
+from pipelines.train.losses.pairs import LayerPair
+from pipelines.train.losses.terms import LOSS_TERMS, TermInputs
 from pipelines.train.options import TrainOptions
-from pipelines.train.pairs import LayerPair
-from pipelines.train.sps import sps_from_bert
+from pipelines.train.students.adapter import StudentOutputs
+from pipelines.train.students.sps import sps_from_bert
 
 ROWS = 48
 ATT = DumpOptions(config=HSKConfig.parse("2,4,0.5"), ref_student_layers=2, shard_rows=16, batch_size=16,

@@ -131,13 +131,13 @@ def test_a_compiled_step_computes_the_eager_losses(store, tmp_path, hsk):
 
 
 def test_hsk_teacher_trains_in_bf16_and_records_it(tiny_base_dir, glue_dir, tmp_path, hsk):
-    """`hsk teacher` goes through the same run setup (pipelines/train/setup.py): its precision is recorded."""
+    """`hsk teacher` goes through the same run setup (pipelines/train/run/setup.py): its precision is recorded."""
     out = tmp_path / "teacher"
     done = hsk("teacher", "--task", "sst2", "--base", str(tiny_base_dir), "--data-dir", str(glue_dir), "--out",
                str(out), "--epochs", "1", "--train-limit", "32", "--eval-limit", "16", "--batch-size", "16",
                "--device", "cpu", "--precision", "bf16", "--no-progress")
     assert done.exit_code == 0, done.output
-    from pipelines.train.teacher import SUMMARY_FILE
+    from pipelines.train.kinds.teacher import SUMMARY_FILE
 
     assert json.loads((out / SUMMARY_FILE).read_text())["precision"] == "bf16"
     bad = hsk("teacher", "--task", "sst2", "--base", str(tiny_base_dir), "--data-dir", str(glue_dir), "--out",

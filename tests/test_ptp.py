@@ -16,7 +16,7 @@ from pipelines.methods.ptp import (
     ptp_label_warning,
     ptp_thresholds,
 )
-from pipelines.train.ptp import ptp_labels
+from pipelines.train.losses.ptp import ptp_labels
 
 
 def test_four_classes_by_hand():
@@ -102,7 +102,7 @@ def test_no_warning_for_a_teacher_whose_labels_use_every_class():
 
 
 def test_the_torch_free_labels_of_the_warning_are_the_training_labels():
-    """pipelines/methods/ptp.py (numpy, for the warning before training) and pipelines/train/ptp.py (torch, per
+    """pipelines/methods/ptp.py (numpy, for the warning before training) and pipelines/train/losses/ptp.py (torch, per
     batch) apply one rule: on random logits, ties and rows without gold they give the same labels."""
     g = torch.Generator().manual_seed(3)
     logits = torch.cat([torch.randn(500, 3, generator=g) * 3, torch.zeros(4, 3)])

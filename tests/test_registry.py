@@ -16,8 +16,11 @@ from hskstore.format.config import HSKConfig
 from pipelines import registry
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.registry import Method, MethodError, Stage, Term, register
-from pipelines.train import attention, heads, losses, pairs, sources
-from pipelines.train.loop import schedule_factor
+from pipelines.train.data import sources
+from pipelines.train.losses import attention, pairs
+from pipelines.train.losses import terms as losses
+from pipelines.train.run.loop import schedule_factor
+from pipelines.train.students import heads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +87,7 @@ def test_every_declared_name_is_implemented_by_train_and_nothing_else_is():
     assert set(heads.HEAD_SIZES) | {"task", "mlm"} == set(registry.HEADS)
     assert set(pairs.RULES) == set(registry.PAIR_RULES)
     assert set(attention.HEAD_MAPS) == set(registry.HEAD_MAPS)
-    # "mlm": the masked-LM arrays, read by lightpaff-pretrain's run (pipelines/train/lightpaff_pretrain.py)
+    # "mlm": the masked-LM arrays, read by lightpaff-pretrain's run (pipelines/train/kinds/lightpaff_pretrain.py)
     assert set(sources.STORE_READS) | {"mlm"} == set(registry.STORE_READS)
     factors = {name: schedule_factor(name, 100, 0.1) for name in registry.SCHEDULES}
     assert [round(f(5), 3) for f in factors.values()] == [1.0, 0.95, 0.5]  # constant, linear, warmup-linear

@@ -21,7 +21,7 @@ from hskstore.format.config import HSKConfig
 from pipelines.cli import main
 from pipelines.core.pruned_bert import HskBertForSequenceClassification
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.rosita import (
+from pipelines.train.students.rosita import (
     PLAIN_DIR,
     SUMMARY_FILE,
     RositaShape,

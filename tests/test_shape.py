@@ -143,6 +143,22 @@ def test_no_import_cycle_between_packages():
     assert cycles(packages) == []
 
 
+def test_train_layers_import_one_way():
+    """pipelines/train's folders are layers: losses <- students <- data <- run <- kinds (options under all)."""
+    order = ["options", "losses", "students", "data", "run", "kinds"]
+    upward = set()
+    for module, targets in import_graph().items():
+        parts = module.split(".")
+        if parts[:2] != ["pipelines", "train"] or len(parts) < 3:
+            continue
+        for target in targets:
+            tparts = target.split(".")
+            if tparts[:2] == ["pipelines", "train"] and len(tparts) > 2 and tparts[2] != parts[2]:
+                if order.index(tparts[2]) > order.index(parts[2]):
+                    upward.add((module, target))
+    assert upward == set()
+
+
 def test_hskstore_never_imports_pipelines():
     leaks = {m: sorted(t for t in ts if t.startswith("pipelines")) for m, ts in import_graph().items()}
     assert {m: ts for m, ts in leaks.items() if m.startswith("hskstore") and ts} == {}

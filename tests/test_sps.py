@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import make_tiny_bert, save_tiny_teacher
 
-from pipelines.train.sps import SPSConfig, SPSForSequenceClassification, sps_from_bert, swapped_qk
-from pipelines.train.students import build_student
+from pipelines.train.students.build import build_student
+from pipelines.train.students.sps import SPSConfig, SPSForSequenceClassification, sps_from_bert, swapped_qk
 
 
 def reference_layer(layer, x: torch.Tensor, additive_mask: torch.Tensor, swap: bool) -> torch.Tensor:
@@ -95,7 +95,7 @@ def test_sps_saves_and_loads_with_auto_classes(tmp_path):
     model = sps_from_bert(make_tiny_bert(num_layers=3, seed=3)).eval()
     model.save_pretrained(tmp_path / "sps")
     card = (tmp_path / "sps" / "README.md").read_text()
-    assert "L1, L2, L3, L1', L2', L3'" in card and "import pipelines.train.sps" in card
+    assert "L1, L2, L3, L1', L2', L3'" in card and "import pipelines.train.students.sps" in card
     assert isinstance(AutoConfig.from_pretrained(tmp_path / "sps"), SPSConfig)
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sps").eval()
     assert isinstance(loaded, SPSForSequenceClassification) and loaded.config.sps_repeat == 3

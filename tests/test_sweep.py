@@ -25,7 +25,7 @@ from pipelines.sweep.plan import plan_runs
 from pipelines.sweep.results import read_results
 from pipelines.sweep.spec import SweepSpec
 from pipelines.sweep.stores import store_path
-from pipelines.train.summary import RunSummary
+from pipelines.train.run.summary import RunSummary
 
 SOURCE_CONFIG = "2,4,0.5"
 TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred=1, workers=1, buffer_shards=2)

@@ -11,8 +11,8 @@ from pipelines.core.data import load_examples
 from pipelines.core.metrics import compute_metrics
 from pipelines.core.models import load_classifier, load_tokenizer
 from pipelines.core.tokenize import encode
-from pipelines.train.evaluate import predict
-from pipelines.train.teacher import SUMMARY_FILE, fine_tune_teacher
+from pipelines.train.kinds.teacher import SUMMARY_FILE, fine_tune_teacher
+from pipelines.train.run.evaluate import predict
 
 COMMON = dict(epochs=1.0, lr=1e-3, batch_size=16, train_limit=64, eval_limit=48, progress=False)
 

@@ -19,9 +19,9 @@ from conftest import build_tiny_tokenizer, make_tiny_bert, save_tiny_teacher
 from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
 from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.distill import train
+from pipelines.train.kinds.distill import train
+from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.options import TrainOptions
-from pipelines.train.pairs import layer_pairs
 
 CONFIG = "2,4,0.5"
 ROWS = 48
@@ -264,7 +264,7 @@ def test_saved_student_reloads_with_plain_transformers(offline_run, glue_dir):
 
     from pipelines.core.data import load_examples
     from pipelines.core.tokenize import encode
-    from pipelines.train.evaluate import evaluate_model, predict
+    from pipelines.train.run.evaluate import evaluate_model, predict
 
     out, summary = offline_run
     model = AutoModelForSequenceClassification.from_pretrained(out / "best").eval()
@@ -347,7 +347,7 @@ def test_cli_train_and_eval(tmp_path, store, student_dir, glue_dir, offline_run,
 
 
 def test_layer_map_for_another_depth(store, teacher_dir):
-    from pipelines.train.sources import open_offline
+    from pipelines.train.data.sources import open_offline
 
     sel = open_offline(store, None).selection
     lines = []
@@ -359,7 +359,7 @@ def test_layer_map_for_another_depth(store, teacher_dir):
 
 
 def test_bert_k_and_tinybert_random_fallback(monkeypatch, teacher_dir, caplog):
-    from pipelines.train.students import build_student
+    from pipelines.train.students.build import build_student
 
     model, info = build_student("bert2", num_labels=2, teacher_hidden_size=32, base=str(teacher_dir))
     assert info.num_layers == 2 and info.projection is None and info.init == "teacher-layers"

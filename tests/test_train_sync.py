@@ -1,6 +1,6 @@
 """The training step does not wait on the device (issue 40), and a non-finite loss stops a run (issue 34 item 9).
 
-A step's loss and terms stay on the device (pipelines/train/meter.py) and are read only on the steps
+A step's loss and terms stay on the device (pipelines/train/run/meter.py) and are read only on the steps
 that log, evaluate or checkpoint. On CPU a counting shim on every Tensor method that copies a value to
 the host (`item`, `__float__`, `__int__`, `__bool__`, `cpu`, `tolist`, `numpy`) shows that hsk's own
 code on the step path (`loop._step` and `loop._after_step`, which build the losses, step the
@@ -46,7 +46,7 @@ class HostReads:
     pipelines/) while `loop._step` or `loop._after_step` runs."""
 
     def __init__(self, monkeypatch):
-        import pipelines.train.loop as loop
+        import pipelines.train.run.loop as loop
 
         self.per_step: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.step = 0
@@ -109,7 +109,7 @@ def test_a_cuda_step_does_not_synchronise(store, tmp_path, monkeypatch):
     named here so that any other sync, hsk's or not, fails the test.)"""
     import warnings
 
-    import pipelines.train.loop as loop
+    import pipelines.train.run.loop as loop
     from pipelines.cli import main
 
     sites: list[str] = []

@@ -134,7 +134,7 @@ class HSKStore:
 
     objective = ""  # the kind's name in meta["objective"] (hskstore.format.meta)
     selection: Selection | None = None
-    # Stage.reads a trainer may ask of this kind of store (pipelines.train.sources maps them to arrays)
+    # Stage.reads a trainer may ask of this kind of store (pipelines.train.data.sources maps them to arrays)
     reads: frozenset[str] = frozenset()
 
     def __new__(cls, url: str, **options):

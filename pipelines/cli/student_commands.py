@@ -57,7 +57,7 @@ def build(
     overwrite: bool = typer.Option(False, help="Replace an existing student folder at OUT."),
 ) -> None:
     from pipelines.core.devices import pick_device
-    from pipelines.train.rosita import RositaShape, build_rosita, describe_counts
+    from pipelines.train.students.rosita import RositaShape, build_rosita, describe_counts
 
     if kind.strip().lower() not in KINDS:
         raise ConfigError(f"unknown student kind {kind!r}: pass one of {', '.join(KINDS)}")

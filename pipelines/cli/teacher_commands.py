@@ -65,7 +65,7 @@ def teacher(
     check_threads(threads)
     from pipelines.core.devices import pick_device
     from pipelines.core.tasks import default_teacher_dir, get_task
-    from pipelines.train.teacher import fine_tune_teacher
+    from pipelines.train.kinds.teacher import fine_tune_teacher
 
     use_threads(threads, "teacher")
     if objective == "mlm":
@@ -101,7 +101,7 @@ def teacher(
 def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
                  device, progress, overwrite, precision) -> None:
     from pipelines.dump.mlm import load_corpus
-    from pipelines.train.mlm_teacher import train_mlm_teacher
+    from pipelines.train.kinds.mlm_teacher import train_mlm_teacher
 
     if not out:
         raise ConfigError("an MLM teacher needs --out (the folder for its BertForMaskedLM checkpoint)")

@@ -170,9 +170,9 @@ def train(
     check_threads(threads)
     from pipelines.core.devices import pick_device
     from pipelines.dump.stage import DumpOptions
-    from pipelines.train.ddp import env_rank
-    from pipelines.train.distill import train as run_train
+    from pipelines.train.kinds.distill import train as run_train
     from pipelines.train.options import TrainOptions
+    from pipelines.train.run.ddp import env_rank
 
     online_mode = bool(teacher) and not store
     online = None
@@ -242,7 +242,7 @@ def eval_(
 ) -> None:
     check_threads(threads)
     from pipelines.core.devices import pick_device
-    from pipelines.train.evaluate import evaluate_model
+    from pipelines.train.run.evaluate import evaluate_model
 
     use_threads(threads, "eval")
 

@@ -2,7 +2,7 @@
 
 Importing this package registers the built-in methods; `get_method(name)`, `all_methods()`.
 docs/methods/<name>.md describes each method and its paper; each module's docstring names where its
-train-side pieces live (loss terms in pipelines/train/losses.py, ...). Nothing here imports torch or
+train-side pieces live (loss terms in pipelines/train/losses/terms.py, ...). Nothing here imports torch or
 pipelines.train: methods see only the registry, pipelines.core.tasks and hskstore.
 """
 

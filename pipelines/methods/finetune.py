@@ -3,7 +3,7 @@
 Standard BERT fine-tuning: cross-entropy to the gold label (MSE to the gold score on regression
 tasks), linear warmup then linear decay, best dev checkpoint kept. From a store it reads the labels
 only: the 'fine-tuning without KD' reference of a comparison. Its loss terms `ce` and `gold_mse` are in
-pipelines/train/losses.py; `hsk teacher` (pipelines/train/teacher.py) runs it.
+pipelines/train/losses/terms.py; `hsk teacher` (pipelines/train/kinds/teacher.py) runs it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ L = (1 - a) CE(gold, s) + a T^2 KL(softmax(t/T) || softmax(s/T)). Defaults T = 1
 middle of Patient KD's grid (T in {5, 10, 20}, a in {0.2, 0.5, 0.7}), the values its authors'
 code presets. On regression tasks: (1 - a) MSE(gold) + a MSE(teacher score).
 
-Its pieces: the loss terms `ce`, `kl`, `soft_ce`, `gold_mse`, `teacher_mse` in pipelines/train/losses.py
+Its pieces: the loss terms `ce`, `kl`, `soft_ce`, `gold_mse`, `teacher_mse` in pipelines/train/losses/terms.py
 (the other logit-based methods build on `prediction_terms` and `kd_stage` here).
 """
 

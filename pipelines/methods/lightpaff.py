@@ -5,14 +5,14 @@ Both stages minimise (1 - l) MLE(gold) + l KL(teacher || student) (the paper's e
 - `lightpaff-pretrain` on a masked-LM store: at every masked position, MLE of the original token
   plus the KL over the teacher's stored top-k ids and one tail bucket (the rest of the vocabulary).
   l = 1.0 by default, the paper's BERT setting. It trains the student's MLM head and encoder, run by
-  the one loop with the pieces of pipelines.train.lightpaff_pretrain (source, feed, MLM student).
+  the one loop with the pieces of pipelines.train.kinds.lightpaff_pretrain (source, feed, MLM student).
 - `lightpaff` on a task store: (1 - l) CE(gold) + l KL(teacher) on rows with a gold label, KL
   alone on rows without one (label -1: unlabeled rows the teacher labelled softly). The paper picks
   l per task on dev and does not publish it; we default to 0.5, the middle, and no temperature (T = 1),
   as its equation 5 has none.
 
 Its pieces: the loss terms `lightpaff_ft`, `mlm_mle` and `mlm_topk_kl` (with `lightpaff_rows` and
-`topk_kl`) in pipelines/train/losses.py; the pre-training run in pipelines/train/lightpaff_pretrain.py;
+`topk_kl`) in pipelines/train/losses/terms.py; the pre-training run in pipelines/train/kinds/lightpaff_pretrain.py;
 the masked-LM store it reads, written by `hsk dump --objective mlm` (pipelines/dump/mlm.py).
 """
 

@@ -7,7 +7,7 @@ logits fit the stored teacher logits (soft cross-entropy at T, or with `alpha` t
 checkpoint kept.
 
 Its pieces: the loss terms `hsk_mse`, `hsk_masked_mse` (and `pkd_cls` for --hsk-loss pkd) and the
-logit terms in pipelines/train/losses.py; the "store" layer pairs in pipelines/train/pairs.py; the
+logit terms in pipelines/train/losses/terms.py; the "store" layer pairs in pipelines/train/losses/pairs.py; the
 pinned loss curve in tests/test_pinned_curves.py.
 """
 

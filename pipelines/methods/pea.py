@@ -6,12 +6,12 @@ gold labels, with the authors' per-task thresholds unless --ptp-t1/--ptp-t2 say 
 Stage 'kd': a fresh task head (the authors' code; `kd_head=kept`: the pre-PTP one) and Patient KD's loss,
 (1 - a) CE(gold) + a T^2 KL + beta * PKD([CLS] of student layers 1..S-1 vs the teacher's I_pt);
 beta = 0 leaves plain KD, which any store serves. PeaBERT is this method on an SPS student
-(`--student sps<k>`, pipelines/train/sps.py); any other student works too.
+(`--student sps<k>`, pipelines/train/students/sps.py); any other student works too.
 
 Its pieces: the PTP thresholds, label rule and warning (torch-free) in pipelines/methods/ptp.py; the
-`ptp4` head in pipelines/train/heads.py; the loss terms `ptp_ce` and `pkd_cls` in
-pipelines/train/losses.py, `ptp_ce` labelling each batch with pipelines/train/ptp.py; the I_pt layer
-pairs in pipelines/train/pairs.py (from `pkd_teacher_layers` of pipelines/methods/pkd.py).
+`ptp4` head in pipelines/train/students/heads.py; the loss terms `ptp_ce` and `pkd_cls` in
+pipelines/train/losses/terms.py, `ptp_ce` labelling each batch with pipelines/train/losses/ptp.py; the I_pt layer
+pairs in pipelines/train/losses/pairs.py (from `pkd_teacher_layers` of pipelines/methods/pkd.py).
 """
 
 from __future__ import annotations

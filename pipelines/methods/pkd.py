@@ -2,13 +2,13 @@
 
 One stage: (1 - a) CE(gold) + a T^2 KL(teacher || student) + beta * PKD, where PKD is the MSE between
 the L2-normalised [CLS] vectors of student layers 1..S-1 and of the teacher's layers I_pt, averaged
-over all elements (hence the large beta). I_pt comes from pipelines.train.pairs: Skip takes every
+over all elements (hence the large beta). I_pt comes from pipelines.train.losses.pairs: Skip takes every
 (L/S)-th teacher layer, Last the S-1 layers just below the top. The store must hold the [CLS]
 vectors of those layers (`hsk dump --tokens cls --layers ...`).
 
 Its pieces: I_pt (`pkd_teacher_layers`) and the dump advice are here, torch-free; the layer pairs
-they give in pipelines/train/pairs.py (rules "pkd-skip", "pkd-last"); the loss term `pkd_cls` in
-pipelines/train/losses.py.
+they give in pipelines/train/losses/pairs.py (rules "pkd-skip", "pkd-last"); the loss term `pkd_cls` in
+pipelines/train/losses/terms.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PEA-KD's Pretraining with Teacher Predictions (PTP), the torch-free part: thresholds, the label rule, the warning.
 
-The method is pipelines/methods/pea.py; its loss term `ptp_ce` is in pipelines/train/losses.py and
-labels a batch on the training device with pipelines/train/ptp.py (the same rule, `ptp_classes`).
+The method is pipelines/methods/pea.py; its loss term `ptp_ce` is in pipelines/train/losses/terms.py and
+labels a batch on the training device with pipelines/train/losses/ptp.py (the same rule, `ptp_classes`).
 
 PTP (Cho et al., "Pea-KD: Parameter-efficient and accurate Knowledge Distillation on BERT") pre-trains
 the student to predict, for each training example, what the teacher did with it:

@@ -2,13 +2,13 @@
 
 Stage 'hsk': for every stored layer pair, the HSK loss of `mud` (MSE of W h_student to the stored
 teacher vectors) plus TinyBERT's attention loss (MSE of the student's pre-softmax attention scores
-to the stored teacher rows of the same query tokens, pipelines.train.attention); constant LR, the
+to the stored teacher rows of the same query tokens, pipelines.train.losses.attention); constant LR, the
 student and the projection train. Stage 'pred': the logits fit the teacher's, as in `mud`.
 The store must keep attention rows (`hsk dump --attention-rows`).
 
-Its pieces: the loss term `attention_mse` in pipelines/train/losses.py, its maths (the recorder of
-the student's pre-softmax scores, the head maps) in pipelines/train/attention.py; `hsk_mse` and the
-"store" layer pairs as mud's (pipelines/train/pairs.py).
+Its pieces: the loss term `attention_mse` in pipelines/train/losses/terms.py, its maths (the recorder of
+the student's pre-softmax scores, the head maps) in pipelines/train/losses/attention.py; `hsk_mse` and the
+"store" layer pairs as mud's (pipelines/train/losses/pairs.py).
 """
 
 from __future__ import annotations

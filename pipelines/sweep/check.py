@@ -1,6 +1,6 @@
 """Before a sweep runs anything: can each planned run train on its store?
 
-Every run is checked with the trainer's own check (pipelines.train.distill.run_problems: the method
+Every run is checked with the trainer's own check (pipelines.train.kinds.distill.run_problems: the method
 against the store, the student's depth against the store's layer map), on the selection its store
 will have (hskstore.share.derive.plan_derive: nothing is derived to find out). `hsk sweep --dry-run`
 shows the result per run; a sweep refuses to start while any run cannot run.
@@ -20,7 +20,7 @@ from pipelines.core.models import ModelLoadError
 from pipelines.core.tasks import get_task
 from pipelines.sweep.plan import PlannedRun
 from pipelines.sweep.spec import SweepSpec, run_options
-from pipelines.train.distill import run_problems
+from pipelines.train.kinds.distill import run_problems
 
 
 @dataclass(frozen=True)

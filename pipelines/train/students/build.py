@@ -32,7 +32,7 @@ from pipelines.core.models import (
     vocab_hash,
 )
 from pipelines.core.pruned_bert import MODEL_TYPE as PRUNED_BERT
-from pipelines.train.sps import sps_from_bert
+from pipelines.train.students.sps import sps_from_bert
 
 logger = logging.getLogger("hsk.students")
 
@@ -112,7 +112,7 @@ def _layers_of(name: str, match: re.Match) -> int:
 def student_depth(name: str, weights: str | None = None) -> int:
     """The depth a student `name` will have (what `build_student` reports as num_layers), without
     building it: what a sweep checks each planned run's layer pairs with before anything trains."""
-    from pipelines.train.sps import SPSConfig
+    from pipelines.train.students.sps import SPSConfig
 
     key = name.strip().lower()
     if key == "tinybert4" and not weights:
@@ -235,7 +235,7 @@ def build_student(
         model, source = _build_bert_k(k, num_labels, base)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "bert_k"
     elif _SPS_K.match(key) and not Path(name).expanduser().is_dir():
-        # PEA-KD: bert<k>'s parameters run as an SPS student (pipelines/train/sps.py).
+        # PEA-KD: bert<k>'s parameters run as an SPS student (pipelines/train/students/sps.py).
         k = _layers_of(name, _SPS_K.match(key))
         model, source = _build_bert_k(k, num_labels, base)
         if not isinstance(model, BertForSequenceClassification):

@@ -99,7 +99,7 @@ def evaluate_model(
     A model whose label names or task say it was made for another task is refused (as `hsk dump`
     refuses such a teacher) unless `allow_task_mismatch`; "task_fit" in the result says which.
     """
-    import pipelines.train.sps  # noqa: F401  (registers hsk's SPS students with the transformers Auto classes)
+    import pipelines.train.students.sps  # noqa: F401  (registers hsk's SPS students with the transformers Auto classes)
     from hskstore.errors import printable
     from pipelines.core.models import load_classifier, load_tokenizer, teacher_identity
     from pipelines.core.tasks import check_task_fit

@@ -43,12 +43,12 @@ from pipelines.core.output_kinds import TEACHER
 from pipelines.core.precision import resolve_step
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
-from pipelines.train.heads import Heads
-from pipelines.train.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
+from pipelines.train.data.sources import memory_source
 from pipelines.train.options import TrainOptions
-from pipelines.train.setup import RunFolder, build_run, open_run
-from pipelines.train.sources import memory_source
-from pipelines.train.students import StudentInfo
+from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
+from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
 
 SUMMARY_FILE = "hsk_teacher.json"
 OUTPUT_KIND = TEACHER.name  # what `hsk teacher --out` holds (pipelines.core.output_kinds)

@@ -12,7 +12,7 @@ in use, and an SPS student's swapped Q/K pass is recorded as it runs), one entry
 s - 1 is student layer s.
 
 The method is pipelines/methods/tinybert.py (`tinybert-att`); its loss term `attention_mse`, in
-pipelines/train/losses.py, sums `attention_mse` below over the stage's layer pairs.
+pipelines/train/losses/terms.py, sums `attention_mse` below over the stage's layer pairs.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A masked-LM store (`hsk dump --objective mlm`) holds the masked inputs and, per 
 the original token and the teacher's top-k ids, logits and full log-sum-exp. The student is a
 BertForMaskedLM (decoder tied to the word embeddings): its encoder and MLM head are trained on the
 stage's terms (pipelines.methods.lightpaff) at the masked positions only. The one training loop
-(pipelines.train.loop) runs the stage as it runs every other: optimiser, schedule, stream,
+(pipelines.train.run.loop) runs the stage as it runs every other: optimiser, schedule, stream,
 checkpoints (OUT/checkpoint/state.pt every --checkpoint-every steps: a rerun of the same command
 continues from there and computes the same steps) and metrics. What differs lives here: the source
 (`MaskedLMSource`), the arrays the stage streams and how its batches are made (`MaskedLMFeed`), and
@@ -27,14 +27,14 @@ from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
-from pipelines.train.adapter import masked_lm_batch
-from pipelines.train.ddp import Ranks
-from pipelines.train.heads import Heads
-from pipelines.train.loop import RunParts, Student
+from pipelines.train.data.sources import check_expected_store, store_teacher
+from pipelines.train.data.stream import StoreStream
 from pipelines.train.options import TrainOptions
-from pipelines.train.sources import check_expected_store, store_teacher
-from pipelines.train.stream import StoreStream
-from pipelines.train.students import StudentInfo
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.loop import RunParts, Student
+from pipelines.train.students.adapter import masked_lm_batch
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
 
 MLM_ARRAYS = ["input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels", "mlm/topk_ids",
               "mlm/topk_logits", "mlm/lse"]

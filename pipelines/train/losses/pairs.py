@@ -30,7 +30,7 @@ class LayerPair:
     teacher_layer: int  # j: 0 = embeddings, k = the k-th block of the teacher
     student_layer: int  # s: index into the student's hidden states (0 = embeddings)
     feature: str  # "tokens" (HSK vectors at the stored positions) | "cls" (the [CLS] vector)
-    loss: str  # the loss term that consumes this pair (pipelines.train.losses.LOSS_TERMS)
+    loss: str  # the loss term that consumes this pair (pipelines.train.losses.terms.LOSS_TERMS)
     weight: float  # weight of the pair inside that term (1: the terms sum or average pairs evenly)
     projection: str | None  # "W" (the shared Linear d_S -> d_T) or None when the widths agree
     kept: int  # index i of the stored layer (the store's layers/<i> arrays)

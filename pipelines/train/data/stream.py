@@ -507,18 +507,73 @@ class StoreStream:
 
 
 # --- decoding on the training device ----------------------------------------------------------------
-def _to(array: np.ndarray, device) -> torch.Tensor:
-    if array.dtype == np.uint16:  # token ids: move 2 bytes each, widen on the device (& undoes the sign)
-        return _copy(torch.from_numpy(array.view(np.int16)), device).long() & 0xFFFF
-    return _copy(torch.from_numpy(array), device)
+def _widen(tensor: torch.Tensor, stored: np.dtype) -> torch.Tensor:
+    """uint16 token ids travel as int16 (2 bytes each); widened on the device (& undoes the sign)."""
+    return tensor.long() & 0xFFFF if stored == np.uint16 else tensor
 
 
-def _copy(tensor: torch.Tensor, device) -> torch.Tensor:
-    """To a CUDA device through pinned memory, without waiting for the copy (the caching host allocator
-    keeps the pinned block until the copy is done); elsewhere a plain copy (on the CPU: none)."""
-    if torch.device(device).type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+def _as_torch(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array.view(np.int16) if array.dtype == np.uint16 else array)
+
+
+class PinnedStaging:
+    """A batch's arrays to a CUDA device as their stored bytes, in one copy that does not block the host.
+
+    The arrays are packed (16-byte aligned) into one pinned host buffer and sent with one non_blocking
+    copy; the device tensors are views of the one device buffer, in the stored dtypes, decoded there. The
+    pinned buffers are reused, `slots` of them in turn: a buffer is refilled only once the copy out of it
+    has finished (a CUDA event, long past by then: the steps between), so no batch is pinned afresh.
+    `pin=False` (tests, on CPU) stages through ordinary memory, the same packing and views."""
+
+    ALIGN = 16
+
+    def __init__(self, device, *, pin: bool = True, slots: int = 2):
+        self.device = torch.device(device)
+        self._pin = pin
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._copied: list = [None] * slots  # per buffer: the event after the last copy out of it
+        self._turn = 0
+
+    def _buffer(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        i = self._turn
+        self._turn = (i + 1) % len(self._buffers)
+        if self._copied[i] is not None:
+            self._copied[i].synchronize()  # waits on that copy only, not on the device's compute
+        if self._buffers[i] is None or self._buffers[i].numel() < nbytes:
+            self._buffers[i] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self._pin)
+        return i, self._buffers[i]
+
+    def send(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """name -> the array on the device (uint16 as int16: see `_widen`), through one pinned buffer."""
+        offsets, end = {}, 0
+        for name, array in arrays.items():
+            offsets[name] = end
+            end += -(-array.nbytes // self.ALIGN) * self.ALIGN
+        i, host = self._buffer(end)
+        staged = host.numpy()
+        for name, array in arrays.items():
+            at = offsets[name]
+            staged[at : at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        sent = host[:end].to(self.device, non_blocking=True, copy=True)
+        if self.device.type == "cuda":
+            self._copied[i] = torch.cuda.Event()
+            self._copied[i].record()
+        out = {}
+        for name, array in arrays.items():
+            dtype = _as_torch(array[:0]).dtype
+            out[name] = sent[offsets[name] : offsets[name] + array.nbytes].view(dtype).view(array.shape)
+        return out
+
+
+def _on_device(batch: dict, names: list[str], device, staging: PinnedStaging | None) -> dict[str, torch.Tensor]:
+    """The named arrays of a batch on `device`, in their stored dtypes (uint16 as int16). CPU: the numpy
+    memory itself; CUDA: the stored bytes through pinned buffers (`staging`, else one made for this batch)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return (staging or PinnedStaging(device, slots=1)).send({n: batch[n] for n in names})
+    if staging is not None:
+        return staging.send({n: batch[n] for n in names})
+    return {n: _as_torch(batch[n]).to(device) for n in names}
 
 
 # bit b of byte value v, most significant first (np.packbits' order): [256, 8]
@@ -632,41 +687,54 @@ def dense_by_scatter(values: torch.Tensor, packed: torch.Tensor, hidden_size: in
     return torch.from_numpy(out)
 
 
-def decode_batch(batch: dict, store_layers: list, hidden_size: int, device, codec: str) -> dict[str, torch.Tensor]:
+def _target_names(batch: dict, store_layers: list) -> list[str]:
+    """The arrays of a batch that decode_batch reads, in a fixed order."""
+    names = [n for n in (*TRIMMED, "length", "label", "logits") if n in batch]
+    for layer in store_layers:
+        name = layer if isinstance(layer, str) else layer.name
+        names += [f"{name}/{part}" for part in ("positions", "values", "masks", "scale", "attention")
+                  if f"{name}/values" in batch and f"{name}/{part}" in batch]
+    return names
+
+
+def decode_batch(batch: dict, store_layers: list, hidden_size: int, device, codec: str,
+                 staging: PinnedStaging | None = None) -> dict[str, torch.Tensor]:
     """Move a StoreStream batch to `device` and decode its teacher targets there (`codec`: the store's
-    value codec by name, `selection.value_dtype`).
+    value codec by name, `selection.value_dtype`). The arrays travel as their stored bytes (on CUDA
+    through `staging`'s reused pinned buffers, one non-blocking copy) and are widened and decoded on
+    the device.
 
     Returns input_ids, token_type_ids, attention_mask (long), labels (long, -1 = no gold label; float
     for regression, NaN = none), logits (float) and, per kept layer i (the i of "layers/i"):
     positions_i long [B, N^L] (0 where unused), valid_i bool [B, N^L], dense_i float [B, N^L, d].
     Arrays missing from the batch (a stream built with `names`) are skipped.
     """
+    names = _target_names(batch, store_layers)
+    sent = _on_device(batch, names, device, staging)
+    moved = {n: _widen(sent[n], batch[n].dtype) for n in names}
     out: dict[str, torch.Tensor] = {}
     for name in TRIMMED:
-        if name in batch:
-            out[name] = _to(batch[name], device).long()
-    if "length" in batch:
+        if name in moved:
+            out[name] = moved[name].long()
+    if "length" in moved:
         width = out["input_ids"].shape[1] if "input_ids" in out else int(batch["length"].max())
-        length = _to(batch["length"], device).long()
+        length = moved["length"].long()
         out["attention_mask"] = (torch.arange(width, device=length.device)[None, :] < length[:, None]).long()
-    if "label" in batch:
-        label = _to(batch["label"], device)
+    if "label" in moved:
+        label = moved["label"]
         out["labels"] = label.float() if label.is_floating_point() else label.long()
-    if "logits" in batch:
-        out["logits"] = _to(batch["logits"], device).float()
+    if "logits" in moved:
+        out["logits"] = moved["logits"].float()
     for layer in store_layers:
         name = layer if isinstance(layer, str) else layer.name
-        if f"{name}/values" not in batch:
+        if f"{name}/values" not in moved:
             continue
         i = name.rsplit("/", 1)[-1]
-        positions = _to(batch[f"{name}/positions"], device).long()
+        positions = moved[f"{name}/positions"].long()
         out[f"valid_{i}"] = positions >= 0
         out[f"positions_{i}"] = positions.clamp(min=0)
-        scale = batch.get(f"{name}/scale")
-        if f"{name}/attention" in batch:  # TinyBERT rows [B, heads, N^L, T], fp16 in the store
-            out[f"attention_{i}"] = _to(batch[f"{name}/attention"], device).float()
-        out[f"dense_{i}"] = dense_targets(
-            _to(batch[f"{name}/values"], device), _to(batch[f"{name}/masks"], device), hidden_size,
-            None if scale is None else _to(scale, device), codec=codec,
-        )
+        if f"{name}/attention" in moved:  # TinyBERT rows [B, heads, N^L, T], fp16 in the store
+            out[f"attention_{i}"] = moved[f"{name}/attention"].float()
+        out[f"dense_{i}"] = dense_targets(moved[f"{name}/values"], moved[f"{name}/masks"], hidden_size,
+                                          moved.get(f"{name}/scale"), codec=codec)
     return out

@@ -3,7 +3,7 @@
 Loss terms read `StudentOutputs` only: `logits` (the task head's [B, C], or the MLM head's [N masked, V]
 at the batch's masked positions), `hidden_states` (embeddings first, one entry per effective layer:
 an SPS student's repeated pass adds its own), `attentions` and `attention_scores` (the pre-softmax
-(q, k, heads) of every self-attention call, pipelines.train.attention.ScoreRecorder). A stage names
+(q, k, heads) of every self-attention call, pipelines.train.losses.attention.ScoreRecorder). A stage names
 what it needs (Stage.outputs); the head it trains picks the adapter (`adapter_for`). Models whose
 forward takes no token_type_ids (or has no type vocabulary, as a pruned ROSITA student may not, or a
 single type, as RoBERTa) are called without them.
@@ -23,7 +23,7 @@ from torch import nn
 
 @dataclass
 class StudentOutputs:
-    """What a loss term may read from the student (pipelines.train.losses.TermInputs.outputs)."""
+    """What a loss term may read from the student (pipelines.train.losses.terms.TermInputs.outputs)."""
 
     logits: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -52,7 +52,7 @@ def _call(fn: Any, model: nn.Module, kwargs: dict, outputs: tuple[str, ...]) -> 
         kwargs["output_attentions"] = True
     if "attention_scores" not in outputs:
         return fn(**kwargs), None
-    from pipelines.train.attention import ScoreRecorder
+    from pipelines.train.losses.attention import ScoreRecorder
 
     with ScoreRecorder(model) as calls:
         out = fn(**kwargs)

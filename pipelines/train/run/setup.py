@@ -1,4 +1,4 @@
-"""One setup for every kind of training run around the one loop (pipelines.train.loop).
+"""One setup for every kind of training run around the one loop (pipelines.train.run.loop).
 
 `hsk train` (the task methods, and LightPAFF pre-training on a masked-LM store), `hsk teacher` and the
 masked-LM teacher each prepare their own parts (source, student, stages, evaluator); what surrounds the
@@ -8,7 +8,7 @@ folder, the metrics log, and the `Run` restored from its checkpoint.
 
 Two resume policies, by whose folder the run writes into:
 - a user's run folder (`hsk train --out`): another run's checkpoint is refused in one line (the caller
-  decides about finished runs: pipelines.train.distill);
+  decides about finished runs: pipelines.train.kinds.distill);
 - a command's own work folder (`hsk teacher`'s hidden sibling): another run's checkpoint is started over.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 from pipelines.core.precision import StepPrecision, resolve_step
 from pipelines.core.run_state import MetricsLog
-from pipelines.train.ddp import Ranks, SilentLog
-from pipelines.train.loop import Checkpoints, Run, work_state
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.ddp import Ranks, SilentLog
+from pipelines.train.run.loop import Checkpoints, Run, work_state
 
 
 @dataclass
@@ -45,7 +45,7 @@ class RunFolder:
 def open_run(folder: RunFolder, options: TrainOptions, device: str,
              log: Callable[[str], Any]) -> tuple[Checkpoints, dict | None]:
     """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
-    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.distill
+    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.kinds.distill
     calls that itself, as it also judges finished runs)."""
     checkpoints = folder.checkpoints(options, device)
     if folder.own:

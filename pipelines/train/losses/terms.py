@@ -21,12 +21,12 @@ from torch import nn
 
 from pipelines import registry
 from pipelines.methods.ptp import IGNORE, NUM_PTP_CLASSES, PTPThresholds
-from pipelines.train.attention import attention_mse, score_rows
-from pipelines.train.ptp import ptp_labels
+from pipelines.train.losses.attention import attention_mse, score_rows
+from pipelines.train.losses.ptp import ptp_labels
 
 # A term's denominator from this rank's count of what it averages over (a tensor): the count itself in one
 # process (at least 1: an empty batch gives 0, not NaN), the mean count per rank under N ranks
-# (pipelines.train.ddp.Ranks.mean_count), so that the ranks' losses average to the global batch's loss.
+# (pipelines.train.run.ddp.Ranks.mean_count), so that the ranks' losses average to the global batch's loss.
 Counter = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -181,7 +181,7 @@ class TermInputs:
 
     outputs: Any  # the student's forward output (.logits, .hidden_states, .attentions)
     batch: dict[str, torch.Tensor]  # labels, logits (teacher), dense_<i> / positions_<i> / valid_<i>, ...
-    pairs: list  # pipelines.train.pairs.LayerPair of the stage
+    pairs: list  # pipelines.train.losses.pairs.LayerPair of the stage
     projection: nn.Module | None  # the shared W: Linear(d_S -> d_T), None when the widths agree
     count: Counter = local_count  # averaged-over counts -> denominators (Ranks.mean_count under torchrun)
 
@@ -291,7 +291,7 @@ def term_teacher_mse(x: TermInputs) -> torch.Tensor:
     return F.mse_loss(x.outputs.logits.float().reshape(-1), x.batch["logits"].float().reshape(-1))
 
 
-# TinyBERT (pipelines/methods/tinybert.py): the maths in pipelines/train/attention.py
+# TinyBERT (pipelines/methods/tinybert.py): the maths in pipelines/train/losses/attention.py
 
 
 @loss_term("attention_mse")
@@ -315,7 +315,7 @@ def term_attention_mse(x: TermInputs, heads: str = "same") -> torch.Tensor:
     return loss
 
 
-# PEA-KD (pipelines/methods/pea.py): the PTP labels in pipelines/methods/ptp.py and pipelines/train/ptp.py
+# PEA-KD (pipelines/methods/pea.py): the PTP labels in pipelines/methods/ptp.py and pipelines/train/losses/ptp.py
 
 
 @loss_term("ptp_ce")

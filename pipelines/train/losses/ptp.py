@@ -1,7 +1,7 @@
 """PEA-KD's PTP labels of a batch, in torch on the training device (the method: pipelines/methods/pea.py).
 
 The thresholds, the label rule (`ptp_classes`) and the degenerate-label warning are torch-free, in
-pipelines/methods/ptp.py; the loss term `ptp_ce` that reads these labels is in pipelines/train/losses.py.
+pipelines/methods/ptp.py; the loss term `ptp_ce` that reads these labels is in pipelines/train/losses/terms.py.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 The MiniLM package ships an encoder without its MLM head. This puts BERT's head on it (dense +
 GELU + LayerNorm, then a decoder tied to the word embeddings, as BERT does, plus a bias) and trains
 the head, and optionally the top `train_layers` encoder layers, with BERT's masking on in-domain
-raw text; everything else stays frozen. The one training loop (pipelines.train.loop) runs it: the
+raw text; everything else stays frozen. The one training loop (pipelines.train.run.loop) runs it: the
 rows are tokenized once and held in memory, laid out as a store's shards (`RowsInMemory`), and
 masked per batch (`MaskingFeed`), anew each epoch (a function of the seed, the epoch and the row,
 so a resumed run masks as an uninterrupted one). The held-out tenth is evaluated at every epoch's
 end (`HeldOut`). The result is a plain `BertForMaskedLM` checkpoint, which `hsk dump --objective mlm`
 reads.
 
-The output rule is `hsk teacher`'s (pipelines/train/teacher.py): `--out` must be new, or a teacher
+The output rule is `hsk teacher`'s (pipelines/train/kinds/teacher.py): `--out` must be new, or a teacher
 folder with `--overwrite`; training runs in the hidden sibling `.OUT.hsk-train`, checkpointed every
 `checkpoint_every` steps (mlm-state.pt, the loop's checkpoint), so a rerun of the same command resumes
 (RNG state included: the resumed run takes the same steps as an uninterrupted one); the teacher folder
@@ -42,15 +42,15 @@ from pipelines.core.precision import resolve_step
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.registry import Stage, Term
-from pipelines.train.adapter import masked_lm_batch, masked_lm_outputs
-from pipelines.train.heads import Heads
-from pipelines.train.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages
+from pipelines.train.data.sources import ShardedRows
+from pipelines.train.data.stream import StoreStream
+from pipelines.train.kinds.teacher import check_numbers, publish_teacher, work_dir
 from pipelines.train.options import TrainOptions
-from pipelines.train.setup import RunFolder, build_run, open_run
-from pipelines.train.sources import ShardedRows
-from pipelines.train.stream import StoreStream
-from pipelines.train.students import StudentInfo
-from pipelines.train.teacher import check_numbers, publish_teacher, work_dir
+from pipelines.train.run.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages
+from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.students.adapter import masked_lm_batch, masked_lm_outputs
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
 
 STATE_FILE = "mlm-state.pt"
 ROWS = ["row", "input_ids", "token_type_ids", "length"]

@@ -2,11 +2,11 @@
 
 This module sets a run up and checks everything before the first step: the source (store or
 teacher), the method's stages against the store (pipelines.methods), the student, its tokenizer
-against the store's, the layer pairs of every stage (pipelines.train.pairs), the dev data
-(pipelines.train.dev) and a checkpoint to resume. The one loop (pipelines.train.loop) then runs
+against the store's, the layer pairs of every stage (pipelines.train.losses.pairs), the dev data
+(pipelines.train.data.dev) and a checkpoint to resume. The one loop (pipelines.train.run.loop) then runs
 the stages. What a run needs is prepared according to the store its method distils from
 (`Method.objective`): a task store here (`_prepare_task`), a masked-LM store in
-pipelines.train.lightpaff_pretrain; the run folder, checkpoints, resume and summary are the same.
+pipelines.train.kinds.lightpaff_pretrain; the run folder, checkpoints, resume and summary are the same.
 
 Offline and online runs share everything but where the targets come from. Online mode builds an
 in-memory source with the store's layout (same rows, same shards) and streams it with the same
@@ -44,15 +44,8 @@ from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
-from pipelines.train.ddp import Ranks
-from pipelines.train.dev import find_dev
-from pipelines.train.heads import Heads
-from pipelines.train.lightpaff_pretrain import prepare_pretraining
-from pipelines.train.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
-from pipelines.train.options import TrainOptions, run_options
-from pipelines.train.pairs import PKD_RULES, LayerPair, layer_pairs
-from pipelines.train.setup import RunFolder, build_run, open_run
-from pipelines.train.sources import (
+from pipelines.train.data.dev import find_dev
+from pipelines.train.data.sources import (
     Source,
     check_expected_store,
     check_provenance,
@@ -62,8 +55,15 @@ from pipelines.train.sources import (
     store_teacher,
     student_encoding,
 )
-from pipelines.train.students import StudentInfo, build_student, student_depth
-from pipelines.train.summary import RunSummary
+from pipelines.train.kinds.lightpaff_pretrain import prepare_pretraining
+from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
+from pipelines.train.options import TrainOptions, run_options
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
+from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.run.summary import RunSummary
+from pipelines.train.students.build import StudentInfo, build_student, student_depth
+from pipelines.train.students.heads import Heads
 
 logger = logging.getLogger("hsk.train")
 
@@ -243,7 +243,7 @@ def train(
     `options.online` holds the other dump choices and the shard layout). `on_step` is called with
     each step's record (tests use it to interrupt a run).
 
-    Under torchrun (pipelines.train.ddp) every rank calls this; rank 0 alone writes into out_dir and
+    Under torchrun (pipelines.train.run.ddp) every rank calls this; rank 0 alone writes into out_dir and
     logs, and every rank returns the summary.
     """
     ranks = Ranks.from_env(options.device)

@@ -4,15 +4,15 @@ Every training the product does runs here: the task methods (`hsk train`), Light
 on a masked-LM store, `hsk teacher` and the MLM teacher. Each stage: an AdamW optimiser over what
 it trains, its LR schedule, a stream of batches (a `Feed` says which arrays the stage streams and
 how its batches are made: a task store, a live teacher online, rows in memory, a masked-LM store),
-the student's forward through an adapter with fixed output keys (pipelines.train.adapter), the
+the student's forward through an adapter with fixed output keys (pipelines.train.students.adapter), the
 weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint
 selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
 stage index and the step inside the stage explicitly, with the stream's position and the RNG
 state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
 older layout is refused in one line. A step reads nothing back from the device: its loss and terms stay
-there (pipelines.train.meter) until a step logs, evaluates or checkpoints, where a NaN or infinite loss
+there (pipelines.train.run.meter) until a step logs, evaluates or checkpoints, where a NaN or infinite loss
 since the last reading stops the run before anything is saved. The step's precision (and torch.compile)
-come from pipelines.core.precision and the run's options; pipelines.train.setup builds every kind of Run.
+come from pipelines.core.precision and the run's options; pipelines.train.run.setup builds every kind of Run.
 """
 
 from __future__ import annotations
@@ -43,16 +43,16 @@ from pipelines.core.run_state import (
 )
 from pipelines.core.tasks import Task
 from pipelines.registry import Stage
-from pipelines.train.adapter import StudentOutputs, adapter_for
-from pipelines.train.ddp import Ranks
-from pipelines.train.heads import Heads
-from pipelines.train.losses import TermInputs, weighted_sum
-from pipelines.train.meter import LossMeter, NonFiniteLoss
+from pipelines.train.data.sources import BatchMaker, Source, stream_names
+from pipelines.train.data.stream import StoreStream
+from pipelines.train.losses.pairs import LayerPair
+from pipelines.train.losses.terms import TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions
-from pipelines.train.pairs import LayerPair
-from pipelines.train.sources import BatchMaker, Source, stream_names
-from pipelines.train.stream import StoreStream
-from pipelines.train.students import StudentInfo
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.meter import LossMeter, NonFiniteLoss
+from pipelines.train.students.adapter import StudentOutputs, adapter_for
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
 
 # 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
 # "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
@@ -188,7 +188,7 @@ class Evaluator:
     def __call__(self, model: nn.Module) -> dict:
         from pipelines.core.metrics import compute_metrics
         from pipelines.core.tokenize import encode
-        from pipelines.train.evaluate import predict
+        from pipelines.train.run.evaluate import predict
 
         if self._enc is None:
             self._enc = {split: encode(self.tokenizer, ex.texts, self.max_length) for split, ex in self.dev.items()}
@@ -449,7 +449,7 @@ class RunParts:
     evaluator: Evaluator | None  # None: no dev evaluation (the last model is kept)
     batch_size: int
     identity: dict  # what a checkpoint must share with the run that resumes it
-    dev: Any = None  # pipelines.train.dev.DevData of a task run
+    dev: Any = None  # pipelines.train.data.dev.DevData of a task run
     done_note: str = ""  # said after the run's last line
 
 

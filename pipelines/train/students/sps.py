@@ -164,7 +164,7 @@ def model_card(config: SPSConfig) -> str:
 ## Loading
 
 ```python
-import pipelines.train.sps  # registers the SPS classes with the transformers Auto classes (hsk installed)
+import pipelines.train.students.sps  # registers the SPS classes with the transformers Auto classes (hsk installed)
 from transformers import AutoModelForSequenceClassification
 model = AutoModelForSequenceClassification.from_pretrained("THIS_FOLDER")
 ```

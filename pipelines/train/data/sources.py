@@ -23,9 +23,9 @@ from hskstore.format.schema import array_specs
 from hskstore.io.reader import open_store
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task, get_task
+from pipelines.train.data.stream import PinnedStaging, decode_batch
 from pipelines.train.options import TrainOptions
-from pipelines.train.stream import decode_batch
-from pipelines.train.students import StudentInfo
+from pipelines.train.students.build import StudentInfo
 
 logger = logging.getLogger("hsk.train")
 
@@ -296,6 +296,8 @@ class BatchMaker:
         self.pad_to = pad_to
         self.student_inputs = student_inputs  # row-indexed student encoding (other tokenizer) or None
         self.pad_id = pad_id
+        # on CUDA the targets go through reused pinned buffers (one per batch in flight), not pinned afresh
+        self.staging = PinnedStaging(device) if torch.device(device).type == "cuda" else None
         self.probe = None
         if source.mode == "online":
             from pipelines.dump.probe import TeacherProbe
@@ -366,7 +368,7 @@ class BatchMaker:
         if self.student_inputs is not None:
             self._restudent(batch)
         return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device,
-                            self.source.selection.value_dtype)
+                            self.source.selection.value_dtype, self.staging)
 
 
 def student_encoding(source: Source, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:
