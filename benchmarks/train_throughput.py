@@ -191,9 +191,14 @@ def main() -> None:
     ap.add_argument("--teacher-size", choices=sorted(TEACHERS), default="base")
     ap.add_argument("--attribution", action="store_true",
                     help="also time offline with no read-ahead threads (--workers 0) and the loop on decoded targets")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch's CPU threads for every arm (default: torch's own; `hsk train` on a CPU takes the "
+                         "physical cores less one, leaving one to its store readers)")
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     task = get_task(args.task)
     per_round = max(1, args.steps // args.rounds)
