@@ -10,9 +10,13 @@ thread), selection and encoding (the engine under test), copies, compression and
 On a GPU the forward runs on the device, so this is the rate the host can feed it at.
 
 Both selection engines run alternately in every round (the order flips each round) at each config.
-Reported per run: examples/s, host CPU seconds per example (the process's CPU time, every thread),
-and the CPU share of each stage: tokenizing and selection are timed on their own threads
-(thread CPU time); writing is the rest (the writer thread and Blosc's threads).
+Reported per run: examples/s, host CPU milliseconds per example (the process's CPU time, every thread),
+and each stage's CPU per example and share, timed on the threads that run it (thread CPU time):
+tokenizing, selection (with encoding and placing rows in the shard's arrays), compression (Blosc, per
+inner chunk) and the shard digests; `rest` is the process's CPU less those (zarr's object writes on its
+I/O threads, the store's progress records, thread hand-offs, the card and manifest at the end). `main
+thread` is the CPU of the thread that drives the dump (with the torch engine on this CPU "device" it
+runs the selection too; on a GPU that part is kernel launches): the serial part no worker takes over.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import numpy as np
 import torch
 
 from hskstore.format.config import HSKConfig
+from hskstore.format.shard_codec import ShardLayout
+from hskstore.io import writer as store_writer
 from pipelines.core.tasks import get_task
 from pipelines.dump import pipeline, stage
 from pipelines.dump.probe import ProbeOutput, TeacherProbe
@@ -94,11 +100,14 @@ def record_outputs(teacher: str, texts, max_length: int, batch_size: int, n_batc
     return outputs
 
 
+STAGES = ("tokenize", "select", "compress", "digest")
+
+
 @dataclass
 class StageClock:
-    """Thread CPU seconds spent in tokenizing (its pieces on several threads) and in selection (one thread)."""
+    """Thread CPU seconds spent in each stage (STAGES), summed over the threads that run it."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: {"tokenize": 0.0, "select": 0.0})
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wrap(self, name: str, fn):
@@ -115,17 +124,20 @@ class StageClock:
 def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, out: str) -> dict:
     clock = StageClock()
     saved = pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
+    saved_write = ShardLayout.encode, store_writer.shard_digest
     pipeline.encode = clock.wrap("tokenize", pipeline.encode)
     stage.compute_shard = clock.wrap("select", stage.compute_shard)
+    ShardLayout.encode = clock.wrap("compress", ShardLayout.encode)
+    store_writer.shard_digest = clock.wrap("digest", store_writer.shard_digest)
     stage.TeacherProbe = lambda *a, **k: replay
-    cpu = {"seconds": 0.0}
+    cpu = {"seconds": 0.0, "main": 0.0}
 
     def write_pending(*a, **k):  # the timed part of a dump: teacher and data loading excluded
-        start = time.process_time()
+        start, main = time.process_time(), time.thread_time()
         try:
             return saved[3](*a, **k)
         finally:
-            cpu["seconds"] = time.process_time() - start
+            cpu["seconds"], cpu["main"] = time.process_time() - start, time.thread_time() - main
 
     stage._write_pending = write_pending
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
@@ -137,11 +149,14 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
                             limit=args.rows, log=lambda *_: None)
     finally:
         pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
-    n, cpu = result.examples_written, cpu["seconds"]
-    shares = {name: s / cpu for name, s in clock.seconds.items()}
-    shares["write_and_rest"] = 1.0 - sum(shares.values())
+        ShardLayout.encode, store_writer.shard_digest = saved_write
+    n, main, cpu = result.examples_written, cpu["main"], cpu["seconds"]
+    stage_ms = {name: 1e3 * s / n for name, s in clock.seconds.items()}
+    stage_ms["rest"] = 1e3 * cpu / n - sum(stage_ms.values())
+    shares = {name: ms / (1e3 * cpu / n) for name, ms in stage_ms.items()}
     return {"engine": engine, "config": config, "ex_per_s": n / result.seconds, "seconds": result.seconds,
-            "cpu_ms_per_example": 1e3 * cpu / n, "cpu_share": shares}
+            "cpu_ms_per_example": 1e3 * cpu / n, "stage_ms_per_example": stage_ms, "cpu_share": shares,
+            "main_thread_ms_per_example": 1e3 * main / n}
 
 
 def load_average() -> list[float]:
@@ -163,8 +178,9 @@ def run_size(size: str, args, work: Path) -> list[dict]:
                 run.update(size=size, round=r, load_average=load_average())
                 runs.append(run)
                 print(f"{size} {config} round {r} {engine:5s}: {run['ex_per_s']:8.0f} ex/s, "
-                      f"{run['cpu_ms_per_example']:.3f} ms CPU/ex, shares "
-                      + ", ".join(f"{k} {v:.0%}" for k, v in run["cpu_share"].items())
+                      f"{run['cpu_ms_per_example']:.3f} ms CPU/ex: "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in run["stage_ms_per_example"].items())
+                      + f"; main thread {run['main_thread_ms_per_example']:.3f}"
                       + f"  (load {run['load_average']})", flush=True)
     return runs
 
