@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # nf3 (3-bit) against float16, int4 and mxfp4 at 3,8,0.2 on SST-2 and MRPC, 3 seeds (issue 38): the
-# student-accuracy evidence for docs/guide/adding-a-codec.md. NOT RUN YET (it needs a fine-tuned teacher
-# per task and about 24 runs of 4-8 minutes each; the session that added nf3 had two shared CPU cores).
+# student-accuracy evidence for docs/guide/adding-a-codec.md. Run on 2026-11-26 (SST-2 on ff67a8c, MRPC on
+# 062ceb0; results in benchmarks/sweep_nf3/): about 30 runs of 2-8 minutes each on two shared CPU cores.
 # Recipe as benchmarks/sweep_sst2_4bit.sh (MiniLM-L6 teacher, dump at 3,32,1, bert2 student, 1 + 1 epochs
 # at lr 1e-4, batch 32); each task's stores are derived from one float16 dump.
 #
