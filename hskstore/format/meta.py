@@ -114,8 +114,21 @@ TASK_TOKENIZER_KEYS = ("name", "path", "hub_id", "revision", "vocab_hash", "voca
 MLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "cls_id", "sep_id", "pad_id", "mask_id")
 
 
+class _NamedRecord:
+    """A named reference record read and written both ways: the fields hsk knows, the record as read
+    (`record`, so keys of a newer hsk survive) and the keys it was written with (`written`, their order)."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]):
+        known = {f.name for f in fields(cls)} - {"name", "record", "written"}
+        return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
+
+    def to_dict(self) -> dict:
+        return _serialise(self, self.written, self.record)
+
+
 @dataclass(frozen=True)
-class TeacherRef:
+class TeacherRef(_NamedRecord):
     """The teacher by portable reference (path, or hub id + revision) and weights hash, and what it was
     fine-tuned for (`teacher_identity`).
 
@@ -152,14 +165,6 @@ class TeacherRef:
     precision: str | None = None
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TeacherRef:
-        known = {f.name for f in fields(cls)} - {"name", "record", "written"}
-        return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
-
-    def to_dict(self) -> dict:
-        return _serialise(self, self.written, self.record)
-
     @property
     def forward_precision(self) -> str:
         """The arithmetic of the teacher's forward: the recorded precision, fp32 where none is recorded."""
@@ -172,7 +177,7 @@ class TeacherRef:
 
 
 @dataclass(frozen=True)
-class TokenizerRef:
+class TokenizerRef(_NamedRecord):
     """The tokenizer the inputs were encoded with: vocabulary hash and size, special ids."""
 
     name: str
@@ -187,14 +192,6 @@ class TokenizerRef:
     revision: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TokenizerRef:
-        known = {f.name for f in fields(cls)} - {"name", "record", "written"}
-        return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
-
-    def to_dict(self) -> dict:
-        return _serialise(self, self.written, self.record)
 
 
 @dataclass(frozen=True)
