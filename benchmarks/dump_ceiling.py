@@ -10,13 +10,17 @@ thread), selection and encoding (the engine under test), copies, compression and
 On a GPU the forward runs on the device, so this is the rate the host can feed it at.
 
 Both selection engines run alternately in every round (the order flips each round) at each config.
-Reported per run: examples/s, host CPU milliseconds per example (the process's CPU time, every thread),
-and each stage's CPU per example and share, timed on the threads that run it (thread CPU time):
-tokenizing, selection (with encoding and placing rows in the shard's arrays), compression (Blosc, per
-inner chunk) and the shard digests; `rest` is the process's CPU less those (zarr's object writes on its
-I/O threads, the store's progress records, thread hand-offs, the card and manifest at the end). `main
-thread` is the CPU of the thread that drives the dump (with the torch engine on this CPU "device" it
-runs the selection too; on a GPU that part is kernel launches): the serial part no worker takes over.
+Reported per run: examples/s, host CPU milliseconds per example (the process's CPU time, every thread,
+less two things clocked apart: the replayed forward, which hands the selection contiguous tensors as a real
+forward does and is a device's work on a GPU, and the store's finalize, checksums, manifest and card once
+per store, reported in seconds), and each stage's CPU per example and share, timed on the threads that run
+it (thread CPU time): tokenizing, selection (with encoding and placing rows in the shard's arrays),
+compression (Blosc, per inner chunk) and the shard digests; `rest` is the host CPU less those (zarr's
+object writes on its I/O threads, the store's progress records, thread hand-offs). `main thread` is the
+CPU of the thread that drives the dump (with the torch engine on this CPU "device" it runs the selection
+too; on a GPU that part is kernel launches): the serial part no worker takes over. Until 1a01b22 the
+per-example figure also held the finalize (about 0.02-0.04 ms per example at 4,096 rows) and the
+selection took the slower path for non-contiguous hidden states that only the replay produced.
 """
 
 from __future__ import annotations
@@ -70,11 +74,13 @@ class ReplayProbe:
         self.turn = 0
 
     def __call__(self, input_ids, token_type_ids, attention_mask, hidden_layers) -> ProbeOutput:
+        # Contiguous, as a real forward's outputs are (a slice of the padded recording is not, and would send the
+        # selection down a slower path than a dump takes); the copy is the forward's work, clocked as "forward".
         b, t = input_ids.shape
         out = self.outputs[self.turn % len(self.outputs)]
         self.turn += 1
-        return ProbeOutput(out.logits[:b], {j: out.hidden[j][:b, :t] for j in hidden_layers},
-                           {layer: s[:b, :, :t] for layer, s in out.cls_scores.items()})
+        return ProbeOutput(out.logits[:b].clone(), {j: out.hidden[j][:b, :t].contiguous() for j in hidden_layers},
+                           {layer: s[:b, :, :t].contiguous() for layer, s in out.cls_scores.items()})
 
     def close(self) -> None:
         return None
@@ -101,13 +107,16 @@ def record_outputs(teacher: str, texts, max_length: int, batch_size: int, n_batc
 
 
 STAGES = ("tokenize", "select", "compress", "digest")
+# Clocked, not host work per example: the replayed forward (a device's work on a GPU) and the store's finalize
+# (checksums, manifest, card: once per store, whatever its rows).
+APART = ("forward", "finalize")
 
 
 @dataclass
 class StageClock:
     """Thread CPU seconds spent in each stage (STAGES), summed over the threads that run it."""
 
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES + APART, 0.0))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wrap(self, name: str, fn):
@@ -124,12 +133,14 @@ class StageClock:
 def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, out: str) -> dict:
     clock = StageClock()
     saved = pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending
-    saved_write = ShardLayout.encode, store_writer.shard_digest
+    saved_write = ShardLayout.encode, store_writer.shard_digest, store_writer.StoreWriter.finalize
     pipeline.encode = clock.wrap("tokenize", pipeline.encode)
     stage.compute_shard = clock.wrap("select", stage.compute_shard)
     ShardLayout.encode = clock.wrap("compress", ShardLayout.encode)
     store_writer.shard_digest = clock.wrap("digest", store_writer.shard_digest)
-    stage.TeacherProbe = lambda *a, **k: replay
+    store_writer.StoreWriter.finalize = clock.wrap("finalize", saved_write[2])
+    forward = clock.wrap("forward", replay)
+    stage.TeacherProbe = lambda *a, **k: _Probe(forward, replay.close)
     cpu = {"seconds": 0.0, "main": 0.0}
 
     def write_pending(*a, **k):  # the timed part of a dump: teacher and data loading excluded
@@ -149,14 +160,30 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
                             limit=args.rows, log=lambda *_: None)
     finally:
         pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
-        ShardLayout.encode, store_writer.shard_digest = saved_write
-    n, main, cpu = result.examples_written, cpu["main"], cpu["seconds"]
+        ShardLayout.encode, store_writer.shard_digest, store_writer.StoreWriter.finalize = saved_write
+    n = result.examples_written
+    apart = {name: clock.seconds.pop(name) for name in APART}
+    # the forward runs inside the selection's clock (compute_shard): taken out of it, as out of the process total
+    clock.seconds["select"] -= apart["forward"]
+    host = cpu["seconds"] - sum(apart.values())  # host work per example: neither the forward nor the finalize
     stage_ms = {name: 1e3 * s / n for name, s in clock.seconds.items()}
-    stage_ms["rest"] = 1e3 * cpu / n - sum(stage_ms.values())
-    shares = {name: ms / (1e3 * cpu / n) for name, ms in stage_ms.items()}
+    stage_ms["rest"] = 1e3 * host / n - sum(stage_ms.values())
+    shares = {name: ms / (1e3 * host / n) for name, ms in stage_ms.items()}
     return {"engine": engine, "config": config, "ex_per_s": n / result.seconds, "seconds": result.seconds,
-            "cpu_ms_per_example": 1e3 * cpu / n, "stage_ms_per_example": stage_ms, "cpu_share": shares,
-            "main_thread_ms_per_example": 1e3 * main / n}
+            "cpu_ms_per_example": 1e3 * host / n, "stage_ms_per_example": stage_ms, "cpu_share": shares,
+            "main_thread_ms_per_example": 1e3 * (cpu["main"] - apart["forward"]) / n,
+            "replayed_forward_ms_per_example": 1e3 * apart["forward"] / n, "finalize_s": apart["finalize"]}
+
+
+@dataclass
+class _Probe:
+    """The replay behind the probe's interface, clocked."""
+
+    call: object
+    close: object
+
+    def __call__(self, *args, **kwargs) -> ProbeOutput:
+        return self.call(*args, **kwargs)
 
 
 def load_average() -> list[float]:
@@ -180,7 +207,8 @@ def run_size(size: str, args, work: Path) -> list[dict]:
                 print(f"{size} {config} round {r} {engine:5s}: {run['ex_per_s']:8.0f} ex/s, "
                       f"{run['cpu_ms_per_example']:.3f} ms CPU/ex: "
                       + ", ".join(f"{k} {v:.3f}" for k, v in run["stage_ms_per_example"].items())
-                      + f"; main thread {run['main_thread_ms_per_example']:.3f}"
+                      + f"; main thread {run['main_thread_ms_per_example']:.3f}; apart: finalize "
+                      + f"{run['finalize_s']:.2f} s, replayed forward {run['replayed_forward_ms_per_example']:.3f}"
                       + f"  (load {run['load_average']})", flush=True)
     return runs
 

@@ -15,9 +15,9 @@ Both run twice: with glibc's default allocator, and with `MALLOC_MMAP_THRESHOLD_
 glibc raises its mmap threshold each time a large block is freed, after which the forward's
 variously sized activations come from the heap and fragment it, so the resident set of even the
 bare forward loop creeps up with run length. A fixed threshold keeps them on mmap (returned to
-the OS when freed) at some CPU throughput cost, which the benchmark also reports. The dump itself
-fixes it at 512 KiB (pipelines/dump/heap.py) unless the environment sets one, and trims the heap once
-per shard; the bare forward loop runs with glibc's defaults. On a GPU the activations live on the
+the OS when freed) at some CPU throughput cost, which the benchmark also reports. The dump trims the
+heap once per shard and leaves the threshold to glibc (it fixed it at 512 KiB from 4acfc85 to 1a01b22;
+pipelines/dump/heap.py says why no longer); the bare forward loop runs with glibc's defaults. On a GPU the activations live on the
 device, not in this heap.
 """
 

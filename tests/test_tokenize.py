@@ -39,6 +39,19 @@ def test_edge_cases_tokenize_as_transformers_does(minilm):
         same(minilm, (first, second), max_length)
 
 
+def test_ascii_rows_take_their_own_copy_and_keep_their_place(minilm):
+    """Pure-ASCII rows go through the light normalizer, others (accents stripped, CJK spaced) through the full one,
+    interleaved in one batch; the ids are the transformers call's, row for row."""
+    full, plain = _rust_backend(minilm, 32)
+    assert plain is not None and plain.normalizer.strip_accents is False and full.normalizer.strip_accents is None
+    first = ["Café naïve", "plain words", "\x07bell\tand\x00 controls", "東京 tower", "UPPER Case", "résumé"]
+    second = ["ascii", "Ångström", "more words", "x", "Zürich", "y"]
+    same(minilm, (first,), 32)
+    same(minilm, (first, second), 32)
+    same(minilm, (["only", "ascii", "rows"],), 32)
+    same(minilm, (["ñ", "ö"],), 32)
+
+
 def test_tokenizers_set_to_the_left_take_the_transformers_call(tiny_tokenizer):
     tok = load_tokenizer(str(tiny_tokenizer))
     texts = (["the cat sat on the mat again and again"], ["a dog"])

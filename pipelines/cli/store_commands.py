@@ -53,10 +53,10 @@ single-process dump with the same torch threads per process (--threads: per work
 worker: with --device cuda, dask-cuda's LocalCUDACluster when installed, else worker k uses cuda:k.
 
 Memory: one shard being tokenized, one computed and one written (two at once on a GPU),
-whatever the number of examples. On CPU, glibc's allocator lets the resident set of a long torch
-forward loop creep up (fragmentation): the dump fixes glibc's mmap threshold at 512 KiB (unless
-MALLOC_MMAP_THRESHOLD_ is set) and trims the heap once per shard, which keeps it flat
-(benchmarks/dump_memory.py).
+whatever the number of examples; the heap is trimmed once per shard. On CPU, glibc's allocator lets
+the resident set of a long torch forward loop creep up (fragmentation: +9-13% from 2,000 to 16,000
+rows); MALLOC_MMAP_THRESHOLD_=524288 in the environment keeps it flat (+2-4%) for about a quarter
+less throughput (benchmarks/dump_heap_ab.sh).
 
 Examples:
 

@@ -42,7 +42,7 @@ from hskstore.format.meta import StoreMeta
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.models import load_classifier, load_tokenizer, weights_hash
 from pipelines.core.tokenize import encode
-from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
+from pipelines.dump.heap import release_free_memory
 from pipelines.dump.probe import TeacherProbe
 from pipelines.dump.stage import (
     DumpOptions,
@@ -136,7 +136,6 @@ def _writer(url: str, meta: dict) -> StoreWriter:
 
 def dump_shard(job: ShardJob) -> tuple[int, int]:
     """Worker task: compute and write one whole shard; returns (shard, rows)."""
-    pin_mmap_threshold()  # the worker's RSS flat over its shards, as the local dump's (heap.py)
     probe, tokenizer, device = _teacher(job.teacher)
     meta = StoreMeta.parse(job.meta)
     selection = Selection.from_dict(meta.selection)

@@ -1,13 +1,11 @@
-"""Keep the dump's resident memory flat with glibc's allocator: a fixed mmap threshold and a trim per shard.
+"""Keep the dump's resident memory in check with glibc's allocator: the heap trimmed once per shard.
 
-glibc raises its mmap threshold each time a large block is freed (up to 32 MiB); after that the forward's
-variously sized activations come from the heap, which fragments: its free holes stay resident and grow
-with the dump's length (8000 rows: 816 MiB peak against 690 after the first shard). Pinning the threshold
-at 512 KiB keeps the large activations on mmap, returned to the OS when freed, at no measurable cost here
-(2,000 -> 32,000 rows: +5% at 512 KiB, +6.5% at 1 MiB, benchmarks/results/dump_memory_threshold_ab.json;
-128 KiB, the threshold users set with MALLOC_MMAP_THRESHOLD_, also moves the many mid-sized blocks to
-mmap and costs about a third of the throughput). `malloc_trim(0)` once per shard returns the heap's
-remaining free pages. A threshold the user set in the environment is left as it is.
+`malloc_trim(0)` once per shard returns the heap's free pages to the OS. glibc's mmap threshold is left
+dynamic: fixing it at 512 KiB (the dump's setting from 4acfc85 to 1a01b22) kept a CPU dump's peak RSS
+flatter over long dumps but put the forward's activations on fresh mmapped pages, whose page faults cost
+a CPU dump about a tenth of its throughput (0.86 against 0.96 of the bare forward, issue 35,
+docs/benchmarks.md "Dump memory"). A user who wants the flat heap back sets `MALLOC_MMAP_THRESHOLD_=524288`
+in the environment, which glibc reads at start-up. On a GPU the activations are not on this heap.
 """
 
 from __future__ import annotations
@@ -15,33 +13,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
-
-MMAP_THRESHOLD = 512 << 10  # bytes: blocks this large and larger are mmapped, never left in the heap
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 @functools.cache
 def _libc():
-    """glibc, or None (another C library, or not Linux): these are glibc's knobs."""
+    """glibc, or None (another C library, or not Linux): malloc_trim is glibc's."""
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
         libc = ctypes.CDLL(name)
-        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+        return libc if hasattr(libc, "malloc_trim") else None
     except OSError:
         return None
-
-
-def pin_mmap_threshold() -> None:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD for this process, unless the environment sets one.
-
-    Fixed once set (glibc stops adjusting it), so it holds for whatever the process runs next.
-    """
-    libc = _libc()
-    if libc is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def release_free_memory() -> None:

@@ -70,7 +70,7 @@ from pipelines.core.models import (
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
 from pipelines.core.tasks import Task, check_task_fit, get_task
-from pipelines.dump.heap import pin_mmap_threshold, release_free_memory
+from pipelines.dump.heap import release_free_memory
 from pipelines.dump.pipeline import (
     ShardWrites,
     Tokenized,
@@ -528,7 +528,6 @@ def _write_pending(
     hashes = examples.text_hashes()
     todo_rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
     bar = tqdm(total=todo_rows, unit="ex", desc=f"dump {task.name}/{split}", disable=not options.progress or None)
-    pin_mmap_threshold()  # large blocks on mmap, not in a heap that fragments: flat RSS (heap.py)
     started = time.perf_counter()
     threads = options.tokenize_threads or default_tokenize_threads(options.device)
     tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hsk-tokenize")
