@@ -17,8 +17,8 @@ variously sized activations come from the heap and fragment it, so the resident 
 bare forward loop creeps up with run length. A fixed threshold keeps them on mmap (returned to
 the OS when freed) at some CPU throughput cost, which the benchmark also reports. The dump trims the
 heap once per shard and leaves the threshold to glibc (it fixed it at 512 KiB from 4acfc85 to 1a01b22;
-pipelines/dump/heap.py says why no longer); the bare forward loop runs with glibc's defaults. On a GPU the activations live on the
-device, not in this heap.
+pipelines/dump/heap.py says why no longer); the bare forward loop runs with glibc's defaults. On a GPU
+the activations live on the device, not in this heap.
 """
 
 from __future__ import annotations
