@@ -559,7 +559,7 @@ def _write_pending(
                     next_enc = tokenized(pending[i + 1])
                 writes.drain()
                 next_enc.wait()
-            release_free_memory()  # the heap's free pages back to the OS once per shard: flat RSS (heap.py)
+            release_free_memory()  # the heap's free pages back to the OS once per shard (heap.py)
         writes.drain()
     finally:
         writes.close()
