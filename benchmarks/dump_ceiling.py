@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -141,20 +142,22 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     store_writer.StoreWriter.finalize = clock.wrap("finalize", saved_write[2])
     forward = clock.wrap("forward", replay)
     stage.TeacherProbe = lambda *a, **k: _Probe(forward, replay.close)
-    cpu = {"seconds": 0.0, "main": 0.0}
+    cpu = {"seconds": 0.0, "main": 0.0, "children": 0.0}
 
     def write_pending(*a, **k):  # the timed part of a dump: teacher and data loading excluded
-        start, main = time.process_time(), time.thread_time()
+        start, main, children = time.process_time(), time.thread_time(), _children_cpu()
         try:
             return saved[3](*a, **k)
-        finally:
+        finally:  # write processes have ended (and been waited for) when _write_pending returns
             cpu["seconds"], cpu["main"] = time.process_time() - start, time.thread_time() - main
+            cpu["children"] = _children_cpu() - children
 
     stage._write_pending = write_pending
     options = stage.DumpOptions(config=HSKConfig.parse(config), max_length=args.max_length, batch_size=args.batch_size,
                                 shard_rows=args.shard_rows, device="cpu", selection_engine=engine, progress=False,
                                 overwrite=True, write_depth=args.write_depth,
-                                tokenize_threads=args.tokenize_threads, host_overlap=True)  # a GPU's schedule
+                                tokenize_threads=args.tokenize_threads, host_overlap=True,  # a GPU's schedule
+                                write_processes=args.write_processes)
     try:
         result = stage.dump("qnli", options, teacher=teacher, out=out, split="dev", data_dir=args.data_dir,
                             limit=args.rows, log=lambda *_: None)
@@ -165,7 +168,8 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     apart = {name: clock.seconds.pop(name) for name in APART}
     # the forward runs inside the selection's clock (compute_shard): taken out of it, as out of the process total
     clock.seconds["select"] -= apart["forward"]
-    host = cpu["seconds"] - sum(apart.values())  # host work per example: neither the forward nor the finalize
+    host = cpu["seconds"] + cpu["children"] - sum(apart.values())  # neither the forward nor the finalize
+    clock.seconds["write processes"] = cpu["children"]  # their compression, digests and writes, unclocked inside
     stage_ms = {name: 1e3 * s / n for name, s in clock.seconds.items()}
     stage_ms["rest"] = 1e3 * host / n - sum(stage_ms.values())
     shares = {name: ms / (1e3 * host / n) for name, ms in stage_ms.items()}
@@ -173,6 +177,12 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
             "cpu_ms_per_example": 1e3 * host / n, "stage_ms_per_example": stage_ms, "cpu_share": shares,
             "main_thread_ms_per_example": 1e3 * (cpu["main"] - apart["forward"]) / n,
             "replayed_forward_ms_per_example": 1e3 * apart["forward"] / n, "finalize_s": apart["finalize"]}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended, waited-for children (the dump's write processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 @dataclass
@@ -235,6 +245,9 @@ def main() -> None:
     ap.add_argument("--tokenize-threads", type=int, default=None,
                     help="Threads a shard is tokenized on (default: the dump's, the cores up to 4).")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
+    ap.add_argument("--write-processes", type=int, default=0,
+                    help="hsk dump --write-processes: shards compressed and written by processes (their CPU is "
+                         "reported as the stage 'write processes').")
     args = ap.parse_args()
     torch.set_num_threads(args.torch_threads)
     work = Path(tempfile.mkdtemp(prefix="hsk-ceiling-"))
@@ -246,7 +259,7 @@ def main() -> None:
     result = {
         "rows": args.rows, "task": "qnli/dev", "max_length": args.max_length, "batch_size": args.batch_size,
         "shard_rows": args.shard_rows, "write_depth": args.write_depth, "device": "cpu",
-        "torch_threads": args.torch_threads,
+        "torch_threads": args.torch_threads, "write_processes": args.write_processes,
         "cpu_count": os.cpu_count(), "load_average_at_start": started_load, "load_average_at_end": load_average(),
         "torch_ex_per_s": median_rate(runs, "minilm", "3,8,0.2", "torch"),
         "numpy_ex_per_s": median_rate(runs, "minilm", "3,8,0.2", "numpy"),

@@ -117,7 +117,7 @@ def resolved_precision(precision: str, device: str) -> str:
 def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", limit: int = 1024,
             batch_size: int = 32, *, rounds: int = 3, data_dir: str = DATA_DIR, task_name: str = "qnli",
             split: str = "dev", config: str = "3,8,0.2", max_length: int = 128, host_overlap: bool | None = None,
-            log=print) -> dict:
+            write_processes: int = 0, log=print) -> dict:
     """The dump against the bare forward in `precision` (both), `rounds` alternated rounds, medians reported.
 
     Returns `dump_ex_per_s`, `forward_ex_per_s` and `ratio` (medians over rounds; ratio per round, then the
@@ -137,7 +137,7 @@ def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", 
         enc = encode(tok, examples.texts, max_length)
         options = DumpOptions(config=HSKConfig.parse(config), max_length=max_length, batch_size=batch_size,
                               device=device, precision=precision, progress=False, overwrite=True,
-                              host_overlap=host_overlap)
+                              host_overlap=host_overlap, write_processes=write_processes)
 
         def forward_s() -> float:
             with forward_precision(precision, device):
@@ -162,7 +162,7 @@ def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", 
         return {
             "size": size, "device": device, "precision": precision, "examples": len(examples), "task": task.name,
             "split": split, "config": config, "max_length": max_length, "batch_size": batch_size,
-            "torch_threads": torch.get_num_threads(), "host_overlap": host_overlap,
+            "torch_threads": torch.get_num_threads(), "host_overlap": host_overlap, "write_processes": write_processes,
             "forward_ex_per_s": statistics.median(r["forward_ex_per_s"] for r in rows),
             "dump_ex_per_s": statistics.median(r["dump_ex_per_s"] for r in rows),
             "ratio": statistics.median(r["ratio"] for r in rows), "rounds": rows,
@@ -202,12 +202,14 @@ def main() -> None:
                     "the bare forward runs in the same")
     ap.add_argument("--host-overlap", choices=["auto", "on", "off"], default="auto",
                     help="The host stages beside the forward (on), between forwards (off), or the dump's default.")
+    ap.add_argument("--write-processes", type=int, default=0,
+                    help="hsk dump --write-processes: processes that compress and write shards (0: threads).")
     ap.add_argument("--out", default="benchmarks/results/dump_throughput.json")
     args = ap.parse_args()
     overlap = {"auto": None, "on": True, "off": False}[args.host_overlap]
     result = measure(args.size, args.device, args.precision, args.limit, args.batch_size, rounds=args.rounds,
                      data_dir=args.data_dir, task_name=args.task, split=args.split, config=args.config,
-                     max_length=args.max_length, host_overlap=overlap)
+                     max_length=args.max_length, host_overlap=overlap, write_processes=args.write_processes)
     host = host_side(args)
     print(f"host side: tokenize {host['tokenize_ms']:.3f} ms/ex, selection + encoding "
           f"{host['select_encode_ms']:.3f} ms/ex: host ceiling for a GPU dump {host['host_ceiling_ex_s']:.0f} ex/s")

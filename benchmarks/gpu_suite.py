@@ -1,4 +1,4 @@
-"""The benchmarks that matter on a GPU, in one command, against issue 40's goals.
+"""The benchmarks that matter on a GPU, in one command, against issues 40's and 35's goals.
 
     python benchmarks/gpu_suite.py --device cuda --json gpu.json --data-dir ../shared/data/glue
     python benchmarks/gpu_suite.py --device cpu --quick --json out.json --data-dir ../shared/data/glue
@@ -9,14 +9,16 @@ BERT-base-sized random teacher and a TinyBERT4-shaped student at length 128 (pad
 in the run's precision (default auto: bf16 on a GPU that has it); then offline alone at other batch
 sizes (the step's fixed cost shows as examples/s that grow with the batch). Dump
 (benchmarks/dump_throughput.py): `hsk dump` against the teacher's bare forward, at BERT-base and
-MiniLM size. Each benchmark runs as its own process, called through its command line (`_train_arm`,
-`_dump_ratio`), so that this suite follows the scripts' own options as they change.
+MiniLM size, and at MiniLM size again with the shards written by processes (`hsk dump --write-processes`,
+a quarter of the host's cores, 2 to 8). Each benchmark runs as its own process, called through its command
+line (`_train_arm`, `_dump_ratio`), so that this suite follows the scripts' own options as they change.
 
 --quick runs the same at tiny sizes (a 4-layer d-64 teacher and a 2-layer student, 32 tokens, a few
 steps; dump at 16 rows): a smoke test of the whole suite, minutes on a CPU, not a measurement.
 The JSON holds the keys of issue 40 (train_offline_ex_per_s, train_offline_over_online,
 train_offline_over_in_memory, dump_over_forward_base, dump_over_forward_minilm, dump_ex_per_s_minilm),
-the batch-size scaling and every benchmark's own report.
+dump_over_forward_minilm_write_processes and dump_ex_per_s_minilm_write_processes, the batch-size scaling
+and every benchmark's own report.
 """
 
 from __future__ import annotations
@@ -47,12 +49,16 @@ GOALS = {
     "cuda": [("train_offline_ex_per_s", "offline examples/s at batch 64 (bf16)", 15000.0),
              ("train_offline_ex_per_s_256", "offline examples/s at batch 256", 25000.0),
              ("train_offline_over_in_memory", "offline / in-memory", 0.97),
-             ("train_offline_over_online", "offline / online", 8.0)],
+             ("train_offline_over_online", "offline / online", 8.0),
+             ("dump_over_forward_base", "dump / forward, base", 0.9),  # issue 35's, in fp16
+             ("dump_over_forward_minilm", "dump / forward, MiniLM", 0.8),
+             ("dump_ex_per_s_minilm", "dump examples/s, MiniLM", 20000.0)],
     "cpu": [("train_offline_over_in_memory", "offline / in-memory", 0.95)],
 }
 SHOWN = [("train_offline_ex_per_s", "offline examples/s"), ("train_offline_over_online", "offline / online"),
          ("train_offline_over_in_memory", "offline / in-memory"), ("dump_over_forward_base", "dump / forward, base"),
-         ("dump_over_forward_minilm", "dump / forward, MiniLM"), ("dump_ex_per_s_minilm", "dump examples/s, MiniLM")]
+         ("dump_over_forward_minilm", "dump / forward, MiniLM"), ("dump_ex_per_s_minilm", "dump examples/s, MiniLM"),
+         ("dump_ex_per_s_minilm_write_processes", "the same, write processes")]
 
 
 def _env() -> dict[str, str]:
@@ -98,6 +104,11 @@ def _dump_ratio(work: Path, data_dir: str, device: str, size: str, precision: st
     return json.loads(out.read_text())
 
 
+def _write_processes() -> int:
+    """The write processes of the suite's third dump: a quarter of the host's cores, 2 to 8."""
+    return max(2, min(8, len(os.sched_getaffinity(0)) // 4))
+
+
 def measure(device: str, data_dir: str, quick: bool, precision: str, compile_mode: str | None) -> dict:
     kind = "quick" if quick else "full"
     with tempfile.TemporaryDirectory(prefix="hsk-gpu-suite-") as tmp:
@@ -111,6 +122,9 @@ def measure(device: str, data_dir: str, quick: bool, precision: str, compile_mod
         help_text = _dump_options()
         dumps = {size: _dump_ratio(work, data_dir, device, size, precision, help_text, **DUMP[kind])
                  for size in ("base", "minilm")}
+        if "--write-processes" in help_text:
+            dumps["minilm-write-processes"] = _dump_ratio(work, data_dir, device, "minilm", precision, help_text,
+                                                          write_processes=_write_processes(), **DUMP[kind])
     result = {
         "device": device, "quick": quick, "precision": train.get("precision"), "compile": compile_mode,
         "train_offline_ex_per_s": train["offline"]["examples_per_s"],
@@ -120,6 +134,9 @@ def measure(device: str, data_dir: str, quick: bool, precision: str, compile_mod
         "dump_over_forward_base": dumps["base"]["median_ratio"],
         "dump_over_forward_minilm": dumps["minilm"]["median_ratio"],
         "dump_ex_per_s_minilm": dumps["minilm"]["dump_ex_per_s"],  # the median over rounds
+        **({"dump_over_forward_minilm_write_processes": dumps["minilm-write-processes"]["median_ratio"],
+            "dump_ex_per_s_minilm_write_processes": dumps["minilm-write-processes"]["dump_ex_per_s"]}
+           if "minilm-write-processes" in dumps else {}),
         "reports": {"train": train, "dump": dumps},
     }
     if "256" in result["train_batch_scaling_ex_per_s"]:
@@ -130,7 +147,7 @@ def measure(device: str, data_dir: str, quick: bool, precision: str, compile_mod
 def table(result: dict) -> str:
     """One table: every figure, with issue 40's goal on this device where it has one."""
     goals = {key: (what, goal) for key, what, goal in GOALS.get(result["device"].split(":")[0], [])}
-    rows = [(what, result[key], goals.get(key, (None, None))[1]) for key, what in SHOWN]
+    rows = [(what, result[key], goals.get(key, (None, None))[1]) for key, what in SHOWN if key in result]
     rows += [(what, result[key], goal) for key, (what, goal) in goals.items() if key not in dict(SHOWN)
              and key in result]
     lines = [f"{'measure':<28} {'value':>12} {'goal':>10}  met", "-" * 58]

@@ -19,7 +19,7 @@ from conftest import save_tiny_teacher
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
-from hskstore.format.config import HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig
 from hskstore.format.schema import PROGRESS_DONE
 from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
@@ -265,3 +265,57 @@ def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path)
         == open_store(str(tmp_path / "ref.zarr")).meta["checksums"]
     )
     assert main(["verify", str(tmp_path / "k.zarr")]) == 0
+
+
+def test_write_processes_write_the_same_bytes_through_the_cli(teacher_dir, glue_dir, tmp_path):
+    """`hsk dump --write-processes 2`: shards compressed and written by two other processes give the store of
+    the default (threads), byte for byte; a file beside the output is left as it was."""
+    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
+            str(glue_dir), "--limit", "72", "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
+            "--no-progress", "--device", "cpu"]
+    beside = tmp_path / "notes.txt"
+    beside.write_bytes(b"mine\n")
+    assert main(args + ["--out", str(tmp_path / "threads.zarr")]) == 0
+    assert main(args + ["--out", str(tmp_path / "processes.zarr"), "--write-processes", "2"]) == 0
+    threads, processes = open_store(str(tmp_path / "threads.zarr")), open_store(str(tmp_path / "processes.zarr"))
+    assert threads.meta["checksums"] == processes.meta["checksums"]
+    assert chunk_bytes(tmp_path / "threads.zarr") == chunk_bytes(tmp_path / "processes.zarr")
+    assert beside.read_bytes() == b"mine\n"
+
+
+def test_a_write_process_that_dies_is_one_line_and_the_rerun_resumes(teacher_dir, glue_dir, tmp_path, monkeypatch,
+                                                                      capsys):
+    """A write process killed right after its first shard (HSK_FAULT, inherited by the spawned processes): the
+    dump stops with one line saying to rerun, the finished shards stay done, and the rerun writes the rest to the
+    bytes of an uninterrupted dump."""
+    run_dump(teacher_dir, glue_dir, tmp_path / "full.zarr", limit=64)
+    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
+            str(glue_dir), "--limit", "64", "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
+            "--no-progress", "--device", "cpu", "--out", str(tmp_path / "cut.zarr"), "--write-processes", "1"]
+    monkeypatch.setenv("HSK_FAULT", "after-shard-written")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hsk: error: a write process of") and "rerun the same command to resume" in err
+    assert len(err.splitlines()) == 1
+    done = zarr.open_group(str(tmp_path / "cut.zarr"), mode="r")[PROGRESS_DONE][:]
+    assert done.tolist() == [1, 0, 0, 0]
+    monkeypatch.delenv("HSK_FAULT")
+    assert main(args) == 0
+    full, cut = open_store(str(tmp_path / "full.zarr")), open_store(str(tmp_path / "cut.zarr"))
+    assert full.meta["checksums"] == cut.meta["checksums"]
+    assert chunk_bytes(tmp_path / "full.zarr") == chunk_bytes(tmp_path / "cut.zarr")
+
+
+def test_write_processes_refuse_what_they_cannot_reach(teacher_dir, glue_dir, tmp_path, capsys):
+    """A memory:// store lives in one process; dask workers write their own shards: both refused in one line,
+    nothing written."""
+    with pytest.raises(ConfigError, match="memory://"):
+        run_dump(teacher_dir, glue_dir, "memory://wp/s.zarr", write_processes=2)
+    out = tmp_path / "s.zarr"
+    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
+            str(glue_dir), "--out", str(out)]
+    assert main(args + ["--write-processes", "2", "--workers", "2"]) == 2
+    assert "each dask worker already writes its own shards" in capsys.readouterr().err
+    assert main(args + ["--write-processes", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "hsk: error: --write-processes must be an integer >= 0, got -1"
+    assert not out.exists()

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py (issue 40): `--device cpu --quick` runs the whole suite at tiny sizes and writes
+"""benchmarks/gpu_suite.py (issues 40 and 35): `--device cpu --quick` runs the whole suite at tiny sizes and writes
 the keys the issue names (a smoke test of the suite, not a measurement)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ["train_offline_ex_per_s", "train_offline_over_online", "train_offline_over_in_memory",
-        "dump_over_forward_base", "dump_over_forward_minilm", "dump_ex_per_s_minilm"]
+        "dump_over_forward_base", "dump_over_forward_minilm", "dump_ex_per_s_minilm",
+        "dump_over_forward_minilm_write_processes", "dump_ex_per_s_minilm_write_processes"]
 
 
 @pytest.mark.slow

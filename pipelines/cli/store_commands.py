@@ -150,6 +150,10 @@ def dump(
     threads: int = typer.Option(
         None, "--threads", help=f"{THREADS_HELP} With --workers/--scheduler: per worker process [default: cores / "
         "workers]; equal threads give a single-process dump's bytes."),
+    write_processes: int = typer.Option(
+        0, "--write-processes", help="Processes that compress and write shards, beside the one that runs the "
+        "teacher (0: its threads). For a GPU host with many cores, where the writes' Python part would otherwise "
+        "share one GIL with tokenizing and the GPU's launches; the same bytes either way."),
     license: str = typer.Option(
         None, "--license", help="The store's licence (e.g. an SPDX id such as cc-by-4.0), from what the teacher's "
         "and the data's licences allow; recorded in the metadata and croissant.json [default: unknown, said so]."),
@@ -199,6 +203,7 @@ def dump(
         overwrite=overwrite,
         progress=progress,
         allow_task_mismatch=allow_task_mismatch,
+        write_processes=write_processes,
         extra_meta=sharing,
     )
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
@@ -215,6 +220,10 @@ def dump(
                 text_columns=text_columns.split(",") if text_columns else None)
     if workers is not None or scheduler is not None:
         from pipelines.dump.distributed import dump_distributed
+
+        if write_processes:
+            raise ConfigError("--write-processes and --workers/--scheduler: each dask worker already writes its own "
+                              "shards; drop --write-processes")
 
         dump_distributed(task, options, teacher=teacher, out=out, workers=workers, scheduler=scheduler,
                          threads_per_worker=threads, log=typer.echo, **data)

@@ -13,17 +13,27 @@ So on a CPU the stages take turns (`overlaps_forward`): after a shard is compute
 next shard's tokenizing run together, spread over the cores, and the next forward starts once both are
 done. No stage changes what another computes: the store's bytes are the same at every depth, piece count
 and either schedule (tests/test_dump.py).
+
+Write processes (`write_processes`, `hsk dump --write-processes N`): compression, digests and zarr's object
+writes release the GIL only in part (Blosc and hashing do; zarr's object writes and the progress records
+are Python), and on a many-core GPU host feeding tens of thousands of examples a second the dump's one
+GIL is what the host runs out of. N processes then write whole shards, each with its own StoreWriter on
+the same store (safe on disjoint shards, as the distributed dump's workers are); a shard's arrays are
+pickled to the process once, and the same bytes are written.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
+from hskstore.errors import UserError
 from hskstore.io.writer import StoreWriter
 from pipelines.core.tokenize import encode
 
@@ -86,14 +96,23 @@ class ShardWrites:
 
     Each shard's computed arrays come back, once written, as buffers for a later shard (`spare()`): with
     depth d, d + 1 shards' arrays exist at most (d being written, one being computed). A failed write is
-    raised when its shard is retired, before another shard is submitted.
+    raised when its shard is retired, before another shard is submitted. With `processes` > 0 the shards are
+    written by that many processes (the module docstring says when that pays), at most that many at once.
     """
 
-    def __init__(self, writer: StoreWriter, depth: int):
-        if depth < 1:
-            raise ValueError(f"write depth must be >= 1, got {depth}")
-        self.writer, self.depth = writer, depth
-        self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hsk-shard")
+    def __init__(self, writer: StoreWriter, depth: int, processes: int = 0):
+        if depth < 1 or processes < 0:
+            raise ValueError(f"write depth must be >= 1 and processes >= 0, got {depth} and {processes}")
+        self.writer, self.depth = writer, processes or depth
+        self._pool: Executor
+        if processes:
+            # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
+            self._pool = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_open_writer, initargs=(writer.url, writer.meta))
+            self._write = _write_in_process
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hsk-shard")
+            self._write = writer.write_shard
         self._in_flight: deque[tuple[Future, Arrays]] = deque()
         self._free: list[Arrays] = []
 
@@ -105,7 +124,7 @@ class ShardWrites:
         """Write `arrays` as `shard` in the background; `computed` (a part of them) is reused once written."""
         while len(self._in_flight) >= self.depth:
             self._retire()
-        self._in_flight.append((self._pool.submit(self.writer.write_shard, shard, arrays), computed))
+        self._in_flight.append((self._pool.submit(self._write, shard, arrays), computed))
 
     def drain(self) -> None:
         """Wait until every shard submitted is written (raising the first failure)."""
@@ -113,9 +132,31 @@ class ShardWrites:
             self._retire()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _retire(self) -> None:
         job, computed = self._in_flight.popleft()
-        job.result()
+        try:
+            job.result()
+        except BrokenProcessPool:
+            raise WriteProcessDied(
+                f"a write process of {self.writer.url} died (killed, or out of memory?): the shards it finished are "
+                "kept; rerun the same command to resume (with fewer --write-processes if memory ran out)"
+            ) from None
         self._free.append(computed)
+
+
+class WriteProcessDied(UserError, RuntimeError):
+    """A shard-writing process ended without finishing its shard (the store stays resumable)."""
+
+
+_PROCESS_WRITER: list[StoreWriter] = []  # a write process's own writer, opened once by `_open_writer`
+
+
+def _open_writer(url: str, meta: dict) -> None:
+    """A write process's initializer: its StoreWriter on the dump's store (no lease: the dump holds it)."""
+    _PROCESS_WRITER.append(StoreWriter(url, meta))
+
+
+def _write_in_process(shard: int, arrays: Arrays) -> None:
+    _PROCESS_WRITER[0].write_shard(shard, arrays)

@@ -36,6 +36,7 @@ from hskstore.format.config import (
     ConfigError,
     HSKConfig,
     Selection,
+    check_at_least,
     check_choices,
 )
 from hskstore.format.meta import (
@@ -120,6 +121,7 @@ class DumpOptions:
     write_depth: int | None = None  # shards written at once; None: from the host's cores off the CPU, 1 on it
     tokenize_threads: int | None = None  # threads (and pieces) a shard is tokenized in; None: from the cores
     host_overlap: bool | None = None  # host stages alongside the forward; None: off the CPU only
+    write_processes: int = 0  # processes that compress and write shards (0: threads of this process)
     overwrite: bool = False
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
@@ -139,6 +141,7 @@ class DumpOptions:
         check_choices([(c.flag, getattr(self, c.field), c.values) for c in DUMP_CHOICES])
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
+        check_at_least("--write-processes", self.write_processes, 0)
         check_device(self.device)
         resolve_forward(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
 
@@ -421,6 +424,8 @@ def plan_dump(
     `device` overrides where the teacher is loaded (the distributed driver needs it only for metadata).
     """
     options.validate()
+    if options.write_processes and str(out).startswith("memory://"):
+        raise ConfigError("--write-processes writes from other processes, which cannot reach a memory:// store")
     task = get_task(task_name)
     if limit is not None and (isinstance(limit, bool) or limit < 1):
         raise ConfigError(f"--limit must be >= 1 (the number of examples to dump), got {limit}")
@@ -531,7 +536,7 @@ def _write_pending(
     started = time.perf_counter()
     threads = options.tokenize_threads or default_tokenize_threads(options.device)
     tokenizing = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hsk-tokenize")
-    writes = ShardWrites(writer, options.write_depth or default_write_depth(options.device))
+    writes = ShardWrites(writer, options.write_depth or default_write_depth(options.device), options.write_processes)
     overlap = overlaps_forward(options.device) if options.host_overlap is None else options.host_overlap
 
     def tokenized(shard: int) -> Tokenized:
