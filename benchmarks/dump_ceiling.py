@@ -142,6 +142,14 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     store_writer.StoreWriter.finalize = clock.wrap("finalize", saved_write[2])
     forward = clock.wrap("forward", replay)
     stage.TeacherProbe = lambda *a, **k: _Probe(forward, replay.close)
+    written = {"process_cpu_s": 0.0}
+    saved_close = pipeline.ShardWrites.close
+
+    def close(writes) -> None:  # what the write processes clocked, read as the dump closes its writes
+        written["process_cpu_s"] = writes.process_cpu_s
+        saved_close(writes)
+
+    pipeline.ShardWrites.close = close
     cpu = {"seconds": 0.0, "main": 0.0, "children": 0.0}
 
     def write_pending(*a, **k):  # the timed part of a dump: teacher and data loading excluded
@@ -164,19 +172,24 @@ def one_dump(engine: str, config: str, teacher: str, replay: ReplayProbe, args, 
     finally:
         pipeline.encode, stage.compute_shard, stage.TeacherProbe, stage._write_pending = saved
         ShardLayout.encode, store_writer.shard_digest, store_writer.StoreWriter.finalize = saved_write
+        pipeline.ShardWrites.close = saved_close
     n = result.examples_written
     apart = {name: clock.seconds.pop(name) for name in APART}
     # the forward runs inside the selection's clock (compute_shard): taken out of it, as out of the process total
     clock.seconds["select"] -= apart["forward"]
+    # the write processes' compression, digests and writes, as each process clocked its shards' writes; their
+    # start-up (spawn re-imports this script, torch and all) and exit are the rest of their CPU, kept apart
+    clock.seconds["write processes"] = written["process_cpu_s"]
+    apart["write processes' start and exit"] = cpu["children"] - written["process_cpu_s"]
     host = cpu["seconds"] + cpu["children"] - sum(apart.values())  # neither the forward nor the finalize
-    clock.seconds["write processes"] = cpu["children"]  # their compression, digests and writes, unclocked inside
     stage_ms = {name: 1e3 * s / n for name, s in clock.seconds.items()}
     stage_ms["rest"] = 1e3 * host / n - sum(stage_ms.values())
     shares = {name: ms / (1e3 * host / n) for name, ms in stage_ms.items()}
     return {"engine": engine, "config": config, "ex_per_s": n / result.seconds, "seconds": result.seconds,
             "cpu_ms_per_example": 1e3 * host / n, "stage_ms_per_example": stage_ms, "cpu_share": shares,
             "main_thread_ms_per_example": 1e3 * (cpu["main"] - apart["forward"]) / n,
-            "replayed_forward_ms_per_example": 1e3 * apart["forward"] / n, "finalize_s": apart["finalize"]}
+            "replayed_forward_ms_per_example": 1e3 * apart["forward"] / n, "finalize_s": apart["finalize"],
+            "write_processes_start_exit_s": apart["write processes' start and exit"]}
 
 
 def _children_cpu() -> float:
@@ -219,6 +232,8 @@ def run_size(size: str, args, work: Path) -> list[dict]:
                       + ", ".join(f"{k} {v:.3f}" for k, v in run["stage_ms_per_example"].items())
                       + f"; main thread {run['main_thread_ms_per_example']:.3f}; apart: finalize "
                       + f"{run['finalize_s']:.2f} s, replayed forward {run['replayed_forward_ms_per_example']:.3f}"
+                      + (f", write processes' start and exit {run['write_processes_start_exit_s']:.2f} s"
+                         if args.write_processes else "")
                       + f"  (load {run['load_average']})", flush=True)
     return runs
 
@@ -247,7 +262,7 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the 'device' here).")
     ap.add_argument("--write-processes", type=int, default=0,
                     help="hsk dump --write-processes: shards compressed and written by processes (their CPU is "
-                         "reported as the stage 'write processes').")
+                         "reported as the stage 'write processes', their start-up apart).")
     args = ap.parse_args()
     torch.set_num_threads(args.torch_threads)
     work = Path(tempfile.mkdtemp(prefix="hsk-ceiling-"))

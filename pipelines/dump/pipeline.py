@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -115,6 +116,7 @@ class ShardWrites:
             self._write = writer.write_shard
         self._in_flight: deque[tuple[Future, Arrays]] = deque()
         self._free: list[Arrays] = []
+        self.process_cpu_s = 0.0  # CPU the write processes spent on the shards retired so far (not their start)
 
     def spare(self) -> Arrays:
         """Arrays of a shard already written, to fill again; {} while none is free."""
@@ -137,7 +139,7 @@ class ShardWrites:
     def _retire(self) -> None:
         job, computed = self._in_flight.popleft()
         try:
-            job.result()
+            self.process_cpu_s += job.result() or 0.0
         except BrokenProcessPool:
             raise WriteProcessDied(
                 f"a write process of {self.writer.url} died (killed, or out of memory?): the shards it finished are "
@@ -158,5 +160,8 @@ def _open_writer(url: str, meta: dict) -> None:
     _PROCESS_WRITER.append(StoreWriter(url, meta))
 
 
-def _write_in_process(shard: int, arrays: Arrays) -> None:
+def _write_in_process(shard: int, arrays: Arrays) -> float:
+    """Write one shard with the process's writer; the process's CPU seconds it took (one shard at a time here)."""
+    start = time.process_time()
     _PROCESS_WRITER[0].write_shard(shard, arrays)
+    return time.process_time() - start
