@@ -267,12 +267,17 @@ def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path)
     assert main(["verify", str(tmp_path / "k.zarr")]) == 0
 
 
+def small_dump_args(teacher_dir, glue_dir, limit: int) -> list[str]:
+    """`hsk dump` of `limit` SST-2 rows as run_dump makes it (3,4,0.25, 16-row shards), without --out."""
+    return ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
+            str(glue_dir), "--limit", str(limit), "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
+            "--no-progress", "--device", "cpu"]
+
+
 def test_write_processes_write_the_same_bytes_through_the_cli(teacher_dir, glue_dir, tmp_path):
     """`hsk dump --write-processes 2`: shards compressed and written by two other processes give the store of
     the default (threads), byte for byte; a file beside the output is left as it was."""
-    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
-            str(glue_dir), "--limit", "72", "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
-            "--no-progress", "--device", "cpu"]
+    args = small_dump_args(teacher_dir, glue_dir, limit=72)
     beside = tmp_path / "notes.txt"
     beside.write_bytes(b"mine\n")
     assert main(args + ["--out", str(tmp_path / "threads.zarr")]) == 0
@@ -289,9 +294,8 @@ def test_a_write_process_that_dies_is_one_line_and_the_rerun_resumes(teacher_dir
     dump stops with one line saying to rerun, the finished shards stay done, and the rerun writes the rest to the
     bytes of an uninterrupted dump."""
     run_dump(teacher_dir, glue_dir, tmp_path / "full.zarr", limit=64)
-    args = ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
-            str(glue_dir), "--limit", "64", "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
-            "--no-progress", "--device", "cpu", "--out", str(tmp_path / "cut.zarr"), "--write-processes", "1"]
+    args = small_dump_args(teacher_dir, glue_dir, limit=64) + ["--out", str(tmp_path / "cut.zarr"),
+                                                                "--write-processes", "1"]
     monkeypatch.setenv("HSK_FAULT", "after-shard-written")
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
