@@ -299,7 +299,7 @@ def test_a_write_process_that_dies_is_one_line_and_the_rerun_resumes(teacher_dir
     monkeypatch.setenv("HSK_FAULT", "after-shard-written")
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("hsk: error: a write process of") and "rerun the same command to resume" in err
+    assert err.startswith("hsk: error: a write process died") and "rerun the same command to resume" in err
     assert len(err.splitlines()) == 1
     done = zarr.open_group(str(tmp_path / "cut.zarr"), mode="r")[PROGRESS_DONE][:]
     assert done.tolist() == [1, 0, 0, 0]

@@ -14,12 +14,13 @@ next shard's tokenizing run together, spread over the cores, and the next forwar
 done. No stage changes what another computes: the store's bytes are the same at every depth, piece count
 and either schedule (tests/test_dump.py).
 
-Write processes (`write_processes`, `hsk dump --write-processes N`): compression, digests and zarr's object
-writes release the GIL only in part (Blosc and hashing do; zarr's object writes and the progress records
-are Python), and on a many-core GPU host feeding tens of thousands of examples a second the dump's one
-GIL is what the host runs out of. N processes then write whole shards, each with its own StoreWriter on
-the same store (safe on disjoint shards, as the distributed dump's workers are); a shard's arrays are
-pickled to the process once, and the same bytes are written.
+Write processes (`write_processes`, `hsk dump --write-processes N`): a write releases the GIL only in part
+(Blosc and hashing do; zarr's object writes and the progress records are Python), and a many-core GPU host
+feeding tens of thousands of examples a second may run out of the dump's one GIL before its cores. N
+processes then write whole shards, each with its own StoreWriter on the same store (safe on disjoint
+shards, as the distributed dump's workers are); a shard's arrays are pickled to the process once, and the
+same bytes are written. On a 2-core CPU they take about 0.01 ms per example off this process's GIL and
+cost their start (docs/guide/gpu-dump.md); whether they pay on a GPU host is benchmarks/gpu_suite.py's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -126,7 +128,9 @@ class ShardWrites:
         """Write `arrays` as `shard` in the background; `computed` (a part of them) is reused once written."""
         while len(self._in_flight) >= self.depth:
             self._retire()
-        self._in_flight.append((self._pool.submit(self._write, shard, arrays), computed))
+        with _one_line_if_a_process_died():
+            job = self._pool.submit(self._write, shard, arrays)
+        self._in_flight.append((job, computed))
 
     def drain(self) -> None:
         """Wait until every shard submitted is written (raising the first failure)."""
@@ -138,18 +142,24 @@ class ShardWrites:
 
     def _retire(self) -> None:
         job, computed = self._in_flight.popleft()
-        try:
-            self.process_cpu_s += job.result() or 0.0
-        except BrokenProcessPool:
-            raise WriteProcessDied(
-                f"a write process of {self.writer.url} died (killed, or out of memory?): the shards it finished are "
-                "kept; rerun the same command to resume (with fewer --write-processes if memory ran out)"
-            ) from None
+        with _one_line_if_a_process_died():
+            self.process_cpu_s += job.result() or 0.0  # threads' writes return None
         self._free.append(computed)
 
 
 class WriteProcessDied(UserError, RuntimeError):
     """A shard-writing process ended without finishing its shard (the store stays resumable)."""
+
+
+@contextmanager
+def _one_line_if_a_process_died():
+    try:
+        yield
+    except BrokenProcessPool:
+        raise WriteProcessDied(
+            "a write process died (killed, or out of memory?): the shards written so far are kept; rerun the same "
+            "command to resume (with fewer --write-processes if memory ran out)"
+        ) from None
 
 
 _PROCESS_WRITER: list[StoreWriter] = []  # a write process's own writer, opened once by `_open_writer`
