@@ -7,8 +7,9 @@ user does (docs/methods/adding-a-method.md):
     cosine-kd = "my_package.cosine_kd"          # a module that calls pipelines.registry.register(...)
 
 Groups: `hsk.methods` (distillation methods; pipelines.registry loads them the first time a method is
-looked up that is not built in, or when all are listed) and `hsk.codecs` (value codecs: hskstore.codecs
-finds them from their metadata when its names are listed and imports one on its first lookup). An entry
+looked up that is not built in, or when all are listed) `hsk.codecs` (value codecs: hskstore.codecs
+finds them from their metadata when its names are listed and imports one on its first lookup) and
+`hsk.store_kinds` (store kinds: hskstore.format.kinds imports them when a kind it does not know is asked for). An entry
 point names a module, whose import registers what it holds, or a module attribute, which the registry of
 its group registers. This module only finds and imports them: torch-free, as all of hskstore.
 """
@@ -22,7 +23,8 @@ from .errors import UserError, printable
 
 METHODS = "hsk.methods"
 CODECS = "hsk.codecs"
-GROUPS = (METHODS, CODECS)
+STORE_KINDS = "hsk.store_kinds"
+GROUPS = (METHODS, CODECS, STORE_KINDS)
 
 
 class PluginError(UserError):

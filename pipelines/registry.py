@@ -55,11 +55,16 @@ LOSS_TERMS: dict[str, str] = {
     "lightpaff_ft": "LightPAFF: (1 - lam) CE(gold) + lam KL(teacher) on labelled rows, KL alone on others",
     "mlm_mle": "LightPAFF pre-training: cross-entropy of the original token at every masked position",
     "mlm_topk_kl": "LightPAFF pre-training: KL over the stored top-k ids plus a tail bucket",
+    "clm_ce": "causal LM: cross-entropy of each real position's next token (clm-kd)",
+    "clm_topk_kl": "causal LM: KL over a top-K store's ids plus the tail bucket, or renormalized over them (clm-kd)",
+    "clm_sampled_ce": "causal LM: RS-KD's unbiased estimate, -sum count/draws log q, on a sampled store (clm-kd)",
+    "clm_full_kl": "causal LM: KL over the whole vocabulary from the live teacher (clm-kd --set target=live)",
 }
 HEADS: dict[str, str] = {
     "task": "the student's own classifier (the task's labels)",
     "ptp4": "PEA-KD's 4-way PTP head on the pooled features (pea)",
     "mlm": "a masked-LM student's MLM head (lightpaff-pretrain)",
+    "clm": "a causal LM's own LM head (clm-kd)",
 }
 STORE_READS: dict[str, str] = {
     "logits": "the teacher's logits",
@@ -67,6 +72,7 @@ STORE_READS: dict[str, str] = {
     "layers": "the stored hidden-state vectors of the stage's layer pairs",
     "attention": "the stored attention rows of the stage's layer pairs (`hsk dump --attention-rows`)",
     "mlm": "a masked-LM store's masked positions, original tokens and teacher top-k (`hsk dump --objective mlm`)",
+    "clm": "a causal-LM store's blocks and per-position teacher support (`hsk dump --objective clm`)",
 }
 PAIR_RULES: dict[str, str] = {
     "store": "the store's layer map, fitted to the student's depth (mud, tinybert-att)",
@@ -199,7 +205,7 @@ class Method:
     options: type  # a dataclass; every field has a default, __post_init__ validates
     build: Callable[[Any, Context], list[Stage]]
     check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
-    objective: str = "task"  # the store it distils from: "task" | "mlm" (a masked-LM store, `hsk dump --objective mlm`)
+    objective: str = "task"  # the store kind it distils from (hskstore.format.kinds): "task", "mlm", "clm"
 
     def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""

@@ -13,13 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-TASK = "task"  # meta["objective"] of a task store (the key is absent from task stores)
+from .kinds import TASK, objective_of
+
 MLM = "mlm"  # meta["objective"] of a masked-LM store
-
-
-def objective_of(meta: Mapping[str, Any]) -> str:
-    """The store kind a metadata dict describes: `task` unless it says otherwise."""
-    return meta.get("objective", TASK)
 
 
 def _serialise(record: Any, written: tuple[str, ...] | None, extra: Mapping[str, Any]) -> dict:

@@ -12,6 +12,7 @@ import numpy as np
 from zarr.codecs import BloscCodec, BloscShuffle
 
 from .. import codecs
+from . import kinds
 from .config import HSKConfig
 from .meta import MLM, TASK, Layout, objective_of
 
@@ -34,8 +35,8 @@ LAYERS_GROUP, MLM_GROUP, PROGRESS_GROUP = "layers", "mlm", "_progress"
 
 
 def top_level_entries() -> frozenset[str]:
-    """Every name a store of either kind can hold at its root (zarr.json, arrays, groups)."""
-    return frozenset({"zarr.json", *TASK_ROW_ARRAYS, *MLM_ROW_ARRAYS, LAYERS_GROUP, MLM_GROUP, PROGRESS_GROUP})
+    """Every name a store of any registered kind can hold at its root (zarr.json, arrays, groups)."""
+    return frozenset({"zarr.json", PROGRESS_GROUP}).union(*(kinds.get(name).root_entries for name in kinds.names()))
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,8 @@ def ids_dtype(vocab_size: int) -> str:
 def array_specs(meta: dict) -> list[ArraySpec]:
     """Every data array of a store described by `meta` (progress bookkeeping excluded), by its kind, each with
     its dimension names and attributes (what a store of format DIMENSIONS_SINCE or later writes)."""
-    kind = objective_of(meta)
-    specs = _SPECS_OF_KIND.get(kind, task_array_specs)(meta)
-    return [described(spec, meta, kind) for spec in specs]
+    kind = kinds.kind_of(meta)
+    return [kind.describe(spec, meta) for spec in kind.array_specs(meta)]
 
 
 # --- what generic Zarr tools show: dimension names and attributes -----------------------------------------
@@ -258,7 +258,13 @@ def mlm_array_specs(meta: dict) -> list[ArraySpec]:
     ]
 
 
-_SPECS_OF_KIND = {TASK: task_array_specs, MLM: mlm_array_specs}
+kinds.register(kinds.StoreKind(
+    TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
+    described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",)))
+kinds.register(kinds.StoreKind(
+    MLM, "a masked-LM teacher's top-k per masked position (`hsk dump --objective mlm`, LightPAFF)",
+    mlm_array_specs, described, frozenset({*MLM_ROW_ARRAYS, MLM_GROUP}), "hskstore.io.reader:MLMStore",
+    trains=("mlm",)))
 
 
 def n_shards(meta: dict) -> int:

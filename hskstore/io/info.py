@@ -40,7 +40,7 @@ def part_of(name: str) -> str | None:
     return part if part in PARTS else None
 
 
-def _array_bytes(store: HSKStore) -> dict:
+def array_bytes(store: HSKStore) -> dict:
     arrays = {}
     for name, spec in store.specs.items():
         arr = store.group[name]
@@ -61,7 +61,7 @@ DISTILLKIT_BYTES = (114, 300)
 
 def mlm_storage_report(store: MLMStore) -> dict:
     """What a masked-LM store costs per masked token (its teacher knowledge is the mlm/ arrays)."""
-    arrays = _array_bytes(store)
+    arrays = array_bytes(store)
     masked = 0
     for shard in range(store.n_shards):
         start, stop = store.shard_bounds(shard)
@@ -88,19 +88,17 @@ def format_mlm_report(store: MLMStore, report: dict) -> str:
     meta, sel = store.metadata, store.masking
     lines = [
         f"store      {store.url}",
-        _status_line(meta, "   objective mlm"),
-        *_upgrade_lines(store.meta),
+        status_line(meta, "   objective mlm"),
+        *upgrade_lines(store.meta),
         f"corpus     rows {report['rows']}   source {meta.dataset.source}",
         f"teacher    {meta.teacher.name} ({meta.teacher.architecture})   weights {meta.teacher.weights_hash[:19]}",
-        _tokenizer_line(meta),
+        tokenizer_line(meta),
         f"masking    {sel.mask_rate:.0%} of tokens (seed {sel.mask_seed}): {sel.mask_token_rate:.0%} [MASK],"
         f" {sel.random_token_rate:.0%} random, {sel.keep_rate:.0%} kept; at most {sel.max_masked} per row",
         f"teacher    top-{sel.top_k} ids and logits + log-sum-exp per masked position",
         "",
-        f"{'array':<28}{'dtype':>9}{'stored':>12}{'raw':>12}",
+        *array_lines(report["arrays"]),
     ]
-    for name, a in report["arrays"].items():
-        lines.append(f"{name:<28}{a['dtype']:>9}{human_bytes(a['stored']):>12}{human_bytes(a['raw']):>12}")
     low, high = DISTILLKIT_BYTES
     lines += [
         "",
@@ -109,7 +107,7 @@ def format_mlm_report(store: MLMStore, report: dict) -> str:
         f" mlm/ arrays only)   vs Megatron top-128 fp16 ~{MEGATRON_TOPK_BYTES} B"
         f" ({report['ratio_vs_megatron']:.1f}x smaller), DistillKit {low}-{high} B",
     ]
-    return _report(lines)
+    return join_report(lines)
 
 
 def storage_report(store: HSKStore) -> dict:
@@ -119,7 +117,7 @@ def storage_report(store: HSKStore) -> dict:
 
 def task_storage_report(store: TaskStore) -> dict:
     """A task store's bytes, against the paper's format and dense fp32 of the kept tokens."""
-    arrays = _array_bytes(store)
+    arrays = array_bytes(store)
     n = max(len(store), 1)
     total = sum(a["stored"] for a in arrays.values())
     # TinyBERT attention rows are counted on their own: they are not hidden-state knowledge.
@@ -156,6 +154,13 @@ def task_storage_report(store: TaskStore) -> dict:
     return report
 
 
+def array_lines(arrays: dict) -> list[str]:
+    """The per-array table of `hsk info`: name, dtype, stored and raw bytes."""
+    return [f"{'array':<28}{'dtype':>9}{'stored':>12}{'raw':>12}",
+            *(f"{name:<28}{a['dtype']:>9}{human_bytes(a['stored']):>12}{human_bytes(a['raw']):>12}"
+              for name, a in arrays.items())]
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -170,12 +175,12 @@ def _no_address(store: HSKStore) -> str:
     return f"format v{store.metadata.format_version}: metadata not covered"
 
 
-def _status_line(meta: StoreMeta, objective: str = "") -> str:
+def status_line(meta: StoreMeta, objective: str = "") -> str:
     return (f"status     {'complete' if meta.complete else 'INCOMPLETE'}   format v{meta.format_version}"
             f"{objective}   hsk {meta.software_version or '?'}   created {meta.created or '?'}")
 
 
-def _upgrade_lines(meta: dict) -> list[str]:
+def upgrade_lines(meta: dict) -> list[str]:
     """The `upgraded` line of a store `hsk upgrade` covered (none for others): from which format, when, by which
     hsk. Its metadata was covered as it was then: nothing vouches for edits made before."""
     done = meta.get("upgraded")
@@ -186,7 +191,7 @@ def _upgrade_lines(meta: dict) -> list[str]:
                       "then is covered; check it)")]
 
 
-def _tokenizer_line(meta: StoreMeta) -> str:
+def tokenizer_line(meta: StoreMeta) -> str:
     return (f"tokenizer  vocab {meta.tokenizer.vocab_size}   {meta.tokenizer.vocab_hash[:19]}"
             f"   max length {meta.max_length}")
 
@@ -206,7 +211,7 @@ def teacher_fit(teacher: dict) -> str:
     return printable(f"{shown}, {teacher.get('num_labels')} outputs: {verdict}")
 
 
-def _report(lines: list[str]) -> str:
+def join_report(lines: list[str]) -> str:
     """A report's lines, each one line whatever a store's metadata put in it (hskstore.errors.printable)."""
     return "\n".join(printable(line) for line in lines)
 
@@ -230,8 +235,8 @@ def format_task_report(store: TaskStore, report: dict) -> str:
     teacher, revision = meta.teacher, meta.teacher.revision
     lines = [
         f"store      {printable(store.url)}",
-        _status_line(meta),
-        *_upgrade_lines(store.meta),
+        status_line(meta),
+        *upgrade_lines(store.meta),
         f"address    {store.content_address or 'none (' + _no_address(store) + ')'}",
         f"task       {meta.task.name} / {meta.task.split}   rows {report['rows']}"
         f"   source {printable(meta.dataset.source)}",
@@ -240,7 +245,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
         f"made for   {teacher_fit(teacher.record)}",
         *_scores_line(teacher, sel),
         f"precision  {printable(teacher.forward_precision)} (the teacher's forward)",
-        _tokenizer_line(meta),
+        tokenizer_line(meta),
         f"config     {sel.config}   A={report['amount_of_hsk']:.3g} units   values {sel.value_dtype}",
         f"layers     teacher {list(sel.teacher_layers)} <- reference student entries {sel.student_entries}"
         f" (S={sel.ref_student_layers}, L_top={sel.l_top})",
@@ -248,10 +253,8 @@ def format_task_report(store: TaskStore, report: dict) -> str:
         f" ({sel.attention_scores})",
         f"width      {sel.width_strategy}, N^W={sel.n_width} of {sel.hidden_size}",
         "",
-        f"{'array':<28}{'dtype':>9}{'stored':>12}{'raw':>12}",
+        *array_lines(report["arrays"]),
     ]
-    for name, a in report["arrays"].items():
-        lines.append(f"{name:<28}{a['dtype']:>9}{human_bytes(a['stored']):>12}{human_bytes(a['raw']):>12}")
     lines += [
         "",
         f"total          {human_bytes(report['total_bytes'])}  ({report['bytes_per_example']:.1f} B/example)",
@@ -273,7 +276,7 @@ def format_task_report(store: TaskStore, report: dict) -> str:
             f" B/example: {sel.attention_heads} heads x {sel.config.n_tokens} rows x {meta.max_length} keys"
             " per layer, fp16; `hsk derive --no-attention-rows` drops them)"
         )
-    return _report(lines)
+    return join_report(lines)
 
 
 def summary_numbers(report: dict) -> dict[str, float]:

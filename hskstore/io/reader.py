@@ -9,7 +9,7 @@ import numpy as np
 import zarr
 
 from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
-from ..format import codec
+from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
 from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
@@ -68,6 +68,8 @@ def check_layout(meta: dict) -> list[ArraySpec]:
         raise CorruptStoreError(f"layout.n_width {layout.get('n_width')!r} is not a width")
     try:
         return array_specs(meta)
+    except kinds.UnknownKindError as exc:  # not damage: a kind this hsk does not know
+        raise StoreError(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
 
@@ -557,14 +559,11 @@ class MLMStore(HSKStore):
         return f"top-{selection.get('top_k')}", None
 
 
-STORE_TYPES: dict[str, type[HSKStore]] = {TASK: TaskStore, MLM: MLMStore}
-
-
 def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
-    """The store class that metadata (typed, or the stored dict) describes (an unknown objective: the task
-    store, as older hsk read it)."""
+    """The store class that metadata (typed, or the stored dict) describes: its kind's reader
+    (hskstore.format.kinds)."""
     objective = meta.objective if isinstance(meta, StoreMeta) else objective_of(meta)
-    return STORE_TYPES.get(objective, TaskStore)
+    return kinds.get(objective).reader_class()
 
 
 def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:

@@ -418,8 +418,9 @@ class StoreWriter:
         meta = dict(self.meta)
         meta.update(extra or {})
         meta["checksums"] = checksums
+        # what identifies the inputs: the token arrays a kind has (a causal-LM store has no segment ids)
         meta["inputs_hash"] = array_checksum(
-            [checksums["input_ids"].encode(), checksums["token_type_ids"].encode()]
+            [checksums[name].encode() for name in ("input_ids", "token_type_ids") if name in checksums]
         )
         meta["complete"] = True
         # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card

@@ -137,8 +137,20 @@ def dump(
         help="Use a teacher whose label names or task say it was fine-tuned for another task (recorded in the store).",
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    objective: str = typer.Option("task", help="task (a fine-tuned classifier's store) or mlm (masked-LM top-k)."),
-    text_file: str = typer.Option(None, help="--objective mlm: raw text, one example per line."),
+    objective: str = typer.Option("task", help="task (a fine-tuned classifier's store), mlm (masked-LM top-k) or "
+                                  "clm (a causal LM's next-token distributions)."),
+    text_file: str = typer.Option(None, help="--objective mlm/clm: raw text, one example (document) per line."),
+    support: str = typer.Option("topk:64", help="--objective clm: per position, topk:K (the K most probable ids "
+                                "and their log-probs; the tail mass is 1 - their sum) or sample:N (N draws from "
+                                "the teacher, RS-KD: distinct ids and counts)."),
+    logprobs: str = typer.Option("float16", help="--objective clm with topk: the value codec of the log-probs "
+                                 "(float16, int8, int4, mxfp4, nf3)."),
+    block_size: int = typer.Option(256, help="--objective clm: tokens per block (documents packed, EOS between)."),
+    positions: float = typer.Option(1.0, help="--objective clm: the fraction of positions that keep a support, "
+                                    "those of highest teacher entropy (selective KD); 1 keeps all."),
+    sample_seed: int = typer.Option(0, help="--objective clm with sample:N: the draws of block r come from a "
+                                    "generator seeded (seed, r)."),
+    limit_tokens: int = typer.Option(None, help="--objective clm: dump only the first N tokens of the corpus."),
     top_k: int = typer.Option(TOP_K.default, TOP_K.flag, help=TOP_K.help),
     mask_seed: int = typer.Option(MASK_SEED.default, MASK_SEED.flag, help=MASK_SEED.help),
     workers: int = typer.Option(
@@ -174,8 +186,18 @@ def dump(
         _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
                   batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
         return
+    if objective == "clm":
+        from pipelines.dump.clm import ClmRequest
+
+        request = ClmRequest(_clm_support(support), logprobs, block_size, positions, sample_seed, limit_tokens,
+                             batch_size if batch_size != BATCH_SIZE.default else 8,
+                             shard_rows if shard_rows != SHARD_ROWS.default else 64, precision)
+        use_threads(threads, "dump")
+        _dump_clm(teacher, out, text_file, data_file, text_columns, limit, request, pick_device(device), overwrite,
+                  progress, sharing)
+        return
     if objective != "task":
-        raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.tasks import default_teacher_dir, get_task
@@ -258,6 +280,28 @@ def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, ma
     dump_mlm(teacher, out, corpus, top_k=top_k, masking=Masking(mask_seed=mask_seed), max_length=max_length or 128,
              batch_size=batch_size, shard_rows=shard_rows, device=device, overwrite=overwrite, progress=progress,
              log=typer.echo, extra_meta=sharing)
+    typer.echo(f"done: {out} (see `hsk info {out}`)")
+
+
+def _clm_support(text: str):
+    from hskstore.format.clm import Support
+
+    return Support.parse(text)
+
+
+def _dump_clm(teacher, out, text_file, data_file, text_columns, limit, request, device, overwrite, progress,
+              sharing) -> None:
+    from hskstore.format.clm import check_positions
+    from pipelines.dump.clm import dump_clm
+    from pipelines.dump.mlm import load_corpus
+
+    check_positions(request.positions)
+    request.check()
+    if not teacher or not out:
+        raise ConfigError("a causal-LM dump needs --teacher (an AutoModelForCausalLM folder or hub id) and --out")
+    corpus = load_corpus(text_file, data_file, text_columns, limit)
+    dump_clm(teacher, out, corpus, request, device=device, overwrite=overwrite, progress=progress, log=typer.echo,
+             extra_meta=sharing)
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 
 

@@ -58,6 +58,7 @@ Examples:
 \b
   hsk eval runs/qnli-tiny/best --task qnli --data-dir ../shared/data/glue
   hsk eval runs/sst2/best --task sst2 --eval-limit 200 --json
+  hsk eval runs/lm-student/best --text-file test.txt --block-size 256     # a causal LM: perplexity
 """
 
 
@@ -203,6 +204,22 @@ def train(
     typer.echo(f"summary: {out}/summary.json")
 
 
+def _eval_lm(model: str, text_file: str, block_size: int, batch_size: int, device: str, limit: int | None,
+             as_json: bool) -> None:
+    from pipelines.train.run.lm_eval import evaluate_lm
+
+    if not 2 <= block_size <= 1 << 20:
+        raise UserError(f"--block-size {block_size}: pass a whole number from 2 to {1 << 20}")
+    result = evaluate_lm(model, text_file, block_size=block_size, batch_size=min(batch_size, 64), device=device,
+                         limit=limit)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(f"{text_file}: perplexity {result['perplexity']:.3f} ({result['tokens']} tokens), per word "
+               f"{result['word_perplexity']:.3f} ({result['words']} words), ECE {result['ece']:.4f}, next-token "
+               f"accuracy {result['accuracy']:.4f}")
+
+
 METHODS_HELP = """List the distillation methods `hsk train --method` takes: one line each, and what its store must hold.
 
 Each method is described in docs/methods/<name>.md with the paper it comes from. Methods of installed
@@ -226,8 +243,13 @@ def methods_cmd() -> None:
 
 @app.command("eval", help=EVAL_HELP)
 def eval_(
-    model: str = typer.Argument(..., help="Saved model folder or hub id (a sequence classifier)."),
-    task: str = typer.Option(..., "--task", "-t", help="GLUE task the model was trained for."),
+    model: str = typer.Argument(..., help="Saved model folder or hub id (a sequence classifier, or a causal LM "
+                                "with --text-file)."),
+    task: str = typer.Option(None, "--task", "-t", help="GLUE task the model was trained for."),
+    text_file: str = typer.Option(None, "--text-file", help="A causal LM's held-out text, one document per line: "
+                                  "perplexity (token and word level), ECE and next-token accuracy."),
+    block_size: int = typer.Option(256, "--block-size", help="--text-file: tokens per scored block (documents "
+                                   "packed with EOS between, as a causal-LM store packs them)."),
     split: str = typer.Option("dev", help="dev (all dev splits; MNLI: matched and mismatched), or one split."),
     data_dir: str = typer.Option(None, help="glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     batch_size: int = typer.Option(64, help="Evaluation batch size."),
@@ -241,10 +263,16 @@ def eval_(
     ),
 ) -> None:
     check_threads(threads)
+    if (task is None) == (text_file is None):
+        raise UserError("hsk eval needs --task (a classifier on a task's dev data) or --text-file (a causal LM's "
+                        "perplexity), one of the two")
     from pipelines.core.devices import pick_device
-    from pipelines.train.run.evaluate import evaluate_model
 
     use_threads(threads, "eval")
+    if text_file is not None:
+        _eval_lm(model, text_file, block_size, batch_size, pick_device(device), limit, as_json)
+        return
+    from pipelines.train.run.evaluate import evaluate_model
 
     result = evaluate_model(
         model,

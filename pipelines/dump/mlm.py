@@ -152,7 +152,8 @@ def load_corpus(
 ) -> Examples:
     """Raw text, one example per non-empty line of `text_file`, or the `text_column` of a table file."""
     if bool(text_file) == bool(data_file):
-        raise ConfigError("an MLM dump reads raw text: pass --text-file (one text per line) or --data-file")
+        raise ConfigError("an LM dump (--objective mlm or clm) reads raw text: pass --text-file (one text per line) "
+                          "or --data-file")
     path = Path(text_file or data_file)
     if not path.is_file():
         raise DataError(f"no such file: {path}")

@@ -55,6 +55,7 @@ from pipelines.train.data.sources import (
     store_teacher,
     student_encoding,
 )
+from pipelines.train.kinds.clm import prepare_clm
 from pipelines.train.kinds.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.options import TrainOptions, run_options
@@ -430,7 +431,7 @@ def _student_inputs(source: Source, info: StudentInfo, pairs: list[list[LayerPai
     return student_encoding(source, info.tokenizer, data_dir, log)
 
 
-PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining}
+PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining, "clm": prepare_clm}
 
 
 def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from pipelines import registry
 from pipelines.methods.ptp import IGNORE, NUM_PTP_CLASSES, PTPThresholds
+from pipelines.train.losses import lm
 from pipelines.train.losses.attention import attention_mse, score_rows
 from pipelines.train.losses.ptp import ptp_labels
 
@@ -346,6 +347,48 @@ def term_mlm_mle(x: TermInputs) -> torch.Tensor:
 def term_mlm_topk_kl(x: TermInputs) -> torch.Tensor:
     """KL(teacher || student) over the stored top-k ids plus the tail bucket, mean over masked positions."""
     return topk_kl(x.outputs.logits.float(), x.batch["topk_ids"], x.batch["topk_logits"], x.batch["lse"])
+
+
+# Causal-LM KD (pipelines/methods/clm_kd.py): the maths in pipelines/train/losses/lm.py. outputs.logits is
+# [B, T, V]; the batch's ce_mask / kd_mask [B, T] pick the positions each term averages over.
+
+
+@loss_term("clm_ce")
+def term_clm_ce(x: TermInputs) -> torch.Tensor:
+    mask = x.batch["ce_mask"]
+    return lm.next_token_ce(x.outputs.logits[mask], x.batch["labels"][mask]).mean()
+
+
+def _kd_logprobs(x: TermInputs, temperature: float) -> torch.Tensor:
+    return torch.log_softmax(x.outputs.logits[x.batch["kd_mask"]].float() / temperature, -1)
+
+
+def _tempered(p: torch.Tensor, used: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The support's probabilities at temperature T, renormalized over the stored ids."""
+    if temperature == 1.0:
+        return p
+    logits = torch.log(p.clamp(min=1e-30)).masked_fill(~used, float("-inf")) / temperature
+    return torch.softmax(logits, -1)
+
+
+@loss_term("clm_topk_kl")
+def term_clm_topk_kl(x: TermInputs, tail: bool = True, temperature: float = 1.0) -> torch.Tensor:
+    b = x.batch
+    p = _tempered(b["kd_probs"], b["kd_used"], temperature)
+    kl = lm.topk_tail_kl if tail else lm.topk_renormalized_kl
+    return kl(_kd_logprobs(x, temperature), b["kd_ids"], p, b["kd_used"]).mean() * temperature ** 2
+
+
+@loss_term("clm_sampled_ce")
+def term_clm_sampled_ce(x: TermInputs) -> torch.Tensor:
+    b = x.batch
+    return lm.sampled_ce(_kd_logprobs(x, 1.0), b["kd_ids"], b["kd_probs"], b["kd_used"]).mean()
+
+
+@loss_term("clm_full_kl")
+def term_clm_full_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
+    teacher = torch.log_softmax(x.batch["teacher_logits"].float() / temperature, -1)
+    return lm.full_kl(_kd_logprobs(x, temperature), teacher).mean() * temperature ** 2
 
 
 def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

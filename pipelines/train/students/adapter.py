@@ -91,7 +91,15 @@ def masked_lm_batch(input_ids: Any, token_type_ids: Any, length: Any, positions:
             "mlm_labels": torch.as_tensor(labels.astype(np.int64), device=device)[used]}
 
 
-ADAPTERS = {"mlm": masked_lm_outputs}  # head -> adapter; every other head is a classifier's
+def causal_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
+                      outputs: tuple[str, ...]) -> StudentOutputs:
+    """An AutoModelForCausalLM: its LM head's logits at every position, [B, T, V] (the terms pick positions)."""
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    out, scores = _call(runner or model, model, kwargs, outputs)
+    return StudentOutputs(out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
+
+
+ADAPTERS = {"mlm": masked_lm_outputs, "clm": causal_lm_outputs}  # head -> adapter; every other is a classifier's
 
 
 def adapter_for(head: str):

@@ -1,0 +1,302 @@
+"""The causal-LM store kind (`objective: clm`): a corpus packed into blocks and, per position, the teacher's
+next-token distribution on a sparse support (docs/STORE_FORMAT.md, "Causal-LM stores").
+
+Rows are blocks of `block_size` tokens: documents tokenized, each followed by EOS, concatenated and cut
+into blocks as LM training packs them (the last block padded with EOS, its real tokens in `length`).
+Position t of a row holds the teacher's distribution over token t+1 at temperature 1, on one of two
+supports:
+
+- `topk`: the K most probable ids, by descending probability, and their normalized log-probs through a
+  value codec (hskstore.codecs: float16, int8, int4, ...); the mass outside them, the tail, is
+  1 - sum(exp(log-probs)), so nothing else is stored for it.
+- `sample`: `draws` ids drawn from the teacher's distribution (RS-KD), kept as the distinct ids in
+  increasing order with their counts; counts / draws is an unbiased estimate of the distribution.
+
+Ids are bit-packed at ceil(log2 V) bits (`pack_ids`). `clm/kept` marks the positions that carry a support
+(all real positions, or the fraction with the highest teacher entropy); the others hold zeros. Pure numpy:
+the dump (pipelines/dump/clm.py) and the readers share these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .. import codecs
+from . import kinds
+from .config import ConfigError
+from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
+
+CLM = "clm"
+GROUP = "clm"
+ROW_ARRAYS = ("row", "text_hash", "input_ids", "length")
+SUPPORTS = ("topk", "sample")
+MAX_DRAWS = 255  # counts are one byte
+_SECTION = SPEC_DOC + "#causal-lm-stores-objective-clm"
+_UNIT = ("per position t: the teacher's distribution over token t+1 at temperature 1, on the support; "
+         "positions outside clm/kept hold zeros")
+
+
+@dataclass(frozen=True)
+class Support:
+    """What a position keeps: the top `k` ids and log-probs, or the ids of `draws` samples with counts."""
+
+    kind: str  # "topk" | "sample"
+    size: int  # k, or draws
+
+    @classmethod
+    def parse(cls, text: str) -> Support:
+        """`topk:K` or `sample:N` (a one-line ConfigError naming the value otherwise)."""
+        kind, _, number = str(text).strip().partition(":")
+        if kind not in SUPPORTS or not number.isdigit() or int(number) < 1:
+            raise ConfigError(f"--support {text!r}: pass topk:K (the K most probable ids, K >= 1) or sample:N "
+                              f"(N draws from the teacher, 1 <= N <= {MAX_DRAWS})")
+        if kind == "sample" and int(number) > MAX_DRAWS:
+            raise ConfigError(f"--support {text!r}: at most {MAX_DRAWS} draws (counts are stored in one byte)")
+        return cls(kind, int(number))
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.size}"
+
+    @property
+    def slots(self) -> int:
+        """Ids stored per position: k, or draws (distinct ids never outnumber the draws)."""
+        return self.size
+
+
+@dataclass(frozen=True)
+class ClmSelection:
+    """A causal-LM store's `selection`: the support, its codec, the blocks and which positions are kept."""
+
+    support: str  # "topk" | "sample"
+    k: int | None  # topk: ids per position
+    draws: int | None  # sample: draws per position
+    slots: int  # ids stored per position
+    logprob_codec: str | None  # topk: the value codec of the log-probs
+    id_bits: int  # bits per stored id: ceil(log2 vocab)
+    vocab_size: int
+    block_size: int
+    eos_id: int
+    positions: float  # the fraction of real positions kept (1.0: all)
+    positions_by: str  # how a fraction is chosen: "entropy" (the teacher's, highest first)
+    sample_seed: int | None  # sample: draws of row r come from a generator seeded (sample_seed, r)
+    temperature: float = 1.0
+    unit: str = _UNIT
+
+    @classmethod
+    def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
+             positions: float = 1.0, sample_seed: int = 0) -> ClmSelection:
+        check_positions(positions)
+        topk = support.kind == "topk"
+        if topk and not 1 <= support.size <= vocab_size:
+            raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
+        if topk:
+            codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
+        return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
+                   logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
+                   float(positions), "entropy", None if topk else sample_seed)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
+        sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
+        if sel.support not in SUPPORTS or sel.slots < 1 or sel.id_bits != id_bits(sel.vocab_size):
+            raise ValueError(f"support {sel.support!r} with {sel.slots} slots at {sel.id_bits} bits per id")
+        return sel
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def described(self) -> Support:
+        return Support(self.support, self.k if self.support == "topk" else self.draws)
+
+    @property
+    def id_bytes(self) -> int:
+        return math.ceil(self.slots * self.id_bits / 8)
+
+    def derived(self, support: Support, logprob_codec: str | None) -> ClmSelection:
+        """The selection of a store derived from this one (a smaller K, fewer draws, another codec)."""
+        if support.kind != self.support or support.size > self.slots:
+            raise ConfigError(f"--support {support}: a store of support {self.described} gives {self.support}:N "
+                              f"with N <= {self.slots} only (derive keeps a subset; the teacher is not run)")
+        if support.kind == "topk":
+            return replace(self, k=support.size, slots=support.size, logprob_codec=logprob_codec or self.logprob_codec)
+        if logprob_codec:
+            raise ConfigError("--logprobs: a sampled store holds counts, not log-probs")
+        return replace(self, draws=support.size, slots=support.size)
+
+
+def check_positions(fraction: float) -> None:
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ConfigError(f"--positions {fraction!r}: pass the fraction of positions to keep, in (0, 1]")
+
+
+def id_bits(vocab_size: int) -> int:
+    """Bits per stored id: enough for every id below vocab_size (at least 1)."""
+    return max(1, math.ceil(math.log2(max(vocab_size, 2))))
+
+
+def pack_ids(ids: np.ndarray, bits: int) -> np.ndarray:
+    """ids [..., S] (each < 2**bits) -> uint8 [..., ceil(S * bits / 8)]: each id's bits least significant first,
+    ids in slot order, bytes filled from their least significant bit (numpy packbits, bitorder little)."""
+    shifts = np.arange(bits, dtype=np.uint32)
+    planes = ((ids.astype(np.uint32)[..., None] >> shifts) & 1).astype(np.uint8)
+    return np.packbits(planes.reshape(*ids.shape[:-1], ids.shape[-1] * bits), axis=-1, bitorder="little")
+
+
+def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:
+    """The inverse of pack_ids: int64 [..., slots]."""
+    planes = np.unpackbits(packed, axis=-1, count=slots * bits, bitorder="little")
+    planes = planes.reshape(*packed.shape[:-1], slots, bits).astype(np.int64)
+    return (planes << np.arange(bits, dtype=np.int64)).sum(-1)
+
+
+def block_hashes(input_ids: np.ndarray) -> np.ndarray:
+    """uint64 per row: the first 8 bytes (little-endian) of BLAKE2b-512 over the row's ids as int32 little-endian."""
+    rows = np.ascontiguousarray(input_ids.astype("<i4"))
+    digests = b"".join(hashlib.blake2b(row.tobytes()).digest()[:8] for row in rows)
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+def pack_blocks(documents: list[list[int]], block_size: int, eos_id: int,
+                max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks [n, block_size] int64, lengths [n]): each document then EOS, concatenated, cut into blocks; the
+    last block padded with EOS (its length says how many tokens are real). `max_tokens` cuts the stream."""
+    stream = np.fromiter((t for doc in documents for t in (*doc, eos_id)), dtype=np.int64)
+    if max_tokens is not None:
+        stream = stream[:max_tokens]
+    n = -(-len(stream) // block_size)
+    blocks = np.full((n, block_size), eos_id, dtype=np.int64)
+    blocks.reshape(-1)[: len(stream)] = stream
+    lengths = np.full(n, block_size, dtype=np.int32)
+    if n and len(stream) % block_size:
+        lengths[-1] = len(stream) % block_size
+    return blocks, lengths
+
+
+def kept_positions(entropy: np.ndarray, lengths: np.ndarray, fraction: float) -> np.ndarray:
+    """bool [n, T]: the real positions kept, all of them at fraction 1, else the ceil(fraction * length) with the
+    highest teacher entropy (ties: the earlier position)."""
+    n, t = entropy.shape
+    real = np.arange(t)[None, :] < lengths[:, None]
+    if fraction >= 1.0:
+        return real
+    kept = np.zeros((n, t), dtype=bool)
+    for i in range(n):
+        order = np.argsort(-entropy[i, : lengths[i]], kind="stable")
+        kept[i, order[: math.ceil(fraction * lengths[i])]] = True
+    return kept
+
+
+@dataclass(frozen=True)
+class LMTargets:
+    """A block of rows' stored teacher distributions, decoded: ids [n, T, S] and their probabilities [n, T, S]
+    (top-K: exp(log-prob); sampled: count / draws), `used` [n, T, S] (the slots that hold an id), `kept` [n, T]."""
+
+    input_ids: np.ndarray
+    length: np.ndarray
+    kept: np.ndarray
+    ids: np.ndarray
+    probs: np.ndarray
+    used: np.ndarray
+
+    @property
+    def tail(self) -> np.ndarray:
+        """[n, T] the mass outside the stored ids (0 for a sampled support, whose counts sum to 1)."""
+        return np.clip(1.0 - (self.probs * self.used).sum(-1), 0.0, 1.0)
+
+
+def decode(data: Mapping[str, np.ndarray], sel: ClmSelection) -> LMTargets:
+    """A shard's (or any rows') stored arrays -> LMTargets."""
+    kept = np.unpackbits(data["clm/kept"], axis=-1, count=sel.block_size).astype(bool)
+    ids = unpack_ids(data["clm/ids"], sel.id_bits, sel.slots)
+    if sel.support == "topk":
+        codec = codecs.get(sel.logprob_codec)
+        logprobs = codec.decode(data["clm/values"], data.get("clm/scale"), sel.slots)
+        used = np.broadcast_to(kept[..., None], ids.shape)
+        probs = np.where(used, np.exp(logprobs.astype(np.float64)), 0.0).astype(np.float32)
+    else:
+        counts = data["clm/counts"]
+        used = counts > 0
+        probs = counts.astype(np.float32) / sel.draws
+    return LMTargets(data["input_ids"], data["length"], kept, ids, probs, np.ascontiguousarray(used))
+
+
+def encode_support(ids: np.ndarray, weights: np.ndarray, kept: np.ndarray, sel: ClmSelection) -> dict[str, np.ndarray]:
+    """The clm/ arrays of rows: ids [n, T, S], weights [n, T, S] (top-K: float16 log-probs; sampled: counts),
+    kept [n, T]; positions outside `kept` are zeroed here, so that their bytes never depend on the teacher."""
+    ids = np.where(kept[..., None], ids, 0)
+    weights = np.where(kept[..., None], weights, 0)
+    out = {"clm/kept": np.packbits(kept, axis=-1), "clm/ids": pack_ids(ids, sel.id_bits)}
+    if sel.support == "topk":
+        values, scale = codecs.get(sel.logprob_codec).encode(weights.astype(np.float16))
+        out["clm/values"] = values
+        if scale is not None:
+            out["clm/scale"] = scale
+    else:
+        out["clm/counts"] = weights.astype(np.uint8)
+    return out
+
+
+def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
+    """A causal-LM store: the blocks, and per position which are kept and the support (ids, log-probs or counts)."""
+    layout, sel = meta["layout"], ClmSelection.from_dict(meta["selection"])
+    n, rows, chunk, t = layout["n_rows"], layout["shard_rows"], layout["chunk_rows"], sel.block_size
+
+    def spec(name: str, tail: tuple[int, ...], dtype: str) -> ArraySpec:
+        return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1)
+
+    specs = [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
+             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
+             spec("clm/kept", ((t + 7) // 8,), "uint8"), spec("clm/ids", (t, sel.id_bytes), "uint8")]
+    if sel.support == "sample":
+        return [*specs, spec("clm/counts", (t, sel.slots), "uint8")]
+    declared = codecs.get(sel.logprob_codec).arrays(sel.slots)
+    specs.append(spec("clm/values", (t, *declared["values"][0]), declared["values"][1]))
+    if "scale" in declared:
+        specs.append(spec("clm/scale", (t, *declared["scale"][0]), declared["scale"][1]))
+    return specs
+
+
+# name -> (axes after rows, description, units): what generic Zarr tools show
+_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
+    "row": ((), "block index", None),
+    "text_hash": ((), "first 8 bytes (little-endian) of BLAKE2b-512 over the block's ids as int32 little-endian",
+                  None),
+    "input_ids": (("tokens",), "the block's token ids: documents each followed by EOS, packed; padded with EOS",
+                  None),
+    "length": ((), "real tokens of the block", "tokens"),
+    "clm/kept": (("position_bytes",), "which positions carry a support: numpy packbits over the block, big-endian "
+                 "bit order", None),
+    "clm/ids": (("tokens", "id_bytes"), "the support's ids of each position, bit-packed at id_bits bits, least "
+                "significant bit first", None),
+    "clm/values": (("tokens", "slots"), "the top-K ids' normalized log-probs, as the value codec stores them",
+                   "log-prob (nats)"),
+    "clm/scale": (("tokens", "scale_groups"), "the value codec's scale of each position's log-probs", None),
+    "clm/counts": (("tokens", "slots"), "how many of the draws gave each stored id; 0 = unused slot", "draws"),
+}
+
+
+def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
+    dims, text, units = _DESCRIBED[spec.name]
+    attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY}
+    sel = meta["selection"]
+    if spec.name == "clm/ids":
+        attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
+    if spec.name in ("clm/values", "clm/scale"):
+        attributes["codec"] = sel["logprob_codec"]
+        if spec.name == "clm/values" and len(spec.shape) == 3 and spec.shape[2] != sel["slots"]:
+            dims = ("tokens", "value_bytes")  # a packed codec: bytes of codes, not one value per slot
+    if units:
+        attributes["units"] = units
+    return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+
+
+KIND = kinds.register(kinds.StoreKind(
+    CLM, "a causal LM's next-token distributions on a sparse support (`hsk dump --objective clm`)", array_specs,
+    describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",)))

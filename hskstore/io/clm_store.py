@@ -1,0 +1,129 @@
+"""The reader of causal-LM stores (hskstore.format.clm): decoded targets, `hsk info`, the card, derive.
+
+`store.targets(shard)` gives a shard's teacher distributions decoded (LMTargets); `hsk info` counts bytes per
+token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import numpy as np
+
+from ..format.clm import CLM, ClmSelection, LMTargets, decode
+from ..format.config import ConfigError
+from . import info
+from .reader import HSKStore
+
+# What other tools store per token (bytes, before their own compression where they say so).
+OTHERS = (("Megatron-LM top-128 fp16 + 17-bit ids", 528), ("DistillKit top-128, polynomial tail", 300),
+          ("RS-KD 12 sampled ids of 50, 7-bit counts", 37))
+
+
+class ClmStore(HSKStore):
+    """A causal-LM store: packed blocks and, per kept position, the teacher's distribution on a sparse support."""
+
+    objective = CLM
+    reads = frozenset({"clm"})
+    clm: ClmSelection
+
+    def _parse_selection(self) -> None:
+        try:
+            self.clm = ClmSelection.from_dict(self.meta["selection"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._damaged_selection(exc) from None
+
+    def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
+        """Rows read with read_shard / read (every array) -> their decoded teacher distributions."""
+        return decode(data, self.clm)
+
+    def tokens(self) -> tuple[int, int]:
+        """(real tokens, kept positions) over the whole store."""
+        real = kept = 0
+        for shard in range(self.n_shards):
+            data = self.read(slice(*self.shard_bounds(shard)), ["length", "clm/kept"])
+            real += int(data["length"].sum())
+            kept += int(np.unpackbits(data["clm/kept"], axis=-1).sum())
+        return real, kept
+
+    def storage_report(self) -> dict:
+        arrays = info.array_bytes(self)
+        real, kept = self.tokens()
+        knowledge = sum(a["stored"] for name, a in arrays.items() if name.startswith("clm/"))
+        total = sum(a["stored"] for a in arrays.values())
+        return {"rows": len(self), "arrays": arrays, "total_bytes": total,
+                "bytes_per_example": total / max(len(self), 1), "tokens": real, "kept_positions": kept,
+                "knowledge_bytes": knowledge, "bytes_per_token": knowledge / max(real, 1),
+                "bytes_per_kept_position": knowledge / max(kept, 1), "total_bytes_per_token": total / max(real, 1),
+                "support": str(self.clm.described), "vocab_size": self.clm.vocab_size}
+
+    def format_report(self, report: dict) -> str:
+        meta, sel = self.metadata, self.clm
+        what = (f"top-{sel.k} ids + log-probs ({sel.logprob_codec}); tail = 1 - sum" if sel.support == "topk" else
+                f"{sel.draws} draws from the teacher (seed {sel.sample_seed}): distinct ids + counts")
+        lines = [f"store      {self.url}", info.status_line(meta, "   objective clm"), *info.upgrade_lines(self.meta),
+                 f"corpus     {report['rows']} blocks of {sel.block_size} tokens ({report['tokens']} real)   source "
+                 f"{meta.dataset.source}",
+                 f"teacher    {meta.teacher.name} ({meta.teacher.architecture}, {meta.teacher.num_layers} layers)   "
+                 f"weights {(meta.teacher.weights_hash or '?')[:19]}",
+                 info.tokenizer_line(meta),
+                 f"support    {what}; ids at {sel.id_bits} bits; positions kept {sel.positions:g} "
+                 f"({report['kept_positions']})",
+                 "", *info.array_lines(report["arrays"]), "",
+                 f"total          {info.human_bytes(report['total_bytes'])}  "
+                 f"({report['total_bytes_per_token']:.1f} B/token with the inputs)",
+                 f"per token      {report['bytes_per_token']:.2f} B stored (clm/ arrays; "
+                 f"{report['bytes_per_kept_position']:.2f} B per kept position); the full distribution in fp16: "
+                 f"{2 * sel.vocab_size:,} B"]
+        lines += [f"  vs {name}: ~{size} B ({size / max(report['bytes_per_token'], 1e-9):.1f}x this)"
+                  for name, size in OTHERS]
+        return info.join_report(lines)
+
+    def refuse_derive(self) -> None:
+        raise ConfigError(f"{self.url} is a causal-LM store: derive it with --support topk:K or sample:N "
+                          "(and --logprobs), not a config")
+
+    def refuse_task_training(self) -> None:
+        raise ConfigError(f"{self.url} is a causal-LM store: train from it with --method clm-kd")
+
+    def derive(self, out: str, **options) -> dict:
+        """A smaller store of this one (hskstore.share.clm_derive), without the teacher."""
+        return import_module("hskstore.share.clm_derive").derive_clm(self, out, **options)
+
+    @classmethod
+    def card_headline(cls, meta: dict) -> tuple[str, str]:
+        sel = meta["selection"]
+        size = sel.get("k") if sel.get("support") == "topk" else sel.get("draws")
+        return f"causal-LM next-token distributions ({sel.get('support')}:{size})", "text-generation"
+
+    @classmethod
+    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
+        sel = meta["selection"]
+        return f"""
+# {fields['pretty_name']}
+
+A causal-LM store written by hsk: the teacher `{meta['teacher']['name']}` ran once over {fields['rows']}
+blocks of {sel['block_size']} tokens and kept, per position, its next-token distribution on a sparse
+support ({sel['support']}: {cls.preprocessing(meta)}). Students train from it without the teacher
+(`hsk train --method clm-kd`). The metadata in `zarr.json` (attribute `hsk`) is the authority;
+`hsk verify {name}` checks every shard.
+
+```python
+from hskstore import open_store
+store = open_store("{name}")
+targets = store.targets(store.read_shard(0))   # ids, probs, kept, input_ids per block
+```
+"""
+
+    @classmethod
+    def preprocessing(cls, meta: dict) -> str:
+        sel = meta["selection"]
+        if sel.get("support") == "topk":
+            return (f"top-{sel.get('k')} next-token ids and log-probs ({sel.get('logprob_codec')}) per position, "
+                    "the tail mass recoverable")
+        return f"{sel.get('draws')} ids drawn from the teacher per position (RS-KD), distinct ids and counts"
+
+    @classmethod
+    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
+        size = selection.get("k") if selection.get("support") == "topk" else selection.get("draws")
+        return f"{selection.get('support')}:{size}", selection.get("logprob_codec")

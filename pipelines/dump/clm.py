@@ -1,0 +1,218 @@
+"""The causal-LM dump: run a causal LM once over a corpus and keep its next-token distributions on a sparse
+support (`hsk dump --objective clm`; the format is hskstore.format.clm).
+
+The corpus is packed into blocks as LM training packs it (hskstore.format.clm.pack_blocks). Per batch of
+blocks the teacher's logits become float32 log-probs on the device, where the support is chosen: the top K
+(`torch.topk`), or `draws` samples from the distribution (`torch.multinomial`, one generator per block seeded
+by (sample_seed, row), so that resume, shard layout and batch size never change a draw), reduced to distinct
+ids and counts. Only the support leaves the device: [b, T, S] ids and weights, never [b, T, V].
+
+Same guarantees as every store (hskstore.io.writer): whole shards, digests, resumable bit-identically,
+provenance (teacher weights hash, tokenizer vocabulary hash, corpus fingerprint).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hskstore import __version__
+from hskstore.format.clm import (
+    CLM,
+    ClmSelection,
+    Support,
+    block_hashes,
+    encode_support,
+    kept_positions,
+    pack_blocks,
+)
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
+from hskstore.io.writer import StoreWriter, writing
+from pipelines.core.data import Examples
+from pipelines.core.models import (
+    ModelLoadError,
+    load_tokenizer,
+    model_revision,
+    resolve_model,
+    vocab_hash,
+    weights_hash,
+)
+from pipelines.core.precision import FP32, forward_precision, resolve_forward
+
+CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
+                    "vocab_size", "precision")
+CLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "pad_id")
+
+
+@dataclass(frozen=True)
+class ClmRequest:
+    """What a causal-LM dump is asked for (the CLI's options, checked before the teacher loads)."""
+
+    support: Support
+    logprob_codec: str = "float16"
+    block_size: int = 256
+    positions: float = 1.0
+    sample_seed: int = 0
+    max_tokens: int | None = None
+    batch_size: int = 8
+    shard_rows: int = 64
+    precision: str = "auto"
+
+    def check(self) -> None:
+        for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
+                            ("--shard-rows", self.shard_rows)):
+            if not 1 <= value <= 1 << 20:
+                raise ConfigError(f"{name} {value}: pass a whole number from 1 to {1 << 20}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"--limit-tokens {self.max_tokens}: pass a positive number of tokens")
+
+
+def load_clm_teacher(teacher: str, device: str) -> Any:
+    """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), in float32, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(teacher), dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds; say what to pass instead
+        raise ModelLoadError(f"cannot load a causal-LM teacher from {teacher} ({str(exc).splitlines()[0][:200]}): "
+                             "pass a folder or hub id of an AutoModelForCausalLM (GPT-2, Llama, Qwen2, ...)") from None
+    return model.to(device).eval()
+
+
+def eos_of(tokenizer: Any, teacher: str) -> int:
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"the tokenizer of {teacher} has no EOS token, which separates the corpus's documents")
+    return int(tokenizer.eos_token_id)
+
+
+def tokenize_corpus(tokenizer: Any, texts: list[str], block_size: int, eos_id: int,
+                    max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks, lengths) of a list of documents: each tokenized without special tokens, then packed."""
+    documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return pack_blocks(documents, block_size, eos_id, max_tokens)
+
+
+def _row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
+    state = int(np.random.SeedSequence([seed, row]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+    return torch.Generator(device=device).manual_seed(state)
+
+
+def sample_support(logprobs: torch.Tensor, draws: int, seed: int, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's [T, V] log-probs -> (ids, counts) [T, draws]: the distinct ids of `draws` samples per position
+    in increasing order, then unused slots (id 0, count 0)."""
+    generator = _row_generator(seed, row, logprobs.device)
+    drawn = torch.multinomial(logprobs.exp(), draws, replacement=True, generator=generator)
+    drawn, _ = drawn.sort(-1)
+    first = torch.ones_like(drawn, dtype=torch.bool)
+    first[:, 1:] = drawn[:, 1:] != drawn[:, :-1]
+    slot = first.long().cumsum(-1) - 1
+    ids = torch.zeros_like(drawn).scatter_(1, slot, drawn)
+    counts = torch.zeros_like(drawn).scatter_add_(1, slot, torch.ones_like(drawn))
+    return ids, counts
+
+
+@torch.no_grad()
+def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
+                    precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids [b, T, S], weights [b, T, S], entropy [b, T]) of a batch of blocks: weights are float16 log-probs
+    (top-K) or counts (sampled)."""
+    with forward_precision(precision, str(input_ids.device)):
+        logits = model(input_ids=input_ids).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    if sel.support == "topk":
+        values, ids = logprobs.topk(sel.k, dim=-1)
+        weights = values.half()
+    else:
+        pairs = [sample_support(logprobs[i], sel.draws, sel.sample_seed, int(row)) for i, row in enumerate(rows)]
+        ids, weights = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    return ids.cpu().numpy(), weights.cpu().numpy(), entropy.cpu().numpy()
+
+
+def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
+                      batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
+    """Every array of one shard's rows."""
+    ids, weights, entropy = [], [], []
+    for start in range(0, len(blocks), batch_size):
+        batch = torch.as_tensor(blocks[start:start + batch_size], device=device)
+        part = teacher_support(model, batch, rows[start:start + batch_size], sel, precision)
+        ids.append(part[0])
+        weights.append(part[1])
+        entropy.append(part[2])
+    kept = kept_positions(np.concatenate(entropy), lengths, sel.positions)
+    arrays = encode_support(np.concatenate(ids), np.concatenate(weights), kept, sel)
+    arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
+    return arrays
+
+
+def clm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_blocks: int,
+                 shard_rows: int, precision: str) -> dict:
+    cfg = model.config
+    return StoreMeta(
+        objective=CLM,
+        task=TaskRef(CLM, "train"),
+        dataset=DataRef(corpus.source, corpus.fingerprint, len(corpus)),
+        teacher=TeacherRef(
+            teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
+            architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
+            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+            precision=None if precision == FP32 else precision, written=CLM_TEACHER_KEYS,
+        ),
+        tokenizer=TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
+                               pad_id=sel.eos_id, written=CLM_TOKENIZER_KEYS),
+        max_length=sel.block_size,
+        selection=sel.to_dict(),
+        layout=Layout.of(n_blocks, sel.slots, shard_rows),
+    ).to_dict()
+
+
+def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, device: str = "cpu",
+             overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
+             extra_meta: dict | None = None) -> dict:
+    """Write (or finish) the causal-LM store at `out`; returns its metadata."""
+    request.check()
+    precision = resolve_forward(request.precision, device)
+    tokenizer = load_tokenizer(teacher)
+    eos = eos_of(tokenizer, teacher)
+    model = load_clm_teacher(teacher, device)
+    vocab = model.config.vocab_size
+    sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
+                            logprob_codec=request.logprob_codec, positions=request.positions,
+                            sample_seed=request.sample_seed)
+    blocks, lengths = tokenize_corpus(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
+    if int(blocks.max(initial=0)) >= vocab:
+        raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
+                             f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
+    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
+    meta.update(extra_meta or {})
+    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+        if writer.complete:
+            log(f"{out} is already complete, nothing to do")
+            return writer.meta
+        return _write_shards(writer, out, model, blocks, lengths, sel, request, device, precision, progress, log)
+
+
+def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray, lengths: np.ndarray,
+                  sel: ClmSelection, request: ClmRequest, device: str, precision: str, progress: bool,
+                  log: Callable[[str], Any]) -> dict:
+    pending = writer.pending_shards()
+    if len(pending) < writer.n_shards:
+        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
+    started = time.perf_counter()
+    for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
+        start, stop = writer.shard_bounds(shard)
+        rows = np.arange(start, stop, dtype=np.int64)
+        writer.write_shard(shard, compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel,
+                                                    request.batch_size, device, precision))
+    meta = writer.finalize()
+    tokens = int(lengths.sum())
+    log(f"wrote {len(pending)} shards ({tokens} tokens, support {sel.described}) in "
+        f"{time.perf_counter() - started:.1f}s to {out}")
+    return meta

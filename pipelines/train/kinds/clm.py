@@ -1,0 +1,199 @@
+"""Causal-LM distillation runs (`hsk train --method clm-kd`): their pieces for the one training loop.
+
+A causal-LM store (`hsk dump --objective clm`, hskstore.format.clm) holds packed blocks and, per kept
+position, the teacher's next-token distribution on a sparse support. The student is an
+AutoModelForCausalLM with the teacher's vocabulary: `first<k>` (the teacher's embeddings, first k layers
+and LM head) or any causal-LM folder. The loop (pipelines.train.run.loop) runs the stage as every other:
+optimiser, schedule, shuffled stream, checkpoints and resume, metrics. What differs lives here: the source
+(`LMSource`: the store, and the live teacher of `--set target=live`), the batches (`ClmFeed`: targets
+decoded on the host from the stored bytes, or the live teacher's logits) and the student (`clm_student`).
+There is no dev set: OUT/best is the final model; `hsk eval OUT/best --text-file F` gives its perplexity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hskstore import open_store
+from hskstore.format.clm import ClmSelection, decode
+from hskstore.format.config import ConfigError
+from hskstore.format.meta import StoreMeta
+from pipelines.methods import Context, get_method
+from pipelines.registry import Stage
+from pipelines.train.data.sources import check_expected_store, store_teacher
+from pipelines.train.data.stream import StoreStream
+from pipelines.train.options import TrainOptions
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.loop import RunParts, Student
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
+
+_FIRST = re.compile(r"first(\d+)")
+
+
+def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
+    """(AutoModelForCausalLM, tokenizer, how it was made): first<k> = the teacher's first k layers with its
+    embeddings and LM head; a folder or hub id = that model as saved."""
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.core.models import ModelLoadError, load_config, load_tokenizer, resolve_model
+
+    match = _FIRST.fullmatch(student.strip().lower())
+    source = teacher if match else resolve_model(student)
+    kwargs = {}
+    if match:
+        depth = load_config(teacher).num_hidden_layers
+        k = int(match.group(1))
+        if not 1 <= k <= depth:
+            raise ModelLoadError(f"first{k} needs 1..{depth} layers of the store's teacher {teacher}")
+        kwargs["num_hidden_layers"] = k
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
+    except Exception as exc:  # transformers raises many kinds; say what to pass instead
+        raise ModelLoadError(f"cannot load {student} as a causal LM ({str(exc).splitlines()[0][:200]}): pass "
+                             "first<k> or an AutoModelForCausalLM folder") from None
+    init = f"first {kwargs['num_hidden_layers']} layers of {teacher}" if match else f"causal LM {source}"
+    return model, load_tokenizer(source), init
+
+
+def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], Any]) -> None:
+    """The KD compares token ids: the student must tokenize as the teacher did. Embedding sizes may differ by
+    padding only (both cover the tokenizer), which is said, not refused."""
+    from pipelines.core.models import vocab_hash
+
+    mine, theirs = vocab_hash(tokenizer), meta.tokenizer.vocab_hash
+    size, teacher_size = model.config.vocab_size, meta.teacher.vocab_size
+    if mine != theirs:
+        raise ConfigError(f"the student's vocabulary ({len(tokenizer)} tokens, {mine[:19]}) is not the store's "
+                          f"teacher's ({meta.tokenizer.vocab_size} tokens, {theirs[:19]}): distillation compares token "
+                          "ids; use first<k> or a student with the teacher's tokenizer")
+    if size < meta.tokenizer.vocab_size:
+        raise ConfigError(f"the student's embeddings have {size} rows but the tokenizer has "
+                          f"{meta.tokenizer.vocab_size} tokens: pass a student whose embeddings cover its tokenizer")
+    if size != teacher_size:
+        log(f"note: the student's vocabulary has {size} rows and the teacher's {teacher_size}: the same tokenizer "
+            "(padding only), accepted")
+
+
+@dataclass
+class LMSource:
+    """What a causal-LM run trains from: the store, and the live teacher when the target is `live`."""
+
+    store: Any
+    teacher: nn.Module | None = None
+    mode: str = "offline"
+    task: None = None
+    selection: None = None
+
+    @property
+    def meta(self) -> dict:
+        return self.store.meta
+
+    @property
+    def metadata(self) -> StoreMeta:
+        return self.store.metadata
+
+    @property
+    def teacher_name(self) -> str:
+        return self.store.metadata.teacher.name
+
+
+def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection, device: str, live: nn.Module | None) -> dict:
+    """A batch of blocks for the adapter and the loss terms: inputs, next-token labels and the masks of the
+    positions each term averages over; the stored support at the kept positions ([N, S]), or the live
+    teacher's logits at every real position ([N, V])."""
+    ids = torch.as_tensor(raw["input_ids"].astype(np.int64), device=device)
+    length = torch.as_tensor(raw["length"].astype(np.int64), device=device)
+    t = torch.arange(ids.shape[1], device=device)[None, :]
+    labels = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+    batch = {"input_ids": ids, "attention_mask": (t < length[:, None]).long(), "labels": labels,
+             "ce_mask": t + 1 < length[:, None]}
+    if live is not None:
+        batch["kd_mask"] = t < length[:, None]
+        with torch.no_grad():
+            batch["teacher_logits"] = live(input_ids=ids).logits[batch["kd_mask"]]
+        return batch
+    targets = decode(raw, sel)
+    kept = targets.kept
+    batch["kd_mask"] = torch.as_tensor(kept, device=device)
+    batch["kd_ids"] = torch.as_tensor(targets.ids[kept], device=device)
+    batch["kd_probs"] = torch.as_tensor(targets.probs[kept], device=device)
+    batch["kd_used"] = torch.as_tensor(targets.used[kept], device=device)
+    return batch
+
+
+class _Maker:
+    def __init__(self, sel: ClmSelection, device: str, live: nn.Module | None):
+        self.sel, self.device, self.live = sel, device, live
+
+    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return lm_batch(raw, self.sel, self.device, self.live)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class ClmFeed:
+    """A stage that reads "clm" streams the blocks and, unless the teacher runs live, their stored supports."""
+
+    store: Any
+    live: nn.Module | None = None
+
+    def names(self, stage: Stage, kept: list[int]) -> list[str]:
+        wanted = ("input_ids", "length") if self.live is not None else ("input_ids", "length", "clm/")
+        return [name for name in self.store.specs if name.startswith(wanted)]
+
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker:
+        return _Maker(self.store.clm, device, self.live)
+
+
+def _teacher(source: LMSource, override: str | None) -> str:
+    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
+    from pipelines.dump.clm import load_clm_teacher
+
+    return store_teacher(source, override, load=lambda name: load_clm_teacher(name, "cpu"))
+
+
+def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
+                log: Callable[[str], Any], **_: Any) -> RunParts:
+    """The plan, student and feed of a causal-LM run, every check done before anything is written."""
+    if store is None:
+        raise ConfigError("--method clm-kd distils from a causal-LM store: give --store (with --set target=live "
+                          "its teacher runs beside the student)")
+    if ranks.distributed:
+        raise ConfigError("--method clm-kd runs in one process: start it without torchrun")
+    source = LMSource(open_store(store))
+    check_expected_store(source, options.expect_store)
+    method = get_method(options.method)
+    method_options = method.make_options(options.method_options)
+    stages = method.stages(method_options, Context(None, None, source.metadata))
+    torch.manual_seed(options.seed)
+    teacher = _teacher(source, options.teacher)
+    if method_options.target == "live":
+        from pipelines.dump.clm import load_clm_teacher
+
+        source.teacher = load_clm_teacher(teacher, device).requires_grad_(False)
+    model, tokenizer, init = clm_student(student, teacher)
+    check_vocabulary(model, tokenizer, source.metadata, log)
+    info = StudentInfo(name=student, kind="causal_lm", init=init, source=teacher,
+                       num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
+                       projection=None, tokenizer=tokenizer, vocab_hash=source.metadata.tokenizer.vocab_hash,
+                       tokenizer_source=teacher)
+    batch_size = options.batch_size or 8
+    identity = {"student": student, "mode": "offline", "source": source.store.content_address or str(source.store.url),
+                "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
+                "seed": options.seed, "shuffle_window": options.buffer_shards, "max_steps": options.max_steps}
+    log(f"clm-kd: {init}; {len(source.store)} blocks of {source.store.clm.block_size} tokens, support "
+        f"{source.store.clm.described}, target {method_options.target}")
+    return RunParts(source, method, method_options, stages, Student(model.to(device), info, None, Heads(model, "clm")),
+                    [[] for _ in stages], ClmFeed(source.store, source.teacher), None, batch_size, identity,
+                    done_note=f"its perplexity: hsk eval OUT/best --text-file FILE --block-size "
+                              f"{source.store.clm.block_size}")
