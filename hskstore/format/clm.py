@@ -290,8 +290,9 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
         attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
     if spec.name in ("clm/values", "clm/scale"):
         attributes["codec"] = sel["logprob_codec"]
-        if spec.name == "clm/values" and len(spec.shape) == 3 and spec.shape[2] != sel["slots"]:
+        if spec.name == "clm/values" and spec.shape[2] != sel["slots"]:
             dims = ("tokens", "value_bytes")  # a packed codec: bytes of codes, not one value per slot
+        dims = dims[: len(spec.shape) - 1]  # a scale per position (int8) has no group axis
     if units:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)

@@ -292,6 +292,11 @@ class HSKStore:
     def refuse_task_training(self) -> None:
         """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
 
+    def derive(self, out: str, **options) -> dict:
+        """A smaller store of a kind that derives by support (`hsk derive --support`); the others refuse."""
+        raise ConfigError(f"{self.url} is a {self.objective} store: --support derives causal-LM stores; derive a task "
+                          "store with --config ND,NL,W")
+
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:
         """(what the store keeps, in a few words; its Hugging Face task category) for its card."""

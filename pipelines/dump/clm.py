@@ -118,6 +118,29 @@ def sample_support(logprobs: torch.Tensor, draws: int, seed: int, row: int) -> t
     return ids, counts
 
 
+def _by_value_then_id(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`ids` reordered by descending log-prob, equal log-probs by increasing id."""
+    ids = ids.sort(-1).values
+    order = torch.sort(logprobs.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
+
+
+def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., V] -> the k ids of highest log-prob [..., k], equal log-probs taken by lower id first: a prefix of
+    this order is the order at a smaller k, so a derived top-K' is the dump's. topk(k + 1) finds the set unless
+    the k-th and (k+1)-th tie; those positions (rare) are sorted whole."""
+    vocab = logprobs.shape[-1]
+    if k >= vocab:
+        return _by_value_then_id(logprobs, torch.arange(vocab, device=logprobs.device).expand_as(logprobs))
+    values, ids = logprobs.topk(k + 1, dim=-1)
+    ids = _by_value_then_id(logprobs, ids)[..., :k]
+    tied = values[..., k - 1] == values[..., k]
+    if bool(tied.any()):  # one host read per batch: the support is copied to the host right after anyway
+        whole = torch.arange(vocab, device=logprobs.device).expand(int(tied.sum()), vocab)
+        ids[tied] = _by_value_then_id(logprobs[tied], whole)[..., :k]
+    return ids
+
+
 @torch.no_grad()
 def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
                     precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -128,8 +151,8 @@ def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: 
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
     if sel.support == "topk":
-        values, ids = logprobs.topk(sel.k, dim=-1)
-        weights = values.half()
+        ids = top_ids(logprobs, sel.k)
+        weights = logprobs.gather(-1, ids).half()
     else:
         pairs = [sample_support(logprobs[i], sel.draws, sel.sample_seed, int(row)) for i, row in enumerate(rows)]
         ids, weights = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
