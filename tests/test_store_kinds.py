@@ -111,9 +111,16 @@ def test_store_entries_come_from_the_schema():
     assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= STORE_ENTRIES
 
 
-def test_an_unknown_objective_reads_as_a_task_store():
-    assert store_type({"objective": "mlm"}) is MLMStore
-    assert store_type({}) is TaskStore and store_type({"objective": "other"}) is TaskStore
+def test_the_objective_names_a_registered_kind():
+    """No objective: a task store (the key came later); a kind this hsk does not know is refused by name, never
+    read as a task store (a store of a newer hsk would be misread)."""
+    from hskstore.format.kinds import UnknownKindError
+    from hskstore.io.clm_store import ClmStore
+
+    assert store_type({"objective": "mlm"}) is MLMStore and store_type({"objective": "clm"}) is ClmStore
+    assert store_type({}) is TaskStore
+    with pytest.raises(UnknownKindError, match="no store kind 'other': this hsk knows task, mlm, clm"):
+        store_type({"objective": "other"})
 
 
 def test_damaged_metadata_is_refused_by_the_parser():
