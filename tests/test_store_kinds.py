@@ -127,3 +127,14 @@ def test_damaged_metadata_is_refused_by_the_parser():
     meta = _stored_meta(VECTORS / "int8.hsk.zip")
     with pytest.raises(KeyError):
         StoreMeta.parse({k: v for k, v in meta.items() if k != "teacher"})
+
+
+@pytest.mark.parametrize("bundle", sorted(VECTORS.glob("*.hsk.zip")), ids=lambda p: p.name)
+def test_store_meta_reads_and_writes_every_conformance_store_as_it_is(bundle):
+    """StoreMeta both ways: parse then to_dict gives the stored metadata back, every key in its order (the
+    bookkeeping fields included), so that code reading the typed record can write it again unchanged."""
+    meta = _stored_meta(bundle)
+    again = StoreMeta.parse(meta).to_dict()
+    assert json.dumps(again) == json.dumps(meta)
+    typed = StoreMeta.parse(meta)
+    assert typed.data_origin == meta.get("data_origin") and typed.compute == meta.get("compute")

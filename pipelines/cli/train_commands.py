@@ -42,6 +42,11 @@ Examples:
   hsk train --store sst2-cls.zarr --student bert3 --method pkd-skip --beta 500 --out runs/pkd3
   hsk train --store corpus.zarr --student bert3 --method lightpaff-pretrain --out runs/lp-pre
   hsk train --store sst2.zarr --init runs/lp-pre/best --method lightpaff --lam 0.5 --out runs/lp
+  hsk train --store lm.zarr --student first2 --method clm-kd --set lam=0.5 --max-steps 500 --out runs/lm2
+
+A causal-LM store (`hsk dump --objective clm`) trains an AutoModelForCausalLM: first<k> (the teacher's first
+k layers) or any causal-LM folder with the teacher's tokenizer; --set target=live runs the store's teacher
+beside it (full-vocabulary KL on the same blocks); `hsk eval OUT/best --text-file F` gives its perplexity.
 
 Online (the same training with the teacher loaded and targets computed per batch; for comparison):
 
