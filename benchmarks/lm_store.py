@@ -71,50 +71,65 @@ def measure_bytes(teacher: str, text_file: str, tokens: int, block: int, work: P
     return rows
 
 
-def _forward(model, blocks: np.ndarray, batch: int) -> None:
-    with torch.no_grad():
+def _forward(model, blocks: np.ndarray, batch: int, device: str, precision: str) -> None:
+    from pipelines.core.precision import forward_precision
+
+    with torch.no_grad(), forward_precision(precision, device):
         for start in range(0, len(blocks), batch):
-            model(input_ids=torch.as_tensor(blocks[start:start + batch])).logits.sum().item()
+            model(input_ids=torch.as_tensor(blocks[start:start + batch], device=device)).logits.sum().item()
 
 
 def _dump(model, tokenizer, teacher: str, corpus: Examples, blocks: np.ndarray, lengths: np.ndarray,
-          request: ClmRequest, out: Path) -> None:
+          request: ClmRequest, out: Path, device: str, precision: str) -> None:
     from hskstore.format.clm import ClmSelection
 
     sel = ClmSelection.make(request.support, vocab_size=model.config.vocab_size, block_size=request.block_size,
                             eos_id=eos_of(tokenizer, teacher))
-    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, "fp32")
+    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
     with writing(str(out), meta) as writer:
         for shard in writer.pending_shards():
             start, stop = writer.shard_bounds(shard)
             rows = np.arange(start, stop, dtype=np.int64)
             writer.write_shard(shard, compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel,
-                                                        request.batch_size, "cpu", "fp32"))
+                                                        request.batch_size, device, precision))
         writer.finalize()
 
 
+def _teacher_model(teacher: str, device: str, random_weights: bool):
+    """The teacher as `hsk dump` loads it, or (a GPU host without the weights) its config with random weights."""
+    if not random_weights:
+        return load_clm_teacher(teacher, device)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(teacher)).to(device).eval()
+
+
 def measure_speed(teacher: str, text_file: str, tokens: int, block: int, batch: int, rounds: int,
-                  support: str, work: Path) -> dict:
+                  support: str, work: Path, device: str = "cpu", random_weights: bool = False) -> dict:
     from hskstore.format.clm import Support
     from pipelines.core.models import load_tokenizer
+    from pipelines.core.precision import resolve_forward
 
-    tokenizer, model = load_tokenizer(teacher), load_clm_teacher(teacher, "cpu")
+    precision = resolve_forward("auto", device)
+    tokenizer, model = load_tokenizer(teacher), _teacher_model(teacher, device, random_weights)
     docs = read_documents(text_file)
     corpus = Examples(texts=(docs,), labels=np.full(len(docs), -1), rows=np.arange(len(docs)), source=text_file)
     blocks, lengths = tokenize_corpus(tokenizer, docs, block, eos_of(tokenizer, teacher), tokens)
     request = ClmRequest(Support.parse(support), block_size=block, batch_size=batch, shard_rows=16)
-    _forward(model, blocks[:batch], batch)  # warm-up
+    _forward(model, blocks[:batch], batch, device, precision)  # warm-up
     forward, dump = [], []
     for r in range(rounds):
         started = time.perf_counter()
-        _forward(model, blocks, batch)
+        _forward(model, blocks, batch, device, precision)
         forward.append(time.perf_counter() - started)
         started = time.perf_counter()
-        _dump(model, tokenizer, teacher, corpus, blocks, lengths, request, work / f"speed-{r}.zarr")
+        _dump(model, tokenizer, teacher, corpus, blocks, lengths, request, work / f"speed-{r}.zarr", device, precision)
         dump.append(time.perf_counter() - started)
     ratios = [f / d for f, d in zip(forward, dump)]
     n = int(lengths.sum())
-    return {"support": support, "tokens": n, "batch_blocks": batch, "forward_s": forward, "dump_s": dump,
+    return {"support": support, "device": device, "precision": precision, "random_weights": random_weights,
+            "tokens": n, "batch_blocks": batch, "forward_s": forward, "dump_s": dump,
             "ratio_dump_over_forward": ratios, "median_ratio": statistics.median(ratios),
             "forward_tokens_per_s": n / statistics.median(forward), "dump_tokens_per_s": n / statistics.median(dump),
             "torch_threads": torch.get_num_threads()}
@@ -128,8 +143,11 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--speed-support", default="topk:32")
+    ap.add_argument("--speed-support", default="topk:32", help="comma-separated supports to time")
     ap.add_argument("--skip-bytes", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--random-weights", action="store_true", help="the teacher folder's config with random weights "
+                    "(for a host without the weights: speed only)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
     result = {"teacher": args.teacher, "text_file": Path(args.text_file).name, "block_size": args.block_size}
@@ -138,9 +156,11 @@ def main() -> None:
             result["bytes"] = measure_bytes(args.teacher, args.text_file, args.tokens, args.block_size, Path(tmp))
             for row in result["bytes"]:
                 print(json.dumps(row))
-        result["speed"] = measure_speed(args.teacher, args.text_file, args.tokens, args.block_size, args.batch_size,
-                                        args.rounds, args.speed_support, Path(tmp))
-    print(json.dumps(result["speed"]))
+        result["speed"] = [measure_speed(args.teacher, args.text_file, args.tokens, args.block_size,
+                                         args.batch_size, args.rounds, support, Path(tmp), args.device,
+                                         args.random_weights) for support in args.speed_support.split(",")]
+    for row in result["speed"]:
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}))
     Path(args.json).write_text(json.dumps(result, indent=2))
 
 
