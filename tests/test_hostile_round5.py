@@ -1,0 +1,133 @@
+"""A hostile and unlucky user, round five: two trainings on one run folder, a killed dump's helper processes,
+huge integers, values that used to end in a traceback, and forged array descriptions.
+
+Each case runs the real `hsk` in a new process under a timeout (a hang fails the test), expects one
+`hsk: error:` line and exit status 2, and hashes the user's files before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import save_tiny_teacher
+
+from pipelines.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = 48
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    out.pop("HSK_FAULT", None)
+    return out
+
+
+HSK = [sys.executable, "-c", "from pipelines.cli import run; run()"]
+
+
+def hsk(*args: str, timeout: float = 120, **extra: str) -> tuple[int, str, str]:
+    """`hsk ARGS` in a new process, killed after `timeout` seconds (a hang fails the test, not the suite)."""
+    proc = subprocess.run([*HSK, *args], env=env(**extra), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir" if path.is_dir() else "special"
+    return out
+
+
+def one_line(result: tuple[int, str, str], *words: str) -> str:
+    code, out, err = result
+    assert code == 2, out + err
+    assert "Traceback" not in out + err, err
+    lines = [ln for ln in (out + err).splitlines() if ln.startswith("hsk: error: ")]
+    assert len(lines) == 1, out + err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, rows: int = ROWS) -> list[str]:
+    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", "2,4,0.25", "--data-dir", str(glue_dir),
+            "--limit", str(rows), "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
+            "--out", str(out), *extra]
+
+
+def train_args(store: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--store", str(store), "--student", "bert2", "--method", "kd", "--epochs", "1",
+            "--batch-size", "8", "--no-eval", "--no-progress", "--threads", "1", "--log-every", "1",
+            "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory, tiny_tokenizer) -> Path:
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher") / "t", tiny_tokenizer, num_layers=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, teacher, glue_dir) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "s.zarr"
+    assert main(dump_args(teacher, glue_dir, out)) == 0
+    return out
+
+
+@pytest.fixture
+def store(reference, tmp_path) -> Path:
+    return Path(shutil.copytree(reference, tmp_path / "s.zarr"))
+
+
+# 1: one training per run folder ---------------------------------------------------------------------------------
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_a_second_train_on_a_run_folder_in_use_is_refused(store, tmp_path):
+    run = tmp_path / "run"
+    first = subprocess.Popen([*HSK, *train_args(store, run, "--epochs", "20")], env=env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(run / "metrics.jsonl", first)
+        first.send_signal(signal.SIGSTOP)  # held still mid-run, its lease fresh: its files must not change
+        before = tree_hashes(run)
+        line = one_line(hsk(*train_args(store, run), timeout=60), str(run), f"pid {first.pid}")
+        assert "being written" in line
+        line = one_line(hsk(*train_args(store, run, "--overwrite"), timeout=60), f"pid {first.pid}")
+        assert tree_hashes(run) == before
+    finally:
+        first.send_signal(signal.SIGCONT)
+        first.kill()
+        first.communicate(timeout=60)
+    # the killed run's lease names a process that is gone: the next run takes it over and resumes
+    code, out, err = hsk(*train_args(store, run), timeout=120)
+    assert code == 0, out + err
+    assert "taking over the lease" in out + err
+    assert not (run / ".hsk-lease.json").exists()
+
+
+def test_a_refused_train_leaves_no_run_folder(store, tmp_path):
+    run = tmp_path / "run"
+    one_line(hsk(*train_args(store, run, "--method", "no-such-method"), timeout=60), "no-such-method")
+    assert not run.exists()
