@@ -131,3 +131,29 @@ def test_a_refused_train_leaves_no_run_folder(store, tmp_path):
     run = tmp_path / "run"
     one_line(hsk(*train_args(store, run, "--method", "no-such-method"), timeout=60), "no-such-method")
     assert not run.exists()
+
+
+# 2: nothing of a dump outlives its main process -----------------------------------------------------------------
+
+def _session(sid: int) -> list[str]:
+    """The processes of session `sid` still running (zombies are dead: their parent just has not reaped them)."""
+    ps = subprocess.run(["ps", "-s", str(sid), "-o", "pid=,stat=,args="], capture_output=True, text=True)
+    return [line for line in ps.stdout.splitlines() if line.split()[1][0] != "Z"]
+
+
+def test_a_killed_dump_leaves_no_write_process(teacher, glue_dir, tmp_path):
+    out = tmp_path / "k.zarr"
+    args = dump_args(teacher, glue_dir, out, "--write-processes", "2", rows=20000)
+    dump = subprocess.Popen([*HSK, *args], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    while len(_session(dump.pid)) < 3:  # the dump, its write processes (and multiprocessing's resource tracker)
+        assert dump.poll() is None, dump.communicate()
+        assert time.monotonic() < deadline, _session(dump.pid)
+        time.sleep(0.2)
+    os.kill(dump.pid, signal.SIGKILL)
+    dump.communicate(timeout=30)  # stdout and stderr reach their end: nothing holds them any more
+    deadline = time.monotonic() + 10
+    while _session(dump.pid):
+        assert time.monotonic() < deadline, _session(dump.pid)
+        time.sleep(0.2)
