@@ -139,8 +139,13 @@ class Lease:
         return self._file.modified()
 
     def _create(self, text: str) -> bool:
-        """Create the lease object only if none exists; False when one does (see the module docstring)."""
-        return self._file.create_exclusive(text.encode())
+        """Create the lease object only if none exists; False when one does (see the module docstring). The
+        lease is a writer's first file: a path where no folder can be made (/proc/self/x) is refused here."""
+        try:
+            return self._file.create_exclusive(text.encode())
+        except (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError) as exc:
+            raise StoreError(f"{self.url}: hsk cannot create an output there ({exc.strerror or exc}): choose "
+                             "another --out, in a folder you can write to") from None
 
     def _replace(self, text: str) -> None:
         self._file.write_atomic(text.encode())
