@@ -157,3 +157,70 @@ def test_a_killed_dump_leaves_no_write_process(teacher, glue_dir, tmp_path):
     while _session(dump.pid):
         assert time.monotonic() < deadline, _session(dump.pid)
         time.sleep(0.2)
+
+
+# 3 + 4: huge numbers and other values a user can type -----------------------------------------------------------
+
+BIG = "18446744073709551616"  # 2**64
+
+
+def test_huge_integers_are_refused_at_once(store, teacher, glue_dir, tmp_path):
+    kept = tree_hashes(tmp_path)
+    run = tmp_path / "run"
+    one_line(hsk(*dump_args(teacher, glue_dir, tmp_path / "x.zarr", "--student-layers", "1000000000"), timeout=60),
+             "--student-layers 1000000000", "deeper than the teacher")
+    for flag, value, words in (("--read-threads", BIG, ["--read-threads", BIG]),
+                               ("--read-threads", "100000", ["--read-threads", "at most 256"]),
+                               ("--threads", BIG, ["--threads", BIG]),
+                               ("--threads", "100000", ["--threads", "at most 1024"]),
+                               ("--epochs", "1e308", ["1e+308 epochs", "fewer epochs"])):
+        one_line(hsk(*train_args(store, run, flag, value), timeout=60), *words)
+    assert tree_hashes(tmp_path) == kept  # no run folder, no store left behind
+
+
+def test_an_output_where_no_folder_can_be_made_is_refused(teacher, glue_dir, tmp_path):
+    (tmp_path / "afile").write_text("mine\n")
+    kept = tree_hashes(tmp_path)
+    for out in ("/proc/self/x.zarr", str(tmp_path / "afile" / "x.zarr")):
+        one_line(hsk(*dump_args(teacher, glue_dir, out), timeout=60), out, "choose another --out")
+    assert tree_hashes(tmp_path) == kept
+
+
+def test_doctor_on_a_link_loop_and_an_ascii_terminal(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    one_line(hsk("doctor", "--data-dir", str(tmp_path / "a"), timeout=60), "--data-dir", "glue_data folder")
+    (tmp_path / "\u00fc").mkdir()
+    code, out, err = hsk("doctor", "--data-dir", str(tmp_path / "\u00fc"), timeout=60, PYTHONIOENCODING="ascii")
+    assert code == 0 and "Traceback" not in err, out + err
+    assert "\\xfc" in out
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "doctor"])
+def test_a_closed_stdout_is_one_line(command, store):
+    kept = tree_hashes(store)
+    args = [command] if command == "doctor" else [command, str(store)]
+    proc = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *HSK, *args], env=env(), capture_output=True, text=True,
+                          timeout=60)
+    one_line((proc.returncode, "", proc.stderr), "standard output is closed")
+    assert tree_hashes(store) == kept
+
+
+# 4 + 9: bundle members whose names are no store keys ------------------------------------------------------------
+
+@pytest.mark.parametrize("member", ["zarr.json/../../x", "/abs/x", "README.md\n", "label/zarr.json/x"])
+def test_a_bundle_member_that_is_no_store_key_is_refused(member, store, tmp_path):
+    import zipfile
+
+    bundle = tmp_path / "b.hsk.zip"
+    assert hsk("pack", "--no-progress", str(store), str(bundle), timeout=60)[0] == 0
+    with zipfile.ZipFile(bundle, "a") as zf:
+        zf.writestr(zipfile.ZipInfo(member), b"x")
+    kept = tree_hashes(tmp_path)
+    for args in (["info", str(bundle)], ["verify", str(bundle)], ["unpack", str(bundle), str(tmp_path / "u.zarr")],
+                 ["derive", str(bundle), "--config", "1,4,0.25", "--out", str(tmp_path / "d.zarr"), "--no-progress"]):
+        code, out, err = hsk(*args, timeout=60)
+        one_line((code, out, err), "not a trustworthy bundle", "a forged bundle")
+        assert "warn" not in (out + err).lower()
+    assert tree_hashes(tmp_path) == kept
+    assert not (tmp_path.parent / "x").exists()
