@@ -26,7 +26,8 @@ ROWS = 48
 
 
 def env(**extra: str) -> dict[str, str]:
-    out = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    out = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    out.update(extra)
     out.pop("HSK_FAULT", None)
     return out
 
@@ -224,3 +225,16 @@ def test_a_bundle_member_that_is_no_store_key_is_refused(member, store, tmp_path
         assert "warn" not in (out + err).lower()
     assert tree_hashes(tmp_path) == kept
     assert not (tmp_path.parent / "x").exists()
+
+
+# 5: a plugin whose import exits --------------------------------------------------------------------------------
+
+def test_a_method_plugin_whose_import_exits_is_one_line_naming_its_package(tmp_path):
+    site = tmp_path / "site"
+    dist = site / "exiting_ext-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: exiting-ext\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[hsk.methods]\nexiting = exiting_ext_module\n")
+    (site / "exiting_ext_module.py").write_text("import sys\nsys.exit(3)\n")
+    one_line(hsk("methods", timeout=60, PYTHONPATH=f"{REPO}{os.pathsep}{site}"), "exiting-ext 0.1", "SystemExit",
+             "uninstall exiting-ext")
