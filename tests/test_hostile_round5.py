@@ -27,8 +27,8 @@ ROWS = 48
 
 def env(**extra: str) -> dict[str, str]:
     out = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    out.update(extra)
     out.pop("HSK_FAULT", None)
+    out.update(extra)
     return out
 
 
@@ -238,3 +238,25 @@ def test_a_method_plugin_whose_import_exits_is_one_line_naming_its_package(tmp_p
     (site / "exiting_ext_module.py").write_text("import sys\nsys.exit(3)\n")
     one_line(hsk("methods", timeout=60, PYTHONPATH=f"{REPO}{os.pathsep}{site}"), "exiting-ext 0.1", "SystemExit",
              "uninstall exiting-ext")
+
+
+# 7: a refused resume changes nothing in the store --------------------------------------------------------------
+
+def test_a_refused_resume_keeps_the_dead_writers_lease(store, tiny_tokenizer, glue_dir, tmp_path):
+    import json
+
+    import zarr
+
+    doc = json.loads((store / "zarr.json").read_text())
+    doc["attributes"]["hsk"]["complete"] = False  # an interrupted dump: shards 1.. still to write
+    (store / "zarr.json").write_text(json.dumps(doc))
+    done = zarr.open_array(str(store / "_progress" / "done"), mode="r+")
+    done[1:] = 0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (store / ".hsk-lease.json").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename,
+                                                       "refreshed_at": 0, "token": "x"}))
+    other = save_tiny_teacher(tmp_path / "other", tiny_tokenizer, num_layers=2, seed=11)
+    kept = tree_hashes(store)
+    one_line(hsk(*dump_args(other, glue_dir, store), timeout=90), "interrupted dump", "--overwrite")
+    assert tree_hashes(store) == kept
