@@ -105,6 +105,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_second_train_on_a_run_folder_in_use_is_refused(store, tmp_path):
     run = tmp_path / "run"
     first = subprocess.Popen([*HSK, *train_args(store, run, "--epochs", "20")], env=env(),
@@ -165,6 +166,7 @@ def test_a_killed_dump_leaves_no_write_process(teacher, glue_dir, tmp_path):
 BIG = "18446744073709551616"  # 2**64
 
 
+@pytest.mark.slow
 def test_huge_integers_are_refused_at_once(store, teacher, glue_dir, tmp_path):
     kept = tree_hashes(tmp_path)
     run = tmp_path / "run"
@@ -179,6 +181,7 @@ def test_huge_integers_are_refused_at_once(store, teacher, glue_dir, tmp_path):
     assert tree_hashes(tmp_path) == kept  # no run folder, no store left behind
 
 
+@pytest.mark.slow
 def test_an_output_where_no_folder_can_be_made_is_refused(teacher, glue_dir, tmp_path):
     (tmp_path / "afile").write_text("mine\n")
     kept = tree_hashes(tmp_path)
