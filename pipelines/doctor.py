@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from hskstore.errors import UserError
 from pipelines.core.threads import BUSY, default_threads, logical_cpus, physical_cores
 
 # Distributions whose versions decide what hsk can do (hsk's own first).
@@ -107,7 +108,10 @@ def data(data_dir: str | None) -> list[Finding]:
     if not chosen:
         return [Finding("data", "--data-dir", f"not given and ${DATA_DIR_ENV} not set: GLUE comes from the hub",
                         f"pass --data-dir DIR (a glue_data folder) or set {DATA_DIR_ENV}=DIR to work offline")]
-    folder = Path(chosen).expanduser().resolve()
+    try:
+        folder = Path(chosen).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a loop of symbolic links (RuntimeError before Python 3.13)
+        raise UserError(f"{how} {chosen}: cannot be followed ({exc}): give a glue_data folder") from None
     tasks = sorted(t.name for t in TASKS.values() if (folder / t.glue_dir).is_dir())
     if not folder.is_dir():
         return [Finding("data", "--data-dir", f"{folder} (from {how}) does not exist",

@@ -119,6 +119,16 @@ def _zarr_kind(path: str, names: set[str], read) -> str:
     raise OutputError(f"{path} is a zarr {doc.get('node_type', 'node')} but not an hsk store: {_what_to_do(path)}")
 
 
+def _leased_kind(read) -> str:
+    """The kind a folder holding only a writer lease is becoming: the lease's `kind`, else a store (a store
+    writer's lease names none)."""
+    try:
+        kind = (_read_json(read(LEASE_NAME)) or {}).get("kind")
+    except (OSError, UnicodeDecodeError):
+        kind = None
+    return kind if isinstance(kind, str) and kind else STORE
+
+
 def _kind_from_entries(path: str, names: set[str], read) -> str:
     """The kind of a non-empty folder from its top-level entry names; `read(name)` gives a file's text."""
     names = {name for name in names if not PARTIAL_FILE.search(name)} or names
@@ -127,7 +137,7 @@ def _kind_from_entries(path: str, names: set[str], read) -> str:
     if "zarr.json" in names:
         return _zarr_kind(path, names, read)
     if LEASE_NAME in names and names <= STORE_ENTRIES:
-        return STORE  # a writer took the lease and stopped before creating the group
+        return _leased_kind(read)  # a writer took the lease and stopped before creating its output
     if ".zgroup" in names or ".zarray" in names:
         raise OutputError(f"{path} is a Zarr v2 store, not an hsk store (Zarr v3): {_what_to_do(path)}")
     listing = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")

@@ -4,11 +4,11 @@ Typer reads `float` options with Python's float(), which takes 'inf' and 'nan' (
 options without bounds. Neither makes sense for any hsk option: a learning rate of inf trains a NaN
 student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command
 with every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`)
-in 0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path
-it names, so that every command writes it as it writes that path. A bad value is one `hsk: error:`
-line before anything is imported or written, and option declarations stay plain Python types. Ranges
-particular to one option (a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives
-(the method's options, hskstore.format.config's bounds).
+in 0..2**32-1, every other integer within a C int, no empty string; and a file:// URL (any option or
+argument) is read as the local path it names, so that every command writes it as it writes that path.
+A bad value is one `hsk: error:` line before anything is imported or written, and option declarations
+stay plain Python types. Ranges particular to one option (a learning rate > 0, --alpha in [0, 1]) are
+checked where its meaning lives (the method's options, hskstore.format.config's bounds).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import typer
 from hskstore.errors import UserError
 
 SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes more)
+# Any other whole number: counts, sizes and steps are C ints in torch and the OS (threads, workers), and no
+# option means anything past this; beyond it they fail deep inside a run, or hang trying.
+INT_MAX = 2**31 - 1
 
 
 def check_seed(flag: str, value: int) -> None:
@@ -39,6 +42,8 @@ def read_value(flag: str, name: str, value):
         raise UserError(f"{flag} takes a finite number, got {value}")
     if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
         check_seed(flag, value)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+        raise UserError(f"{flag} takes an integer up to {INT_MAX}, got {value}")
     if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
         raise UserError(f"{flag} needs a value, got {value!r}")
     if isinstance(value, str) and value[:7].lower() == "file://":

@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
     from pipelines.dump.stage import DumpOptions
 
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
+# Each reading thread and each shard read ahead holds a shard in memory: past these, memory runs out first.
+_AT_MOST = {"workers": 256, "read_ahead": 4096, "buffer_shards": 4096}
 _FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
@@ -74,7 +76,7 @@ class TrainOptions:
         }
         for name, low in at_least.items():
             flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
-            check_at_least(f"--{flag}", getattr(self, name), low)
+            check_at_least(f"--{flag}", getattr(self, name), low, high=_AT_MOST.get(name))
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
         if self.precision not in PRECISIONS:
