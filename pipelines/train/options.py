@@ -56,6 +56,7 @@ class TrainOptions:
     threads: int | None = field(default=None, metadata=_NO)
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
+    heartbeat: float = field(default=60.0, metadata=_NO)  # seconds between progress lines on stdout (0: each log)
     checkpoint_every: int = field(default=500, metadata=_NO)
     eval_batch_size: int = field(default=64, metadata=_NO)
     data_dir: str | None = field(default=None, metadata=_NO)  # glue_data folder (else HSK_DATA_DIR, else hub)
@@ -75,6 +76,8 @@ class TrainOptions:
         for name, low in at_least.items():
             flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
             check_at_least(f"--{flag}", getattr(self, name), low)
+        if not self.heartbeat >= 0:
+            raise ConfigError(f"--heartbeat must be >= 0 seconds, got {self.heartbeat}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
         if self.precision not in PRECISIONS:

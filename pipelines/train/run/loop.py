@@ -473,6 +473,7 @@ class _StageRun:
     compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
     meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
     checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
+    heard: float | None = None  # perf_counter() of the stage's last heartbeat line (None: none yet)
 
     @property
     def loss(self) -> float:
@@ -588,12 +589,33 @@ def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
         record["loss"], record["terms"] = _read(run, sr, saving=bool(evaluate or save))
     if log:
         run.metrics_log.write(record)
+        _heartbeat(run, sr, record, last)
     if evaluate:
         run.evaluate(sr.stage)
     if save and run.ranks.main:
         run.checkpoints.save(pos, run.student, run.keeper, run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
+
+
+def _heartbeat(run: Run, sr: _StageRun, record: dict, last: bool) -> None:
+    """A line on stdout at a stage's first logged step, then at most every --heartbeat seconds, and at its
+    last step: a run in a log file or a notebook shows it is alive, not only the progress bar on a terminal."""
+    now = time.perf_counter()
+    due = sr.heard is None or last or now - sr.heard >= run.options.heartbeat
+    if not due or not run.ranks.main:
+        return
+    sr.heard = now
+    pos = run.position
+    left = (sr.total - pos.stage_step) * pos.stage_seconds / max(pos.stage_step, 1)
+    run.log(f"stage {sr.stage.name}: step {pos.stage_step}/{sr.total}, loss {record['loss']:.4g}, "
+            f"{record['examples_per_s']:.1f} examples/s, {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _epoch(run: Run, sr: _StageRun, bar) -> bool:
