@@ -27,12 +27,16 @@ def hsk(*args: str, cwd: Path | None = None, code: str = "from pipelines.cli imp
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def one_line(capsys, code: int, *words: str) -> str:
-    """The command's only output line, `hsk: error: ...` with exit status 2, holding every word."""
+def one_line(capsys, code: int, *words: str, after: str = "") -> str:
+    """The command's only output line, `hsk: error: ...` with exit status 2, holding every word; `after`: a
+    warning line the command says first (a --no-eval run)."""
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert code == 2, text
     lines = text.strip().splitlines()
+    if after:
+        assert lines[0].startswith(after), text
+        lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("hsk: error: "), text
     for word in words:
         assert word in lines[0], lines[0]
@@ -114,13 +118,59 @@ def test_fp16_on_a_cpu_is_one_warning_line_and_training_prints_a_heartbeat(store
     assert "loss " in beats[0] and "examples/s" in beats[0] and beats[-1].endswith("0s left"), beats
 
 
-def test_the_heartbeat_is_quiet_between_its_seconds(store, glue_dir, tmp_path, capsys):
-    """The default heartbeat (60 s): a stage's first logged step and its last, nothing between on a short run."""
-    assert main(["train", "--store", str(store), "--student", "bert2", "--method", "kd", "--batch-size", "4",
-                 "--max-steps", "5", "--log-every", "1", "--no-eval", "--no-progress", "--device", "cpu",
-                 "--out", str(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out
-    beats = [line.split(",")[0] for line in out.splitlines() if line.startswith("stage kd: step ")]
-    assert beats == ["stage kd: step 1/5", "stage kd: step 5/5"], out
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+RUN_ARGS = ["--student", "bert2", "--method", "kd", "--batch-size", "4", "--log-every", "1", "--no-eval",
+            "--no-progress", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(store, tmp_path_factory) -> tuple[Path, str]:
+    """A finished 5-step kd run with the default heartbeat (60 s), and what it printed on stdout."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    code, said, err = hsk("train", "--store", str(store), *RUN_ARGS, "--max-steps", "5", "--out", str(out))
+    assert code == 0, said + err
+    return out, said
+
+
+def test_the_heartbeat_is_quiet_between_its_seconds(finished_run):
+    """The default heartbeat: a stage's first logged step and its last, nothing between on a short run."""
+    out, said = finished_run
+    beats = [line.split(",")[0] for line in said.splitlines() if line.startswith("stage kd: step ")]
+    assert beats == ["stage kd: step 1/5", "stage kd: step 5/5"], said
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "train" for r in records) == 5  # metrics.jsonl still logs every step
+
+
+# -- refusals name what is wrong -------------------------------------------------------------------------------
+
+
+def test_another_run_at_out_names_the_option_that_differs(store, finished_run, capsys):
+    out, _ = finished_run
+    line = one_line(capsys, main(["train", "--store", str(store), *RUN_ARGS, "--max-steps", "4", "--out", str(out)]),
+                    "holds a checkpoint of another run", "--max-steps 5 there, 4 here", "--overwrite",
+                    after="WARNING: --no-eval")
+    assert "student, store, method" not in line
+    one_line(capsys, main(["train", "--store", str(store), *RUN_ARGS, "--max-steps", "5", "--seed", "3",
+                                  "--out", str(out)]), "--seed 0 there, 3 here", after="WARNING: --no-eval")
+
+
+def test_file_outputs_name_their_own_option(store, tmp_path, capsys):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("the user's notes")
+    one_line(capsys, main(["catalog", str(store), "--html", str(mine)]), "choose another --html")
+    one_line(capsys, main(["export", str(store), str(mine)]), "choose another OUT")
+    assert mine.read_text() == "the user's notes"
+
+
+def test_a_data_file_or_a_folder_given_as_a_store_says_what_it_is(glue_dir, tmp_path, capsys):
+    tsv = glue_dir / "SST-2" / "dev.tsv"
+    one_line(capsys, main(["info", str(tsv)]), f"{tsv} is a file, not an hsk store", "hsk dump --data-file")
+    (tmp_path / "mine").mkdir()
+    one_line(capsys, main(["verify", str(tmp_path / "mine")]), "is a folder but not an hsk store", "hsk dump --out")
+    one_line(capsys, main(["info", str(tmp_path / "none")]), "no store at")
+
+
+def test_eval_given_a_store_or_a_run_folder_names_the_model_to_pass(store, finished_run, capsys):
+    out, _ = finished_run
+    line = one_line(capsys, main(["eval", str(store), "--task", "sst2"]), "is an hsk store, not a model", "best/")
+    assert "hsk teacher" not in line
+    one_line(capsys, main(["eval", str(out), "--task", "sst2"]), "is a training run folder", str(out / "best"))

@@ -41,7 +41,9 @@ def catalog(
     from hskstore.share.catalog import Filters, format_table, is_catalog_page, render_html, to_json
     from hskstore.share.catalog import catalog as list_stores
 
-    page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
+    page = None
+    if html_out:
+        page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite, flag="--html")
     try:
         filters = Filters(task_filter, teacher, config, values, derived_from)
         entries = list_stores(locations, filters, cards=page is not None)

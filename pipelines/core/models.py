@@ -114,6 +114,17 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
 
+def _refuse_other_outputs(path: Path) -> None:
+    """An hsk store or a training run folder where a model is expected: say which folder to pass instead."""
+    if (path / "config.json").is_file():
+        return
+    if (path / "zarr.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is an hsk store, not a model: pass a model folder (config.json), "
+                             "such as the best/ folder `hsk train --store` saves, or the store's teacher")
+    if (path / "best" / "config.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is a training run folder: pass its model, {path.absolute() / 'best'}")
+
+
 def resolve_model(name_or_path: str, what: str = "") -> str:
     """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged.
     `what` is being loaded (FINE_TUNED: the advice on a missing folder does not offer a base encoder)."""
@@ -122,6 +133,7 @@ def resolve_model(name_or_path: str, what: str = "") -> str:
         return minilm_path()
     path = Path(name).expanduser()
     if path.is_dir():
+        _refuse_other_outputs(path)
         return str(path)
     if path.is_file():
         raise ModelLoadError(f"{path.absolute()} is a file: pass the checkpoint folder that holds config.json")

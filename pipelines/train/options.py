@@ -17,7 +17,13 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
     from pipelines.dump.stage import DumpOptions
 
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
-_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+CLI_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+
+
+def cli_flag(name: str) -> str:
+    """The `hsk train` option of a TrainOptions field (or of a method option): --max-steps for max_steps."""
+    return f"--{CLI_FLAGS.get(name, name.replace('_', '-'))}"
+
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
@@ -74,8 +80,8 @@ class TrainOptions:
             "eval_batch_size": 1, "threads": 1,
         }
         for name, low in at_least.items():
-            flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
-            check_at_least(f"--{flag}", getattr(self, name), low)
+            flag = cli_flag(name)
+            check_at_least(flag, getattr(self, name), low)
         if not self.heartbeat >= 0:
             raise ConfigError(f"--heartbeat must be >= 0 seconds, got {self.heartbeat}")
         if self.compile is not None and self.compile not in COMPILE_MODES:

@@ -47,7 +47,7 @@ from pipelines.train.data.sources import BatchMaker, Source, stream_names
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
-from pipelines.train.options import TrainOptions
+from pipelines.train.options import TrainOptions, cli_flag
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
@@ -282,7 +282,8 @@ class Checkpoints:
         found = {"precision": "fp32", **(state.get("identity") or {})}
         if found != self.full_identity:
             same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
-            return {"foreign": True, "precision": found["precision"] if same_but_precision else None}
+            return {"foreign": True, "precision": found["precision"] if same_but_precision else None,
+                    "differ": identity_differences(found, self.full_identity)}
         return state
 
     def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
@@ -308,11 +309,34 @@ class Checkpoints:
                 f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
         if state is not None and state.get("foreign"):
             fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(
-                f"{out} holds a checkpoint of another run (student, store, method, options, batch size or seed "
-                f"differ): use another --out, or {fix}"
-            )
+            raise ConfigError(f"{out} holds a checkpoint of another run ({state['differ']}): use another --out, or "
+                              f"{fix}")
         return state
+
+
+# Identity keys as the user knows them (the rest are option names: --max-steps for max_steps)
+_IDENTITY_NAMES = {"source": "store", "inputs": "store inputs", "selection": "store selection", "mode": "mode",
+                   "student": "--student", "method": "--method"}
+
+
+def identity_differences(found: dict, wanted: dict, depth: int = 0) -> str:
+    """What differs between a checkpoint's identity and this run's, as `--max-steps 3 there, 5 here`."""
+    shown = []
+    for key in sorted(set(found) | set(wanted), key=str):
+        there, here = found.get(key), wanted.get(key)
+        if there == here:
+            continue
+        if depth == 0 and isinstance(there, dict) and isinstance(here, dict) and key.endswith("options"):
+            shown.append(identity_differences(there, here, depth + 1))  # a method's or the run's option
+            continue
+        name = _IDENTITY_NAMES.get(key) or cli_flag(str(key))
+        shown.append(f"{name} {_short(there)} there, {_short(here)} here")
+    return "; ".join(shown) or "its identity differs"
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 class Maker(Protocol):
