@@ -174,3 +174,20 @@ def test_eval_given_a_store_or_a_run_folder_names_the_model_to_pass(store, finis
     line = one_line(capsys, main(["eval", str(store), "--task", "sst2"]), "is an hsk store, not a model", "best/")
     assert "hsk teacher" not in line
     one_line(capsys, main(["eval", str(out), "--task", "sst2"]), "is a training run folder", str(out / "best"))
+
+
+# -- sharing: the card and croissant.json name no local path -------------------------------------------------
+
+
+def test_card_and_croissant_of_a_store_from_local_folders_hold_no_absolute_path(store, teacher, glue_dir, capsys):
+    local = [str(teacher), str(glue_dir), str(store.parent)]
+    for path in sorted(p for p in store.rglob("*") if p.is_file()):
+        if path == store / "zarr.json":  # the checksummed metadata: where hsk finds the store's teacher again
+            continue
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        assert not [p for p in local if p in text], path
+    card = (store / "README.md").read_text()
+    assert f"{teacher.parent.name}/{teacher.name}" in card and "glue_data:SST-2/train.tsv" in card
+    assert main(["info", str(store), "--card"]) == 0
+    shown = capsys.readouterr().out
+    assert "glue_data:SST-2/train.tsv" in shown and not [p for p in local[:2] if p in shown]

@@ -587,6 +587,7 @@ def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.
     store is copied elsewhere).
     """
     kind = store_type(meta)
+    meta = card.shareable(meta)
     fields = card.front_matter(meta, stored_bytes, *kind.card_headline(meta))
     return card.with_front_matter(fields, kind.card_body(meta, fields, name))
 
