@@ -191,3 +191,61 @@ def test_card_and_croissant_of_a_store_from_local_folders_hold_no_absolute_path(
     assert main(["info", str(store), "--card"]) == 0
     shown = capsys.readouterr().out
     assert "glue_data:SST-2/train.tsv" in shown and not [p for p in local[:2] if p in shown]
+
+
+# -- architectures: CamemBERT is RoBERTa; XLNet and Funnel are refused with the reason; decoders are warned ----
+
+
+def _family(model_type: str, out: Path, tokenizer_dir: Path, **fields) -> Path:
+    """A tiny random classifier of `model_type` over the tiny vocabulary, saved with the tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), num_labels=2,
+                                  pad_token_id=tokenizer.pad_token_id, **fields)
+    torch.manual_seed(3)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+_ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=160, type_vocab_size=1)
+
+
+def test_camembert_is_a_teacher_and_a_student(tiny_tokenizer, glue_dir, tmp_path, capsys):
+    teacher = _family("camembert", tmp_path / "teacher", tiny_tokenizer, **{**_ENCODER, "num_hidden_layers": 4})
+    out = tmp_path / "c.zarr"
+    assert main(dump_args(teacher, glue_dir, out, "--attention-rows")) == 0
+    assert main(["verify", str(out)]) == 0
+    student = _family("camembert", tmp_path / "student", tiny_tokenizer, **_ENCODER)
+    assert main(["train", "--store", str(out), "--student", str(student), "--out", str(tmp_path / "run"),
+                 "--data-dir", str(glue_dir), "--max-steps", "1", "--eval-limit", "8", "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["student"]["num_layers"] == 2 and not summary.get("warnings")
+
+
+@pytest.mark.parametrize("model_type, fields, says", [
+    ("xlnet", dict(d_model=32, n_layer=2, n_head=4, d_inner=64), "XLNet is a permutation language model"),
+    ("funnel", dict(d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1], num_decoder_layers=1),
+     "pools the sequence between its blocks"),
+])
+def test_xlnet_and_funnel_are_refused_with_the_reason(model_type, fields, says, store, tiny_tokenizer, glue_dir,
+                                                      tmp_path, capsys):
+    model = _family(model_type, tmp_path / model_type, tiny_tokenizer, **fields)
+    one_line(capsys, main(dump_args(model, glue_dir, tmp_path / "s.zarr")), f"a {model_type} teacher is not "
+             "supported", says)
+    assert not (tmp_path / "s.zarr").exists()
+    one_line(capsys, main(["train", "--store", str(store), "--student", str(model), "--out", str(tmp_path / "run"),
+                           "--no-eval", "--max-steps", "1", "--no-progress"]), f"a {model_type} student is not "
+             "supported", says, after="WARNING: --no-eval")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_gpt2_student_trains_with_one_warning_saying_why(store, tiny_tokenizer, tmp_path, capsys):
+    student = _family("gpt2", tmp_path / "gpt2", tiny_tokenizer, n_embd=32, n_layer=2, n_head=4, n_positions=160)
+    assert main(["train", "--store", str(store), "--student", str(student), "--method", "kd", "--out",
+                 str(tmp_path / "run"), "--no-eval", "--max-steps", "1", "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING: a gpt2")]
+    assert len(said) == 1 and "is a causal decoder: its first token sees only itself" in said[0], said

@@ -25,6 +25,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipelines.core.models import (
     ModelLoadError,
+    check_encoder,
     expected_load_notices,
     load_config,
     load_tokenizer,
@@ -245,6 +246,8 @@ def build_student(
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "sps"
     else:
         source = weights or name
+        note = check_encoder(load_config(source), "student")  # a family hsk cannot train is refused before loading
+        warnings += [note] if note else []
         model = _from_pretrained(source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "pretrained", "hf"
         if model.config.model_type == PRUNED_BERT:  # a folder of `hsk student build rosita`
