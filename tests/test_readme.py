@@ -25,7 +25,8 @@ README = (ROOT / "README.md").read_text()
 
 # The pages whose shell and python blocks run, in this order, in one working folder: the README's first
 # flow makes the teacher and sst2.zarr the guide's pages then use.
-RUN_PAGES = ("README.md", "docs/guide/dump.md", "docs/guide/train.md", "docs/guide/methods.md",
+RUN_PAGES = ("README.md", "docs/guide/dump.md", "docs/guide/train.md", "docs/guide/hf-trainer.md",
+             "docs/guide/methods.md",
              "docs/guide/rosita.md", "docs/guide/lightpaff.md", "docs/guide/sweeps.md", "docs/guide/sharing.md",
              "docs/guide/scaling.md")
 # Guide pages whose blocks do not run here, and why (their `hsk` commands are still parsed below).
