@@ -1,6 +1,7 @@
 """A user's second day: refusals that name the value and come back before torch is imported, a warning for
 fp16 on a CPU, a progress line while training, stores that can be shared without local paths, more encoder
-families, and hsk inside the Hugging Face Trainer. Each through the real CLI where there is one."""
+families, and TensorBoard event files beside metrics.jsonl. Each through the real CLI where there is one (hsk
+inside the Hugging Face Trainer: tests/test_hf_trainer.py)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,38 @@ def test_the_heartbeat_is_quiet_between_its_seconds(finished_run):
     assert beats == ["stage kd: step 1/5", "stage kd: step 5/5"], said
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "train" for r in records) == 5  # metrics.jsonl still logs every step
+
+
+def test_report_to_tensorboard_writes_event_files_beside_metrics_jsonl(store, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is in the test extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    code, said, err = hsk("train", "--store", str(store), *RUN_ARGS, "--max-steps", "3", "--report-to", "tensorboard",
+                          "--out", str(out))
+    assert code == 0, said + err
+    events = sorted(out.glob("events.out.tfevents.*"))
+    assert len(events) == 1 and (out / "metrics.jsonl").is_file()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["type"] == "train"]
+    board = EventAccumulator(str(out))
+    board.Reload()
+    assert {"train/kd/loss", "train/kd/lr", "train/kd/terms/kl", "train/kd/terms/ce"} <= set(board.Tags()["scalars"])
+    logged = board.Scalars("train/kd/loss")
+    assert [e.step for e in logged] == [1, 2, 3] and [e.value for e in logged] == pytest.approx(losses)
+
+
+def test_report_to_tensorboard_without_the_package_names_the_install(tmp_path):
+    """With tensorboard not importable (None in sys.modules: Python's way to block an import), one line naming
+    `pip install tensorboard`, before torch is imported."""
+    probe = "import sys; sys.modules['tensorboard'] = None; " + _PROBE
+    code, out, err = hsk("train", "--store", "s.zarr", "--student", "bert2", "--out", "r", "--report-to", "tensorboard",
+                         cwd=tmp_path, code=probe)
+    assert out.strip() == "2 False False", out + err
+    assert err.strip() == "hsk: error: --report-to tensorboard needs the tensorboard package: pip install tensorboard"
+    code, out, err = hsk("train", "--store", "s.zarr", "--student", "bert2", "--out", "r", "--report-to", "wandb",
+                         cwd=tmp_path, code=_PROBE)
+    assert err.strip() == "hsk: error: --report-to wandb: choose one of none, tensorboard", err
 
 
 # -- refusals name what is wrong -------------------------------------------------------------------------------

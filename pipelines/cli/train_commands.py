@@ -161,8 +161,12 @@ def train(
         False, "--overwrite", help="Replace a finished run at OUT (trained in a hidden sibling, swapped in once "
         "complete)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    report_to: str = typer.Option(
+        "none", help="Also write the metrics as TensorBoard event files beside metrics.jsonl: none or tensorboard "
+        "(needs `pip install tensorboard`)."),
 ) -> None:
     from hskstore.format.config import HSKConfig
+    from pipelines.train.options import check_report_to
 
     # Arguments first, torch after: a typo is refused in a second, not after torch's import.
     parsed = HSKConfig.parse(config) if config else None
@@ -171,6 +175,7 @@ def train(
                                  lr_pred=lr_pred, temperature=temperature, alpha=alpha, hsk_loss=hsk_loss,
                                  epochs=epochs, lr=lr, beta=beta, ptp_t1=ptp_t1, ptp_t2=ptp_t2, lam=lam), set_)
     check_threads(threads)
+    check_report_to(report_to)
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
     from pipelines.dump.stage import DumpOptions
@@ -196,7 +201,7 @@ def train(
         evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, heartbeat=heartbeat,
         student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,
-        resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store,
+        resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store, report_to=report_to,
         teacher=None if online_mode else teacher,
     )
     summary = run_train(

@@ -8,6 +8,7 @@ exclusions is kept anywhere else. Values out of range are refused, never replace
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ def cli_flag(name: str) -> str:
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
+REPORT_TO = ("none", "tensorboard")  # --report-to: where metrics go besides metrics.jsonl (pipelines.core.run_state)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -71,6 +73,7 @@ class TrainOptions:
     resume: bool = field(default=True, metadata=_NO)  # False: restart an unfinished run (never a finished one)
     overwrite: bool = field(default=False, metadata=_NO)  # replace a finished run, once the new one is complete
     progress: bool = field(default=True, metadata=_NO)
+    report_to: str = field(default="none", metadata=_NO)  # besides metrics.jsonl: "tensorboard" event files
 
     def __post_init__(self) -> None:
         self.method_options = dict(self.method_options or {})
@@ -82,6 +85,7 @@ class TrainOptions:
         for name, low in at_least.items():
             flag = cli_flag(name)
             check_at_least(flag, getattr(self, name), low)
+        check_report_to(self.report_to)
         if not self.heartbeat >= 0:
             raise ConfigError(f"--heartbeat must be >= 0 seconds, got {self.heartbeat}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
@@ -92,6 +96,14 @@ class TrainOptions:
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"
             )
+
+
+def check_report_to(value: str) -> None:
+    """--report-to: a known sink whose package is installed (checked without importing torch)."""
+    if value not in REPORT_TO:
+        raise ConfigError(f"--report-to {value}: choose one of {', '.join(REPORT_TO)}")
+    if value == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
 
 
 def result_fields() -> list[str]:
