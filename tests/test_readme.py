@@ -310,6 +310,12 @@ def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
                 else:
                     _run_shell(part, work, page)
                 ran.append(part)
+    # Run from the repository root, the docs' commands leave nothing git would track there: outputs go under
+    # runs/, stores are *.zarr and bundles *.hsk.zip (.gitignore)
+    left = [f"{p.name}/" if p.is_dir() else p.name for p in work.iterdir()]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(left),
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(set(left) - set(ignored)) == []
     assert (work / "runs" / "sweep" / "notebook" / "marginal_utility.png").is_file()
     assert json.loads((work / "runs" / "bert2" / "summary.json").read_text())["method"] == "mud"
     assert len(ran) >= 20

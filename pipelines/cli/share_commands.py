@@ -34,7 +34,7 @@ def catalog(
     such (`hsk verify` checks one). --html writes a static page to publish next to the bucket: a
     table sorted and filtered in the browser, each store's card, links from a store to its parent.
 
-    Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html catalog.html
+    Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html runs/catalog.html
     """
     from hskstore.io.location import atomic_file
     from hskstore.io.outputs import claim_file_output
