@@ -88,8 +88,8 @@ def check_output_url(url: str) -> None:
         raise OutputError(problem)
 
 
-def _what_to_do(path: str) -> str:
-    return f"choose another --out (hsk never writes into {path}: remove it yourself if it is yours to lose)"
+def _what_to_do(path: str, flag: str = "--out") -> str:
+    return f"choose another {flag} (hsk never writes into {path}: remove it yourself if it is yours to lose)"
 
 
 def _read_json(text: str) -> dict | None:
@@ -314,13 +314,14 @@ def _made_by_hsk(loc: Location) -> bool:
         return False
 
 
-def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Path:
+def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool, flag: str = "OUT") -> Path:
     """The output rule for commands that write one local file (a catalog page, a parquet export).
 
     Nothing there: "new". A file `recognise(path)` says this command wrote: replaced only with
     `overwrite` (write it with `hskstore.io.location.atomic_file`). Anything else (a folder, a link, a
     foreign file) is refused with one line and left untouched. Temporaries of earlier runs on `path`
-    that were killed are deleted.
+    that were killed are deleted. `flag` names where the user gave `path` (an argument, an option such as
+    --html): a refusal says to choose another one.
     """
     loc = location(str(path))
     if not isinstance(loc, LocalLocation):
@@ -328,10 +329,11 @@ def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Pa
     remove_dead_temporaries(str(path))
     p = loc.path
     if p.is_symlink() or (p.exists() and not p.is_file()):
-        raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path))}")
+        raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path), flag)}")
     if p.exists():
         if not recognise(p):
-            raise OutputError(f"{path} exists and is not a {kind} hsk wrote: {_what_to_do(str(path))}")
+            raise OutputError(f"{path} exists and is not a {kind} hsk wrote: {_what_to_do(str(path), flag)}")
         if not overwrite:
-            raise OutputError(f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another path")
+            raise OutputError(
+                f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another {flag}")
     return p

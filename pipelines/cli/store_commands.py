@@ -209,6 +209,7 @@ def dump(
         raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
@@ -238,6 +239,8 @@ def dump(
         extra_meta=sharing,
     )
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
+    if note := cpu_half_warning(precision, options.device):
+        typer.echo(note, err=True)
     task = get_task(task).name
     if teacher is None:
         teacher = default_teacher_dir(task)

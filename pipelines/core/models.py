@@ -56,6 +56,34 @@ _WHAT_TO_PASS_FINE_TUNED = (
 )
 
 
+# Encoder families hsk cannot distill from or into, and the reason (model_type -> reason): one line, as teacher
+# and as student, before anything is computed.
+UNFIT_ENCODERS = {
+    "xlnet": "XLNet is a permutation language model whose summary token is the last one, not a [CLS] first, and "
+             "whose positions are relative: hsk's stored [CLS] rows and token positions mean nothing for it",
+    "funnel": "a Funnel Transformer pools the sequence between its blocks, so its upper hidden states have fewer "
+              "positions than the input has tokens: hsk's stored positions index tokens",
+}
+# Students that train, but whose fit to an encoder's targets is doubtful (model_type -> why): one WARNING line.
+CAUSAL = ("a causal decoder: its first token sees only itself, so the sentence representation its classifier "
+          "reads and the early positions HSK fits differ from an encoder's; expect a lower dev score")
+DOUBTFUL_STUDENTS = {"gpt2": CAUSAL, "gpt_neo": CAUSAL, "llama": CAUSAL, "mistral": CAUSAL, "qwen2": CAUSAL,
+                     "mpnet": "MPNet is not among the students hsk tests (tests/test_architectures.py): it trains, "
+                              "but check its dev score against a BERT student's"}
+
+
+def check_encoder(config, role: str) -> str | None:
+    """Refuse (ModelLoadError) a `role` ("teacher", "student") of a family in UNFIT_ENCODERS; for a student in
+    DOUBTFUL_STUDENTS, the warning to say; else None."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in UNFIT_ENCODERS:
+        raise ModelLoadError(f"a {model_type} {role} is not supported: {UNFIT_ENCODERS[model_type]}; use a BERT-like "
+                             "encoder (bert, roberta, camembert, deberta-v2, electra, modernbert, ...)")
+    if role == "student" and model_type in DOUBTFUL_STUDENTS:
+        return f"a {model_type} student is {DOUBTFUL_STUDENTS[model_type]}"
+    return None
+
+
 def _what_to_pass(what: str) -> str:
     """The advice that works for what is being loaded (a hint that leads to a second error is no hint)."""
     return _WHAT_TO_PASS_FINE_TUNED if what == FINE_TUNED else _WHAT_TO_PASS
@@ -114,6 +142,17 @@ def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
 
+def _refuse_other_outputs(path: Path) -> None:
+    """An hsk store or a training run folder where a model is expected: say which folder to pass instead."""
+    if (path / "config.json").is_file():
+        return
+    if (path / "zarr.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is an hsk store, not a model: pass a model folder (config.json), "
+                             "such as the best/ folder `hsk train --store` saves, or the store's teacher")
+    if (path / "best" / "config.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is a training run folder: pass its model, {path.absolute() / 'best'}")
+
+
 def resolve_model(name_or_path: str, what: str = "") -> str:
     """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged.
     `what` is being loaded (FINE_TUNED: the advice on a missing folder does not offer a base encoder)."""
@@ -122,6 +161,7 @@ def resolve_model(name_or_path: str, what: str = "") -> str:
         return minilm_path()
     path = Path(name).expanduser()
     if path.is_dir():
+        _refuse_other_outputs(path)
         return str(path)
     if path.is_file():
         raise ModelLoadError(f"{path.absolute()} is a file: pass the checkpoint folder that holds config.json")
@@ -235,6 +275,8 @@ def load_classifier(
     """
     what = FINE_TUNED if require_head else "classifier"
     config = _load(AutoConfig.from_pretrained, name_or_path, what)
+    if require_head:  # a teacher (or a model to evaluate): before its weights load
+        check_encoder(config, "teacher")
     kwargs.setdefault("dtype", torch.float32)
     if is_classifier(config):
         if num_labels is not None and num_labels != config.num_labels:
