@@ -124,7 +124,8 @@ def measure_speed(teacher: str, text_file: str, tokens: int, block: int, batch: 
         _forward(model, blocks, batch, device, precision)
         forward.append(time.perf_counter() - started)
         started = time.perf_counter()
-        _dump(model, tokenizer, teacher, corpus, blocks, lengths, request, work / f"speed-{r}.zarr", device, precision)
+        out = work / f"speed-{support.replace(':', '-')}-{r}.zarr"
+        _dump(model, tokenizer, teacher, corpus, blocks, lengths, request, out, device, precision)
         dump.append(time.perf_counter() - started)
     ratios = [f / d for f, d in zip(forward, dump)]
     n = int(lengths.sum())
