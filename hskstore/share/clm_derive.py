@@ -24,8 +24,9 @@ from ..format.config import ConfigError
 from ..io.writer import writing
 from .derive import _check_source_checksums, _same_location
 
+# what the writer records itself; data_origin is inherited (where the data came from does not change)
 _SOURCE_ONLY = ("format_version", "complete", "identity", "created", "software_version", "inputs_hash", "checksums",
-                "stored_bytes", "manifest", "derived_from", "data_origin", "upgraded")
+                "stored_bytes", "manifest", "derived_from", "upgraded")
 
 
 def _check_codec(src: ClmSelection, new: ClmSelection) -> None:
@@ -85,8 +86,11 @@ def derive_clm(source, out: str, *, support: str, logprob_codec: str | None = No
     meta["layout"] = dict(source.meta["layout"], n_width=new.slots)
     meta["derived_from"] = {"url": source.url, "identity": source.meta["identity"],
                             "config": str(src.described), "logprob_codec": src.logprob_codec,
-                            "checksums": source.meta["checksums"], "content_address": source.content_address,
+                            "created": source.meta.get("created"), "checksums": source.meta["checksums"],
+                            "content_address": source.content_address,
                             "options": {"support": support, "logprob_codec": logprob_codec}}
+    if source.meta.get("derived_from"):
+        meta["derived_from"]["derived_from"] = source.meta["derived_from"]  # the chain back to the dump
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             if log is not None:

