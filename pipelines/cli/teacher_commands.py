@@ -57,8 +57,9 @@ def teacher(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace a teacher folder at --out (only once the new one is complete)."
     ),
-    objective: str = typer.Option("task", help="task (fine-tune a classifier) or mlm (train an MLM head)."),
-    text_file: str = typer.Option(None, help="--objective mlm: raw in-domain text, one example per line."),
+    objective: str = typer.Option("task", help="task (fine-tune a classifier), mlm (train an MLM head) or clm "
+                                  "(fine-tune a causal LM on a corpus, e.g. --base smollm2)."),
+    text_file: str = typer.Option(None, help="--objective mlm/clm: raw in-domain text, one example per line."),
     train_layers: int = typer.Option(0, help="--objective mlm: also train the top N encoder layers."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
 ) -> None:
@@ -75,8 +76,12 @@ def teacher(
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
                      seed, pick_device(device), progress, overwrite, precision)
         return
+    if objective == "clm":
+        _clm_teacher(base, out, text_file, data_file, train_limit, epochs, lr, batch_size, max_length, seed,
+                     pick_device(device), progress, overwrite, precision)
+        return
     if objective != "task":
-        raise ConfigError(f"unknown --objective {objective!r}: pass task or mlm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
     if not task:
         raise ConfigError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
     out = out or default_teacher_dir(task)
@@ -113,6 +118,20 @@ def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, l
                                 batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,
                                 precision=precision, overwrite=overwrite, progress=progress, log=typer.echo)
     typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
+
+
+def _clm_teacher(base, out, text_file, data_file, limit, epochs, lr, batch_size, max_length, seed, device, progress,
+                 overwrite, precision) -> None:
+    from pipelines.dump.mlm import load_corpus
+    from pipelines.train.kinds.clm_teacher import train_clm_teacher
+
+    if not out:
+        raise ConfigError("a causal-LM teacher needs --out (the folder for its checkpoint)")
+    corpus = load_corpus(text_file, data_file, None, limit)
+    summary = train_clm_teacher(base, corpus, out, block_size=max_length or 256, epochs=epochs, lr=lr,
+                                batch_size=batch_size, seed=seed, device=device, precision=precision,
+                                overwrite=overwrite, progress=progress, log=typer.echo)
+    typer.echo(f"causal-LM teacher saved to {out}: held-out {summary['dev_metrics']}")
 
 
 @app.command()

@@ -105,10 +105,10 @@ class LMSource:
         return self.store.metadata.teacher.name
 
 
-def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection, device: str, live: nn.Module | None) -> dict:
+def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, live: nn.Module | None) -> dict:
     """A batch of blocks for the adapter and the loss terms: inputs, next-token labels and the masks of the
     positions each term averages over; the stored support at the kept positions ([N, S]), or the live
-    teacher's logits at every real position ([N, V])."""
+    teacher's logits at every real position ([N, V]), or neither (no selection: a teacher's own fine-tuning)."""
     ids = torch.as_tensor(raw["input_ids"].astype(np.int64), device=device)
     length = torch.as_tensor(raw["length"].astype(np.int64), device=device)
     t = torch.arange(ids.shape[1], device=device)[None, :]
@@ -119,6 +119,8 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection, device: str, live: n
         batch["kd_mask"] = t < length[:, None]
         with torch.no_grad():
             batch["teacher_logits"] = live(input_ids=ids).logits[batch["kd_mask"]]
+        return batch
+    if sel is None:
         return batch
     targets = decode(raw, sel)
     kept = targets.kept
