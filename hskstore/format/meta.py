@@ -267,17 +267,24 @@ class StoreMeta:
         """The serialised form: a record parsed from a dict gives that dict back, its keys in their order (keys of
         a newer hsk kept as read); a new record what the store describes (the objective only for a kind other
         than `task`), then the bookkeeping fields that are set, in the writer's order."""
+        values = self._described()
+        values.update(self._bookkeeping())
+        order = list(self.raw) or [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values]
+        return {name: values[name] if name in values else self.raw[name] for name in order}
+
+    def _described(self) -> dict:
         values = {"task": self.task.to_dict(), "dataset": self.dataset.to_dict(), "teacher": self.teacher.to_dict(),
                   "tokenizer": self.tokenizer.to_dict(), "max_length": self.max_length,
                   "selection": dict(self.selection), "layout": self.layout.to_dict()}
         if self.objective != TASK or "objective" in self.raw:
             values["objective"] = self.objective
-        for name in _BOOKKEEPING:
-            value = getattr(self, name)
-            if value not in (None, {}, False) or name in self.raw:
-                values[name] = dict(value) if isinstance(value, Mapping) else value
-        order = list(self.raw) or [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values]
-        return {name: values[name] if name in values else self.raw[name] for name in order}
+        return values
+
+    def _bookkeeping(self) -> dict:
+        """The bookkeeping fields that are set (or that the record read had, even empty)."""
+        values = {name: getattr(self, name) for name in _BOOKKEEPING}
+        return {name: dict(value) if isinstance(value, Mapping) else value for name, value in values.items()
+                if value not in (None, {}, False) or name in self.raw}
 
     @property
     def inputs(self) -> str | None:

@@ -142,18 +142,22 @@ def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, leas
 def _as_declared(e: Entry) -> Entry:
     """The entry with every field of the type it declares (a forged store may put a number where text goes, a
     list where a count goes): text as text, a count that is no integer as None, so nothing downstream fails."""
-    changes = {}
-    for f in fields(e):
-        value = getattr(e, f.name)
-        if value is None or f.type not in ("str | None", "int | None", "tuple[str, ...]"):
-            continue
-        if f.type == "str | None" and not isinstance(value, str):
-            changes[f.name] = str(value)
-        elif f.type == "int | None" and (isinstance(value, bool) or not isinstance(value, int)):
-            changes[f.name] = None
-        elif f.type == "tuple[str, ...]":
-            changes[f.name] = tuple(str(v) for v in value)
-    return replace(e, **changes)
+    changes = {f.name: _declared(f.type, getattr(e, f.name)) for f in fields(e)
+               if getattr(e, f.name) is not None and f.type in _DECLARED_AS}
+    return replace(e, **{name: value for name, value in changes.items() if value is not _AS_IS})
+
+
+_AS_IS = object()
+_DECLARED_AS = ("str | None", "int | None", "tuple[str, ...]")
+
+
+def _declared(declared: str, value):
+    """`value` as the declared type wants it, or _AS_IS when it already is."""
+    if declared == "str | None":
+        return _AS_IS if isinstance(value, str) else str(value)
+    if declared == "int | None":
+        return None if isinstance(value, bool) or not isinstance(value, int) else _AS_IS
+    return tuple(str(v) for v in value)
 
 
 def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:

@@ -73,7 +73,7 @@ def check_range(flag: str, name: str, value) -> None:
     """Refuse a count below its least value, an epoch count or learning rate <= 0, an unknown --task."""
     if value is None or isinstance(value, bool):
         return
-    if name in AT_LEAST and isinstance(value, int) and value < AT_LEAST[name]:
+    if isinstance(value, int) and value < AT_LEAST.get(name, value):
         raise UserError(f"{flag} must be an integer >= {AT_LEAST[name]}, got {value}")
     if name in POSITIVE and isinstance(value, (int, float)) and not value > 0:
         raise UserError(f"{flag} must be > 0, got {value:g}")

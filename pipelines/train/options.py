@@ -89,14 +89,18 @@ class TrainOptions:
         check_report_to(self.report_to)
         if not self.heartbeat >= 0:
             raise ConfigError(f"--heartbeat must be >= 0 seconds, got {self.heartbeat}")
-        if self.compile is not None and self.compile not in COMPILE_MODES:
-            raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
+        self._check_choices()
         if self.weight_decay < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"
             )
+
+
+    def _check_choices(self) -> None:
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
 
 
 def check_report_to(value: str) -> None:

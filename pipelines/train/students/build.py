@@ -210,6 +210,17 @@ def _build_bert_k(k: int, num_labels: int, base: str | None) -> tuple[nn.Module,
     return model, base
 
 
+def _build_pretrained(name: str, weights: str | None, num_labels: int) -> tuple[nn.Module, str, Any, str, str,
+                                                                                list[str]]:
+    """(model, source, tokenizer, init, kind, warnings) of a student loaded as saved (a hub id or a folder)."""
+    source = weights or name
+    note = check_encoder(load_config(source), "student")  # a family hsk cannot train is refused before loading
+    model = _from_pretrained(source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True)
+    pruned = model.config.model_type == PRUNED_BERT  # a folder of `hsk student build rosita`
+    init, kind = ("teacher-pruned", "rosita") if pruned else ("pretrained", "hf")
+    return model, source, load_tokenizer(source), init, kind, [note] if note else []
+
+
 def build_student(
     name: str,
     *,
@@ -246,13 +257,8 @@ def build_student(
         model = sps_from_bert(model)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "sps"
     else:
-        source = weights or name
-        note = check_encoder(load_config(source), "student")  # a family hsk cannot train is refused before loading
-        warnings += [note] if note else []
-        model = _from_pretrained(source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True)
-        tokenizer, tok_source, init, kind = load_tokenizer(source), source, "pretrained", "hf"
-        if model.config.model_type == PRUNED_BERT:  # a folder of `hsk student build rosita`
-            init, kind = "teacher-pruned", "rosita"
+        model, source, tokenizer, init, kind, warnings = _build_pretrained(name, weights, num_labels)
+        tok_source = source
     for msg in warnings:
         logger.warning(msg)
     width = encoder_width(model.config)
