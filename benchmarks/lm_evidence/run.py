@@ -39,6 +39,11 @@ eval tokens per test file, on the cores alone:
   training   42 runs x (20 x 2.8 s + 10 s)                 ~ 46 min  (online: + 3 x 20 x 1,024 x 5 ms ~ 5 min)
   eval       42 runs x 2 files x (3,072 x 1 ms + 10 s)     ~ 18 min
   total ~ 75 min; 2-3x that while other jobs share the cores.
+Measured through this harness (2026-11-27, --scale cpu, 1 seed, arms ce and top128, load 5-7): the
+top-128 dump of 20,480 tokens 244 s; ce 148 s of training loop (7.4 s/step) + 11 s start, top128 202 s
+(10 s/step: the top-K + tail KL on top), eval ~17 s per file with its start. At that load the 42 runs
+take ~2.7 h: run the study on quiet cores. Perplexity after 20 steps (KJV test / Wikipedia): ce 670 /
+13,483, top128 551 / 10,341; the teacher's is ~32 on KJV test text (prepare_teacher.py).
 That is 20k training tokens per run, not the issue's 1e5: at 1e5 tokens (98 steps) the 42 runs take ~4 h
 even on idle cores. The learning rate is 2e-3 for every arm: at clm-kd's default 2e-4 the first2 student
 (CE ~17.8 nats at init: 2 layers feeding a head trained for 30) was still at 12.3 nats after 16 steps; at
@@ -190,7 +195,7 @@ def make_store(name: str, spec: dict, paths: dict, args, scale: Scale) -> Path:
             return out
         # an hsk without `derive --support` (before the clm derive landed): the same support dumped directly
         # (for sampled stores other draws than a thinning would keep, the same distribution)
-        print(f"run.py: hsk derive --support failed for {name} (log above); dumping it instead", file=sys.stderr)
+        print(f"run.py: hsk derive --support failed for {name} (see {paths['logs']}); dumping it", file=sys.stderr)
         spec = {"dump": spec["support"], "positions": 1.0}
     call(dump_cmd(args.teacher, paths["train"], spec["dump"], spec["positions"], scale.train_tokens, out,
                   args.threads), paths["logs"] / f"dump-{name}.log")
@@ -220,15 +225,13 @@ def train_run(arm: Arm, store: Path, seed: int, paths: dict, args, scale: Scale,
     return record
 
 
-def steps_of(run: Path) -> int | None:
-    """Optimizer steps the run took, from its summary (None when the summary does not say)."""
+def summary_fields(run: Path) -> dict:
+    """Steps, the training loop's own seconds (the wall time less process start and model load) and the
+    final loss, from the run's summary.json."""
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("steps", "global_step", "optimizer_steps"):
-        if isinstance(summary.get(key), int):
-            return summary[key]
-    stages = summary.get("stages") or []
-    counted = [s.get("steps") for s in stages if isinstance(s, dict) and isinstance(s.get("steps"), int)]
-    return sum(counted) if counted else None
+    stages = [s for s in (summary.get("stages") or {}).values() if isinstance(s, dict)]
+    return {"steps": summary.get("steps"), "train_loop_s": round(sum(s.get("seconds", 0.0) for s in stages), 1),
+            "final_loss": stages[-1].get("final_loss") if stages else None}
 
 
 def evaluate(run: Path, name: str, text: Path, paths: dict, threads: int) -> dict:
@@ -286,7 +289,7 @@ def row(arm: Arm, seed: int, run: Path, info: dict, wall: dict, evals: dict, sca
     out = {"arm": arm.name, "seed": seed, "support": arm.support, "store_support": info["support"],
            "bytes_per_token": info["bytes_per_token"] if arm.has_bytes else 0.0, "has_bytes": arm.has_bytes,
            "kept_positions": info["kept_positions"], "train_tokens": info["tokens"], "scale": scale_name,
-           "steps": steps_of(run), **wall}
+           **summary_fields(run), **wall}
     for name, result in evals.items():
         out.update({f"ppl_{name}": result["perplexity"], f"word_ppl_{name}": result["word_perplexity"],
                     f"ece_{name}": result["ece"], f"acc_{name}": result.get("accuracy"),
