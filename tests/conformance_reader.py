@@ -81,7 +81,10 @@ def identity(meta: dict) -> str:
 
 
 def inputs_hash(meta: dict) -> str:
-    return sha256((meta["checksums"]["input_ids"] + meta["checksums"]["token_type_ids"]).encode("ascii"))
+    """`inputs_hash`: the checksum strings of input_ids and token_type_ids (where the store has it: causal-LM
+    stores do not), concatenated."""
+    names = ("input_ids", "token_type_ids")
+    return sha256("".join(meta["checksums"][n] for n in names if n in meta["checksums"]).encode("ascii"))
 
 
 # --- the bundle ------------------------------------------------------------------------------------
@@ -160,6 +163,8 @@ def data_arrays(meta: dict) -> list[str]:
     if meta.get("objective") == "mlm":
         return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
+    if meta.get("objective") == "clm":
+        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"])]
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
     sel = meta["selection"]
     quantised = sel["value_dtype"] != "float16"
@@ -247,6 +252,57 @@ def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
     out = np.zeros(keep.shape, dtype=np.float32)  # unused slots (no ones) stay all zero
     out[keep] = values[keep.any(axis=-1)].reshape(-1)
     return out
+
+
+# --- causal-LM stores ("Causal-LM stores") -------------------------------------------------------------
+def clm_weight_arrays(sel: dict) -> list[str]:
+    """What follows clm/ids: the counts (sampled), or the log-probs and, for every codec but float16, their scale."""
+    if sel["support"] == "sample":
+        return ["clm/counts"]
+    return ["clm/values"] + ([] if sel["logprob_codec"] == "float16" else ["clm/scale"])
+
+
+def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:
+    """Bit j of a position's bytes is bit j % 8 (least significant first) of byte j // 8; slot s's id is bits
+    s*bits .. s*bits + bits - 1, its least significant bit first. Written bit by bit (no numpy bitorder)."""
+    ids = np.zeros((*packed.shape[:-1], slots), dtype=np.int64)
+    for s in range(slots):
+        for b in range(bits):
+            j = s * bits + b
+            ids[..., s] |= ((packed[..., j // 8].astype(np.int64) >> (j % 8)) & 1) << b
+    return ids
+
+
+def kept_mask(packed: np.ndarray, block_size: int) -> np.ndarray:
+    """`clm/kept`: position t is bit 7 - t % 8 of byte t // 8 (numpy packbits' big-endian order)."""
+    t = np.arange(block_size)
+    return ((packed[..., t // 8] >> (7 - t % 8)) & 1).astype(bool)
+
+
+def clm_logprobs(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:
+    """Top-K log-probs through the value codec (float16: the stored values; others: as "Format 2" decodes)."""
+    return decode(arrays["clm/values"], arrays.get("clm/scale"), sel["logprob_codec"], sel["k"])
+
+
+def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The mass outside the top K: 1 - sum(exp(log-prob)), clipped to [0, 1]; 0 where a position is not kept."""
+    tail = np.clip(1.0 - np.exp(logprobs.astype(np.float64)).sum(-1), 0.0, 1.0)
+    return np.where(kept, tail, 0.0)
+
+
+def block_hash(ids: np.ndarray) -> int:
+    """A causal-LM block's `text_hash`: the first 8 bytes, little-endian, of BLAKE2b-512 over its ids as int32 LE."""
+    digest = hashlib.blake2b(np.ascontiguousarray(ids, dtype="<i4").tobytes()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def pack_documents(documents: list[list[int]], block_size: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks and lengths: each document then EOS, concatenated, cut every block_size tokens, the last padded."""
+    stream = [t for doc in documents for t in (*doc, eos)]
+    n = -(-len(stream) // block_size)
+    padded = stream + [eos] * (n * block_size - len(stream))
+    lengths = [min(block_size, len(stream) - i * block_size) for i in range(n)]
+    return np.array(padded, dtype=np.int64).reshape(n, block_size), np.array(lengths)
 
 
 # --- masked-LM masking ("Masked-LM stores") ------------------------------------------------------------

@@ -19,7 +19,8 @@ from hskstore import codecs
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
-NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges"]  # a vector per registered value codec
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample"]  # a vector per value codec
+CLM_NAMES = ("clm", "clm-sample")
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
 
 
@@ -54,8 +55,10 @@ def test_vectors_regenerate_byte_identically(tmp_path):
     assert not differ, f"hsk no longer writes the committed vectors (what changed: {differ}); if that is meant, " \
                        "say so in STORE_FORMAT.md and rerun python docs/conformance/generate.py"
     # under 1 MB: format 3's dimension names and attributes in every array's zarr.json, with the source texts,
-    # took the eight vectors from 694 kB to 749 kB; the `edges` vector (inner chunks, ties, d = 60) adds 86 kB
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 900_000
+    # took the eight vectors from 694 kB to 749 kB; the `edges` vector (inner chunks, ties, d = 60) adds 86 kB;
+    # the two causal-LM vectors 72 kB, nearly all of it what every bundle has whatever its data (croissant.json,
+    # the card, a zarr.json per array: ~28 kB a bundle)
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 950_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,7 +75,7 @@ def test_reader_verifies_and_decodes_every_vector(name):
     for array_name, entry in expected["arrays"].items():
         np.testing.assert_array_equal(arrays[array_name], as_array(entry), err_msg=array_name)
         assert arrays[array_name].dtype == np.dtype(entry["dtype"]), array_name
-    if meta.get("objective") != "mlm":
+    if meta.get("objective") not in ("mlm", "clm"):  # task stores: layers of kept values
         for i in range(len(meta["selection"]["teacher_layers"])):
             check_layer(arrays, f"layers/{i}", meta, expected["decoded_values"][f"layers/{i}"])
 
@@ -218,7 +221,7 @@ def test_64_bit_integers_are_strings_and_the_source_texts_give_the_dataset_finge
             assert all(isinstance(x, str) for x in entry["data"]), (name, array_name)
         assert max(int(x) for x in vector["arrays"]["text_hash"]["data"]) > 2**53  # would be rounded as a number
         meta = bundle.meta
-        labels = np.full(len(vector["source_texts"]), -1, dtype=np.int64) if meta.get("objective") == "mlm" \
+        labels = np.full(len(vector["source_texts"]), -1, dtype=np.int64) if meta.get("objective") in ("mlm", "clm") \
             else as_array(vector["arrays"]["label"]).astype(np.int64)  # labels as loaded: int64
         assert reader.examples_fingerprint([vector["source_texts"]], labels) == meta["dataset"]["fingerprint"], name
 
@@ -249,3 +252,77 @@ def test_edges_vector_inner_chunks_mask_padding_and_rounding_ties():
     assert ties.any()
     half_up = np.floor(ratio[ties] + 0.5)
     assert (q8[ties] != half_up).any()  # a reader rounding half up gets these wrong
+
+
+@pytest.mark.parametrize("name", CLM_NAMES)
+def test_causal_lm_vectors_decode_from_the_doc(name):
+    """Ids unpacked bit by bit, kept positions, log-probs and tail (top-K) or counts (sampled) as the JSON says;
+    zeros wherever a position is not kept; blocks, lengths and text_hash rebuilt from the documents' tokens."""
+    bundle, vector = load(name)
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel, decoded = meta["selection"], vector["decoded"]
+    kept = reader.kept_mask(arrays["clm/kept"], sel["block_size"])
+    ids = reader.unpack_ids(arrays["clm/ids"], sel["id_bits"], sel["slots"])
+    assert np.array_equal(kept, np.array(decoded["kept"], dtype=bool))
+    assert np.array_equal(ids, np.array(decoded["ids"]))
+    assert ids.max() < sel["vocab_size"] == meta["teacher"]["vocab_size"] and sel["id_bits"] == 6
+    check_padding_bits(arrays, sel)
+    real = np.arange(sel["block_size"])[None, :] < arrays["length"][:, None]
+    assert not (kept & ~real).any()  # padding is never kept
+    wanted = np.ceil(sel["positions"] * arrays["length"]).astype(int)  # ceil(fraction x length) per block
+    assert np.array_equal(kept.sum(-1), np.minimum(wanted, arrays["length"]))
+    assert (ids[~kept] == 0).all()
+    if sel["support"] == "topk":
+        check_topk(arrays, sel, kept, ids, decoded)
+    else:
+        check_sample(arrays, sel, kept, ids)
+    check_blocks(arrays, meta, vector["source_tokens"])
+
+
+def check_padding_bits(arrays: dict, sel: dict) -> None:
+    """The bits after the last slot's id, and after the last position in `clm/kept`, are 0."""
+    id_bits = np.unpackbits(arrays["clm/ids"], axis=-1, bitorder="little")
+    assert not id_bits[..., sel["slots"] * sel["id_bits"]:].any()
+    assert not np.unpackbits(arrays["clm/kept"], axis=-1)[..., sel["block_size"]:].any()
+
+
+def check_topk(arrays: dict, sel: dict, kept: np.ndarray, ids: np.ndarray, decoded: dict) -> None:
+    logprobs = reader.clm_logprobs(arrays, sel)
+    np.testing.assert_array_equal(logprobs, np.array(decoded["logprobs"], dtype=np.float32))
+    tail = reader.clm_tail(logprobs, kept)
+    np.testing.assert_allclose(tail, np.array(decoded["tail"]), atol=1e-6)
+    assert ((tail >= 0) & (tail <= 1)).all() and (tail[kept] > 0).all()
+    assert (logprobs[~kept] == 0).all()
+    on = logprobs[kept]  # [kept positions, K]: log-probs <= 0, by descending probability, ids distinct
+    assert (on <= 0).all() and (np.diff(on, axis=-1) <= 0).all()
+    assert all(len(set(row)) == sel["k"] for row in ids[kept].tolist())
+
+
+def check_sample(arrays: dict, sel: dict, kept: np.ndarray, ids: np.ndarray) -> None:
+    counts = arrays["clm/counts"].astype(int)
+    assert np.array_equal(counts.sum(-1), np.where(kept, sel["draws"], 0))  # the draws, on kept positions only
+    used = counts > 0
+    for row_ids, row_used in zip(ids[kept].tolist(), used[kept].tolist(), strict=True):
+        n = sum(row_used)
+        assert row_used == [True] * n + [False] * (len(row_used) - n)  # used slots first, then unused ones
+        assert row_ids[:n] == sorted(set(row_ids[:n])) and row_ids[n:] == [0] * (len(row_ids) - n)
+    assert (~used & kept[..., None]).any() and (used & (ids == 0)).any()  # empty slots; a used slot holding id 0
+
+
+def check_blocks(arrays: dict, meta: dict, documents: list[list[int]]) -> None:
+    sel = meta["selection"]
+    blocks, lengths = reader.pack_documents(documents, sel["block_size"], sel["eos_id"])
+    assert np.array_equal(arrays["input_ids"], blocks) and np.array_equal(arrays["length"], lengths)
+    assert arrays["input_ids"].dtype == np.uint16  # vocabularies up to 65,536 ids
+    assert [reader.block_hash(b) for b in arrays["input_ids"]] == arrays["text_hash"].tolist()
+    assert meta["tokenizer"]["pad_id"] == sel["eos_id"] and meta["max_length"] == sel["block_size"]
+    assert set(meta["checksums"]) == set(reader.data_arrays(meta))  # no token_type_ids: inputs_hash is input_ids'
+
+
+def test_causal_lm_arrays_point_at_their_section():
+    """Every clm array's `spec` attribute names this page's causal-LM section, whose heading gives that anchor."""
+    bundle, _ = load("clm")
+    assert '## Causal-LM stores (`objective: "clm"`)' in DOC
+    for path, node in bundle.nodes.items():
+        if not path.startswith("_progress"):
+            assert node["attributes"]["spec"] == "docs/STORE_FORMAT.md#causal-lm-stores-objective-clm", path

@@ -25,7 +25,8 @@ README = (ROOT / "README.md").read_text()
 
 # The pages whose shell and python blocks run, in this order, in one working folder: the README's first
 # flow makes the teacher and sst2.zarr the guide's pages then use.
-RUN_PAGES = ("README.md", "docs/guide/dump.md", "docs/guide/train.md", "docs/guide/methods.md",
+RUN_PAGES = ("README.md", "docs/guide/dump.md", "docs/guide/train.md", "docs/guide/hf-trainer.md",
+             "docs/guide/methods.md",
              "docs/guide/rosita.md", "docs/guide/lightpaff.md", "docs/guide/sweeps.md", "docs/guide/sharing.md",
              "docs/guide/scaling.md")
 # Guide pages whose blocks do not run here, and why (their `hsk` commands are still parsed below).
@@ -37,6 +38,9 @@ NOT_RUN_PAGES = {
     "docs/guide/sharing-security.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/adding-a-codec.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/zarr-tools.md": "reads the committed vectors; tests/test_zarr_tools.py makes the same reads",
+    "docs/guide/lm-stores.md": "needs a causal-LM teacher folder; tests/test_clm.py runs these commands on a tiny "
+                               "random Llama",
+    "docs/guide/adding-a-store-kind.md": "its code shows a registration that hsk itself makes",
 }
 # Every page whose `hsk` commands must parse as written (the generated CLI reference is the CLI itself).
 DOC_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")
@@ -309,6 +313,12 @@ def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
                 else:
                     _run_shell(part, work, page)
                 ran.append(part)
+    # Run from the repository root, the docs' commands leave nothing git would track there: outputs go under
+    # runs/, stores are *.zarr and bundles *.hsk.zip (.gitignore)
+    left = [f"{p.name}/" if p.is_dir() else p.name for p in work.iterdir()]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(left),
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(set(left) - set(ignored)) == []
     assert (work / "runs" / "sweep" / "notebook" / "marginal_utility.png").is_file()
     assert json.loads((work / "runs" / "bert2" / "summary.json").read_text())["method"] == "mud"
     assert len(ran) >= 20

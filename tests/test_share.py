@@ -20,7 +20,9 @@ import torch
 from conftest import save_tiny_teacher, tiny_bert_config
 
 from hskstore import open_store
+from hskstore.io.card import portable
 from hskstore.io.croissant import CROISSANT_NAME, sibling_name
+from hskstore.io.info import human_bytes
 from pipelines.cli import main
 
 mlc = pytest.importorskip("mlcroissant", reason="mlcroissant (the test extra) validates Croissant documents")
@@ -86,7 +88,7 @@ def test_croissant_of_every_store_validates(shelf, name):
     for name_, spec in s.specs.items():
         assert fields[name_]["dataType"].lower() == f"cr:{spec.dtype}"
         assert fields[name_].get("arrayShape") == (",".join(map(str, spec.shape[1:])) or None)
-    assert s.meta["dataset"]["source"] in doc["rai:dataCollection"]
+    assert portable(s.meta["dataset"]["source"]) in doc["rai:dataCollection"]  # no local path in what is shared
 
 
 def test_croissant_families_licence_and_creators(shelf):
@@ -187,6 +189,11 @@ def test_catalog_finds_nested_stores_and_bundles_and_filters(shelf, capsys):
     small = open_store(str(shelf / "team-a" / "sst2-int4.zarr"))
     assert int4["bytes"] == small.meta["stored_bytes"] == storage_report(small)["total_bytes"]
     assert int4["card"] is None  # cards are read for the HTML page only
+    capsys.readouterr()
+    assert main(["catalog", str(shelf / "team-a" / "sst2-int4.zarr")]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    size = row[header.index("bytes"):].split("  ")[0]
+    assert size == human_bytes(int4["bytes"]) and size.endswith(("KiB", "MiB"))  # the table: as `hsk info` says
 
     def urls(*filters) -> list[str]:
         return sorted(Path(e["url"]).relative_to(shelf).as_posix() for e in catalog_json(capsys, shelf, *filters))

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -201,3 +202,37 @@ def test_rewriting_a_format_2_store_points_to_upgrade(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"run `hsk upgrade {old}`" in err and "format 2" in err, err
     assert data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()} == before
+
+
+# What docs/guide/zarr-tools.md tells a user to filter: the two descriptions at a store's root, nothing else.
+CARD_FILTER = r"Object at (README\.md|croissant\.json) is not recognized"
+
+
+def _zarr_warnings(action) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return sorted(str(w.message) for w in caught if issubclass(w.category, zarr.errors.ZarrUserWarning))
+
+
+def test_plain_zarr_warns_about_the_card_and_croissant_only_when_listing(tmp_path):
+    """zarr-python lists a group's members by the objects under it and warns about each that is no Zarr node: in a
+    store, README.md and croissant.json at the root (descriptions the format keeps outside the manifest, so
+    neither can become a node). Opening the group and reading arrays say nothing; the guide's filter silences
+    the listing, and another stray object would still be named."""
+    store = unpacked("int4", tmp_path)
+    group = zarr.open_group(store, mode="r")
+    assert _zarr_warnings(lambda: (zarr.open_group(store, mode="r"), group["layers/0/values"][:1])) == []
+    listed = _zarr_warnings(lambda: dict(group.members(max_depth=None)))
+    assert listed == [f"Object at {name} is not recognized as a component of a Zarr hierarchy."
+                      for name in ("README.md", "croissant.json")]
+
+    def filtered():
+        warnings.filterwarnings("ignore", message=CARD_FILTER)
+        xr.open_datatree(store, engine="zarr", consolidated=False)
+        dict(group.members(max_depth=None))
+
+    assert _zarr_warnings(filtered) == []
+    (store / "notes.txt").write_text("a user's file")
+    assert _zarr_warnings(lambda: (warnings.filterwarnings("ignore", message=CARD_FILTER), list(group.keys()))) == [
+        "Object at notes.txt is not recognized as a component of a Zarr hierarchy."]

@@ -5,7 +5,8 @@
 
 Every vector is a real store, written by the real commands (`hsk dump`, `hsk derive`, `hsk pack`)
 from a tiny random BERT built here with a fixed seed, a tiny WordPiece vocabulary and a few rows
-of text, then packed as a bundle `<name>.hsk.zip`. Next to each bundle, `<name>.json` says what
+of text (the causal-LM vectors: a tiny random Llama over a fixed word list), then packed as a
+bundle `<name>.hsk.zip`. Next to each bundle, `<name>.json` says what
 a reader must find in it: the manifest, the checksums, every shard digest, every array as
 decoded numbers, and the kept values of each layer decoded to float32.
 
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -73,6 +75,24 @@ COMMON = ["--max-length", str(MAX_LENGTH), "--shard-rows", "2", "--student-layer
 # exact rounding ties (x.5), which int8 rounds half to even.
 EDGE_HIDDEN, EDGE_CONFIG, EDGE_CHUNK_ROWS = 60, "2,4,0.55", 1
 EDGE_CONSTANTS = (127.0, 2.5, -3.5, 4.5, 5.5, -6.5, 10.5, -11.5, 100.5)
+# The causal-LM vectors (`clm`, `clm-sample`): a word-level tokenizer over a fixed word list (a trained BPE's merges
+# may change between `tokenizers` versions; a word list cannot), so V = 38 and ids take 6 bits. The corpus is 35
+# tokens with the EOS after each document: blocks of 16 give 16, 16 and 3 real tokens (the last padded with 13
+# EOS), blocks of 12 give 12, 12 and 11; "ending" is not a word of the list (<unk>).
+CLM_WORDS = ["<eos>", "<unk>", *"the a an film movie story plot actor cast is was are not very quite too good bad fun "
+             "dull slow long short and but or it this that of in with , . ! ?".split()]
+CLM_CORPUS = [
+    "the film is very good, and the story is fun!",
+    "a dull movie.",
+    "this actor was quite good in a slow plot",
+    "not bad, but the ending",
+]
+# top-3 at 6 bits: 18 bits in 3 bytes per position (ids straddle bytes, 6 padding bits); 12 of 16 positions kept.
+# 5 draws at 6 bits: 30 bits in 4 bytes; blocks of 12: `clm/kept`'s second byte has 4 padding bits.
+CLM_COMMON = ["dump", "--objective", "clm", "--teacher", "clm-teacher", "--text-file", "clm-corpus.txt",
+              "--shard-rows", "2", "--device", "cpu", "--no-progress"]
+CLM_TOPK = ["--support", "topk:3", "--logprobs", "float16", "--block-size", "16", "--positions", "0.75"]
+CLM_SAMPLE = ["--support", "sample:5", "--block-size", "12", "--sample-seed", "7"]
 
 
 @contextmanager
@@ -99,8 +119,25 @@ def _config(hidden: int = HIDDEN, **kwargs):
                       **kwargs)
 
 
+def build_clm_teacher(out: Path) -> None:
+    """A tiny random Llama over CLM_WORDS, saved with its tokenizer (whitespace and punctuation split, EOS)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CLM_WORDS)}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", unk_token="<unk>").save_pretrained(out)
+    # initializer_range 0.2 (not 0.02): a distribution with a shape, so top-3 and repeated draws mean something
+    config = LlamaConfig(vocab_size=len(CLM_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         initializer_range=0.2, eos_token_id=0, bos_token_id=0, pad_token_id=0)
+    torch.manual_seed(3)
+    LlamaForCausalLM(config).eval().save_pretrained(out)
+
+
 def build_teachers(work: Path) -> None:
-    """A sequence classifier (the task teacher) and a masked-LM teacher, random with fixed seeds.
+    """A sequence classifier (the task teacher), a masked-LM teacher and a causal LM, random with fixed seeds.
 
     The classifier's top layer writes zeros in hidden dims 32..63 (its output LayerNorm scales and
     shifts them by 0), so the kept values 32..34 of its vectors, the second 4-bit group, are all zero.
@@ -131,6 +168,7 @@ def build_teachers(work: Path) -> None:
         norm.bias[:k] = torch.tensor(EDGE_CONSTANTS)
     edge.save_pretrained(work / "edge-teacher")
     _tokenizer(work / "edge-teacher")
+    build_clm_teacher(work / "clm-teacher")
 
 
 def _hsk(*args: str) -> None:
@@ -145,6 +183,7 @@ def dump_stores(work: Path) -> list[str]:
     """Every vector as a store folder in `work`; returns their names, in the order of the vectors."""
     (work / DATA_FILE).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS), encoding="utf-8")
     (work / "corpus.txt").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    (work / "clm-corpus.txt").write_text("\n".join(CLM_CORPUS) + "\n", encoding="utf-8")
     from hskstore import codecs
 
     task = ["dump", "--task", "sst2", "--teacher", "teacher", "--data-file", DATA_FILE, *COMMON]
@@ -168,7 +207,11 @@ def dump_stores(work: Path) -> list[str]:
         _hsk(*edge, "--values", "int8", "--out", "edges-dumped.zarr")
         relayout("edges-dumped.zarr", "edges.zarr", EDGE_CHUNK_ROWS)
         pin("edges.zarr")
-    return [*values_vectors, "attention", "derived", "mlm", "edges"]
+        _hsk(*CLM_COMMON, *CLM_TOPK, "--out", "clm.zarr")
+        _hsk(*CLM_COMMON, *CLM_SAMPLE, "--out", "clm-sample.zarr")
+        pin("clm.zarr")
+        pin("clm-sample.zarr")
+    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample"]
 
 
 # What a new store takes from a store it is rewritten from: all but what its writer records itself.
@@ -226,8 +269,34 @@ def _numbers(array: np.ndarray) -> list:
 
 
 def source_texts(name: str) -> list[str]:
-    """The texts a vector's rows were made from, in row order (its `dataset.fingerprint` is computed over them)."""
+    """The texts a vector's rows were made from, in row order (its `dataset.fingerprint` is computed over them;
+    a causal-LM store's rows are blocks of these documents)."""
+    if name.startswith("clm"):
+        return list(CLM_CORPUS)
     return list(CORPUS) if name == "mlm" else [text for text, _ in ROWS]
+
+
+def source_tokens(work: Path) -> list[list[int]]:
+    """The causal-LM documents as the teacher's tokenizer gives them (no special tokens): what the blocks pack."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(work / "clm-teacher")(CLM_CORPUS, add_special_tokens=False)["input_ids"]
+
+
+def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
+    """What a causal-LM store decodes to: kept positions, unpacked ids and, for top-K, the log-probs through the
+    value codec and the tail 1 - sum(exp) (float32 as hskstore computes it; 0 where a position is not kept)."""
+    from hskstore import codecs
+    from hskstore.format.clm import ClmSelection, decode
+
+    sel = ClmSelection.from_dict(selection)
+    targets = decode(arrays, sel)
+    doc = {"kept": _numbers(targets.kept), "ids": _numbers(targets.ids.astype(np.int32))}  # numbers, not strings
+    if sel.support == "topk":
+        logprobs = codecs.get(sel.logprob_codec).decode(arrays["clm/values"], arrays.get("clm/scale"), sel.slots)
+        doc["logprobs"] = _numbers(logprobs.astype(np.float32))
+        doc["tail"] = _numbers(np.where(targets.kept, targets.tail, 0).astype(np.float32))
+    return doc
 
 
 def expected(bundle: Path) -> dict:
@@ -254,7 +323,9 @@ def expected(bundle: Path) -> dict:
         "arrays": {name: {"dtype": str(a.dtype), "shape": list(a.shape), "data": _numbers(a)}
                    for name, a in arrays.items()},
     }
-    if meta.get("objective") != "mlm" and meta["layout"]["n_width"]:
+    if meta.get("objective") == "clm":
+        doc["decoded"] = clm_decoded(arrays, meta["selection"])
+    elif meta.get("objective") != "mlm" and meta["layout"]["n_width"]:
         n_width, codec = meta["layout"]["n_width"], meta["selection"]["value_dtype"]  # the store's codec, by name
         doc["decoded_values"] = {
             name[: -len("/values")]: _numbers(decode_values(codec, a, arrays.get(name[: -len("values")] + "scale"),
@@ -273,7 +344,47 @@ def _nibbles(codes: np.ndarray, n: int) -> np.ndarray:
     return np.stack([codes & 15, codes >> 4], axis=-1).reshape(*codes.shape[:-1], -1)[..., :n]
 
 
-def check_coverage(vectors: dict[str, dict]) -> None:
+def _straddles(ids: np.ndarray, used: np.ndarray, bits: int) -> bool:
+    """Whether a used id has set bits on both sides of a byte boundary (its slot's bits cross one)."""
+    for slot in range(ids.shape[-1]):
+        first = slot * bits
+        low = 8 - first % 8  # bits of the id in the slot's first byte
+        if low < bits and ((used[..., slot] & (ids[..., slot] % (1 << low) > 0) & (ids[..., slot] >> low > 0)).any()):
+            return True
+    return False
+
+
+def clm_cases(topk: dict, sample: dict, selections: dict[str, dict]) -> dict[str, bool]:
+    """The causal-LM vectors' cases: ids across bytes, padding bits, a padded last block, unkept positions, empty
+    slots and repeated draws."""
+    cases = {}
+    for name, v in (("clm", topk), ("clm-sample", sample)):
+        sel, kept = selections[name], np.array(v["decoded"]["kept"], dtype=bool)
+        ids = np.array(v["decoded"]["ids"])
+        used = _array(v, "clm/counts") > 0 if sel["support"] == "sample" else np.broadcast_to(kept[..., None],
+                                                                                               ids.shape)
+        cases[f"{name}: ids straddle byte boundaries"] = _straddles(ids, used, sel["id_bits"])
+        cases[f"{name}: padding bits after each position's ids"] = sel["slots"] * sel["id_bits"] % 8 > 0
+        cases[f"{name}: a padded last block"] = _array(v, "length")[-1] < sel["block_size"]
+    lengths = _array(topk, "length")
+    real = np.arange(selections["clm"]["block_size"])[None, :] < lengths[:, None]
+    cases["clm: real positions not kept"] = bool((real & ~np.array(topk["decoded"]["kept"], dtype=bool)).any())
+    counts, kept = _array(sample, "clm/counts"), np.array(sample["decoded"]["kept"], dtype=bool)
+    cases["clm-sample: empty slots"] = bool((kept[..., None] & (counts == 0)).any())
+    cases["clm-sample: a repeated draw"] = bool((counts > 1).any())
+    # id 0 (EOS) drawn: a used slot may hold id 0, so only a count of 0 marks an unused slot
+    cases["clm-sample: id 0 drawn"] = bool(((np.array(sample["decoded"]["ids"]) == 0) & (counts > 0)).any())
+    cases["clm-sample: kept's last byte has padding bits"] = selections["clm-sample"]["block_size"] % 8 > 0
+    return cases
+
+
+def selection(bundle: Path) -> dict:
+    """A bundle's `selection`, from its root zarr.json."""
+    with zipfile.ZipFile(bundle) as zf:
+        return json.loads(zf.read("zarr.json"))["attributes"]["hsk"]["selection"]
+
+
+def check_coverage(vectors: dict[str, dict], selections: dict[str, dict]) -> None:
     """Refuse vectors that lost a case the docs promise they hold (as a changed teacher or text would)."""
     cases = {f"{name}: partial last shard": len(v["shard_digests"]) * 2 > len(_array(v, "row"))
              for name, v in vectors.items()}
@@ -294,6 +405,7 @@ def check_coverage(vectors: dict[str, dict]) -> None:
     used = (_array(edges, f"{top}/positions") >= 0)[..., None]
     cases["edges: int8 rounding ties"] = bool((used & (np.abs(ratio - np.trunc(ratio)) == 0.5)).any())
     cases["edges: an all-zero inner chunk (label 0 in row 0)"] = _array(edges, "label")[0] == 0
+    cases.update(clm_cases(vectors["clm"], vectors["clm-sample"], selections))
     missing = [case for case, held in cases.items() if not held]
     if missing:
         raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
@@ -307,15 +419,18 @@ def generate(out: Path) -> list[Path]:
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
-    vectors = {}
+    vectors, selections = {}, {}
     with tempfile.TemporaryDirectory(prefix="hsk-conformance-") as tmp:
         work = Path(tmp)
         build_teachers(work)
         for name in dump_stores(work):
             bundle = pack(str(work / f"{name}.zarr"), out / f"{name}.hsk.zip", overwrite=True)
             vectors[name] = {**expected(bundle), "source_texts": source_texts(name)}
+            selections[name] = selection(bundle)
         vectors["edges"]["source_values"] = expected(work / "edges-float16.zarr")["decoded_values"]
-    check_coverage(vectors)
+        for name in ("clm", "clm-sample"):
+            vectors[name]["source_tokens"] = source_tokens(work)
+    check_coverage(vectors, selections)
     written = []
     for name, vector in vectors.items():
         doc = out / f"{name}.json"

@@ -141,19 +141,28 @@ def id_bits(vocab_size: int) -> int:
     return max(1, math.ceil(math.log2(max(vocab_size, 2))))
 
 
+_BYTE_IDS = {8: "<u1", 16: "<u2", 32: "<u4"}  # widths whose packing is the ids' own little-endian bytes
+
+
 def pack_ids(ids: np.ndarray, bits: int) -> np.ndarray:
     """ids [..., S] (each < 2**bits) -> uint8 [..., ceil(S * bits / 8)]: each id's bits least significant first,
     ids in slot order, bytes filled from their least significant bit (numpy packbits, bitorder little)."""
-    shifts = np.arange(bits, dtype=np.uint32)
-    planes = ((ids.astype(np.uint32)[..., None] >> shifts) & 1).astype(np.uint8)
+    if bits in _BYTE_IDS:  # the same bits, as the ids' little-endian bytes
+        return np.ascontiguousarray(ids.astype(_BYTE_IDS[bits])).view(np.uint8)
+    planes = np.unpackbits(np.ascontiguousarray(ids.astype("<u4")).view(np.uint8).reshape(*ids.shape, 4), axis=-1,
+                           bitorder="little")[..., :bits]
     return np.packbits(planes.reshape(*ids.shape[:-1], ids.shape[-1] * bits), axis=-1, bitorder="little")
 
 
 def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:
     """The inverse of pack_ids: int64 [..., slots]."""
+    if bits in _BYTE_IDS:
+        return np.ascontiguousarray(packed).view(_BYTE_IDS[bits]).astype(np.int64)
     planes = np.unpackbits(packed, axis=-1, count=slots * bits, bitorder="little")
-    planes = planes.reshape(*packed.shape[:-1], slots, bits).astype(np.int64)
-    return (planes << np.arange(bits, dtype=np.int64)).sum(-1)
+    planes = planes.reshape(*packed.shape[:-1], slots, bits)
+    whole = np.zeros((*planes.shape[:-1], 32), dtype=np.uint8)
+    whole[..., :bits] = planes
+    return np.packbits(whole, axis=-1, bitorder="little").view("<u4")[..., 0].astype(np.int64)
 
 
 def block_hashes(input_ids: np.ndarray) -> np.ndarray:
@@ -207,8 +216,9 @@ class LMTargets:
 
     @property
     def tail(self) -> np.ndarray:
-        """[n, T] the mass outside the stored ids (0 for a sampled support, whose counts sum to 1)."""
-        return np.clip(1.0 - (self.probs * self.used).sum(-1), 0.0, 1.0)
+        """[n, T] the mass outside the stored ids (0 for a sampled support, whose counts sum to 1, and at positions
+        that keep no support)."""
+        return np.where(self.kept, np.clip(1.0 - (self.probs * self.used).sum(-1), 0.0, 1.0), 0.0)
 
 
 def decode(data: Mapping[str, np.ndarray], sel: ClmSelection) -> LMTargets:
@@ -290,8 +300,9 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
         attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
     if spec.name in ("clm/values", "clm/scale"):
         attributes["codec"] = sel["logprob_codec"]
-        if spec.name == "clm/values" and len(spec.shape) == 3 and spec.shape[2] != sel["slots"]:
+        if spec.name == "clm/values" and spec.shape[2] != sel["slots"]:
             dims = ("tokens", "value_bytes")  # a packed codec: bytes of codes, not one value per slot
+        dims = dims[: len(spec.shape) - 1]  # a scale per position (int8) has no group axis
     if units:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)

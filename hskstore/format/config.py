@@ -87,10 +87,16 @@ def check_choices(choices: list[tuple[str, str, tuple[str, ...]]]) -> None:
             raise ConfigError(f"unknown {label} {value!r}; choose one of {', '.join(allowed)}")
 
 
-def check_at_least(flag: str, value: int | None, low: int, *, error: type[UserError] = ConfigError) -> None:
-    """Refuse a whole number below `low`, in one line; None passes (the default applies)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+def check_at_least(flag: str, value: int | None, low: int, *, high: int | None = None,
+                   error: type[UserError] = ConfigError) -> None:
+    """Refuse a whole number below `low` (or above `high`, when given), in one line; None passes (the default
+    applies)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise error(f"{flag} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise error(f"{flag} must be at most {high}, got {value!r}")
 
 
 def check_between(label: str, value: float | None, low: float, high: float, *, ends: str = "[]",

@@ -209,8 +209,9 @@ class MaskedLMSelection:
 
 
 # StoreMeta fields after the description, as the writer adds them (hskstore.io.writer)
-_BOOKKEEPING = ("sharing", "derived_from", "format_version", "complete", "identity", "created", "software_version",
-                "inputs_hash", "checksums", "stored_bytes", "manifest")
+_BOOKKEEPING = ("compute", "sharing", "derived_from", "format_version", "complete", "identity", "created",
+                "software_version", "inputs_hash", "checksums", "stored_bytes", "data_origin", "upgraded", "manifest")
+_DESCRIPTION = ("objective", "task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,9 @@ class StoreMeta:
     checksums: Mapping[str, str] = field(default_factory=dict, repr=False)
     derived_from: Mapping[str, Any] | None = field(default=None, repr=False)
     sharing: Mapping[str, Any] | None = None
+    compute: Mapping[str, Any] | None = field(default=None, repr=False)  # what the dump ran on (threads, ...)
+    data_origin: Any = None  # the data file's sha256 or hub id (lineage)
+    upgraded: Mapping[str, Any] | None = None  # `hsk upgrade`'s record: from which format, when, by which hsk
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -255,21 +259,25 @@ class StoreMeta:
             software_version=meta.get("software_version"), inputs_hash=meta.get("inputs_hash"),
             manifest=meta.get("manifest"), stored_bytes=meta.get("stored_bytes"),
             checksums=meta.get("checksums") or {}, derived_from=meta.get("derived_from"),
-            sharing=meta.get("sharing"), raw=meta,
+            sharing=meta.get("sharing"), compute=meta.get("compute"), data_origin=meta.get("data_origin"),
+            upgraded=meta.get("upgraded"), raw=meta,
         )
 
     def to_dict(self) -> dict:
-        """The serialised form a writer starts from: what the store describes (the objective only for a
-        kind other than `task`), then the bookkeeping fields that are set, in the writer's order."""
-        out = {} if self.objective == TASK else {"objective": self.objective}
-        out.update(task=self.task.to_dict(), dataset=self.dataset.to_dict(), teacher=self.teacher.to_dict(),
-                   tokenizer=self.tokenizer.to_dict(), max_length=self.max_length, selection=dict(self.selection),
-                   layout=self.layout.to_dict())
+        """The serialised form: a record parsed from a dict gives that dict back, its keys in their order (keys of
+        a newer hsk kept as read); a new record what the store describes (the objective only for a kind other
+        than `task`), then the bookkeeping fields that are set, in the writer's order."""
+        values = {"task": self.task.to_dict(), "dataset": self.dataset.to_dict(), "teacher": self.teacher.to_dict(),
+                  "tokenizer": self.tokenizer.to_dict(), "max_length": self.max_length,
+                  "selection": dict(self.selection), "layout": self.layout.to_dict()}
+        if self.objective != TASK or "objective" in self.raw:
+            values["objective"] = self.objective
         for name in _BOOKKEEPING:
             value = getattr(self, name)
-            if value not in (None, {}, False):
-                out[name] = dict(value) if isinstance(value, Mapping) else value
-        return out
+            if value not in (None, {}, False) or name in self.raw:
+                values[name] = dict(value) if isinstance(value, Mapping) else value
+        order = list(self.raw) or [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values]
+        return {name: values[name] if name in values else self.raw[name] for name in order}
 
     @property
     def inputs(self) -> str | None:

@@ -36,6 +36,36 @@ def _yaml(obj: dict, indent: int = 0) -> list[str]:
     return lines
 
 
+# Where a store's metadata names a local file or folder: the teacher, its tokenizer, the data, a parent store.
+_LOCAL_NAMES = (("teacher", "name"), ("teacher", "path"), ("tokenizer", "name"), ("tokenizer", "path"),
+                ("dataset", "source"), ("derived_from", "url"))
+
+
+def portable(text):
+    """An absolute local path (or `prefix:/path`, as glue_data:/data/glue/SST-2/train.tsv) as its last two
+    parts (glue_data:SST-2/train.tsv); anything else (a hub id, an s3:// URL) as it is."""
+    if not isinstance(text, str):
+        return text
+    prefix, sep, rest = text.partition(":")
+    if not sep or rest.startswith("//") or "/" in prefix:  # no prefix, a URL, or a path with a colon in it
+        prefix, rest = "", text.removeprefix("file://")
+    if not rest.startswith("/"):
+        return text
+    tail = "/".join(part for part in rest.rstrip("/").split("/")[-2:] if part)
+    return f"{prefix}:{tail}" if prefix else tail
+
+
+def shareable(meta: dict) -> dict:
+    """The metadata as the card and croissant.json show it: local paths shortened by `portable`, so that a
+    store handed on names no one's home folder or machine layout. zarr.json keeps them as recorded (hsk finds
+    a store's teacher there); the weights and vocabulary hashes identify the teacher wherever it is."""
+    shown = dict(meta)
+    for record, key in _LOCAL_NAMES:
+        if isinstance(meta.get(record), dict) and key in meta[record]:
+            shown[record] = {**shown[record], key: portable(meta[record][key])}
+    return shown
+
+
 def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -> dict:
     """The card's machine-readable fields, from a store's hsk metadata.
 

@@ -30,7 +30,7 @@ import zarr
 
 from ..format.digest import fingerprint
 from ..format.schema import ArraySpec, array_specs
-from .card import front_matter, store_name, stored_bytes
+from .card import front_matter, shareable, store_name, stored_bytes
 from .location import atomic_file
 from .outputs import remove_dead_temporaries
 from .reader import HSKStore, store_type
@@ -191,6 +191,7 @@ def _distribution(meta: dict, root_sha256: str, bundle: BundleFile | None) -> li
 def render_croissant(meta: dict, size: int | None, name: str, root_sha256: str,
                      bundle: BundleFile | None = None) -> dict:
     """The Croissant 1.1 JSON-LD document of a complete store (or, with `bundle`, of its bundle)."""
+    meta = shareable(meta)  # no local paths in what is shared (hskstore.io.card)
     fields = front_matter(meta, size, *store_type(meta).card_headline(meta))
     address = meta.get("manifest")
     doc = {

@@ -8,6 +8,9 @@ writes. Taking it:
   object store supports it (s3fs: If-None-Match); on a backend without it the check and the create
   are two steps, and two writers starting in the same instant can both believe they hold it.
 
+A writer of another output than a store (a training run's folder) names that output's `kind` in its lease, so a
+folder that holds nothing but the lease yet is recognised as what it is becoming (hskstore.io.outputs).
+
 A lease is stale, and taken over with a message, when its holder is gone: same host and that
 process no longer runs, or not refreshed for STALE_AFTER_S seconds (a holder on another host, or a
 frozen one). An unreadable lease (empty, torn, garbled) names no holder: it counts as held until its
@@ -94,9 +97,10 @@ def stale_reason(doc: dict, now: float | None = None, modified: float | None = N
 class Lease:
     """The writer lease of the store at `url`; `acquire` it before writing anything, `release` it after."""
 
-    def __init__(self, url: str, *, log=None):
+    def __init__(self, url: str, *, log=None, kind: str | None = None):
         self.url = str(url).rstrip("/")
         self.log = log
+        self.kind = kind  # what the folder becomes (a run...), for a folder that holds nothing but the lease yet
         self.token = uuid.uuid4().hex
         self.doc: dict = {}
         self._stop = threading.Event()
@@ -135,8 +139,13 @@ class Lease:
         return self._file.modified()
 
     def _create(self, text: str) -> bool:
-        """Create the lease object only if none exists; False when one does (see the module docstring)."""
-        return self._file.create_exclusive(text.encode())
+        """Create the lease object only if none exists; False when one does (see the module docstring). The
+        lease is a writer's first file: a path where no folder can be made (/proc/self/x) is refused here."""
+        try:
+            return self._file.create_exclusive(text.encode())
+        except (FileNotFoundError, NotADirectoryError, FileExistsError, IsADirectoryError) as exc:
+            raise StoreError(f"{self.url}: hsk cannot create an output there ({exc.strerror or exc}): choose "
+                             "another --out, in a folder you can write to") from None
 
     def _replace(self, text: str) -> None:
         self._file.write_atomic(text.encode())
@@ -146,6 +155,8 @@ class Lease:
         if not self.doc:
             self.doc = {"pid": os.getpid(), "host": socket.gethostname(), "proc_start": _proc_start(os.getpid()),
                         "started": _iso(now), "token": self.token}
+            if self.kind:
+                self.doc["kind"] = self.kind
         self.doc["refreshed_at"] = now
         return json.dumps(self.doc, sort_keys=True)
 

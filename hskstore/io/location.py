@@ -103,20 +103,40 @@ def check_plain_tree(root: str | os.PathLike) -> None:
                                         "it should hold: the store is damaged or forged; re-copy it")
 
 
+def _member_name_problem(name: str, is_dir: bool) -> str | None:
+    """Why a member's name is no store key: absolute, with `.`, `..` or empty parts, a backslash, or a control
+    character (a key no hsk store holds: zarr would warn about it, or extract it somewhere unexpected)."""
+    parts = (name[:-1] if is_dir and name.endswith("/") else name).split("/")
+    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts) or not name.isprintable():
+        return f"its member {name!r} is not a plain relative name (a forged bundle?)"
+    return None
+
+
+def _names_problem(files: list[str]) -> str | None:
+    """A member that is a file and, by another member's name, a folder too (`zarr.json` and `zarr.json/x`)."""
+    folders = {name.rsplit("/", 1)[0] for name in files if "/" in name}
+    folders |= {folder.rsplit("/", i)[0] for folder in folders for i in range(1, folder.count("/") + 1)}
+    both = sorted(folders.intersection(files))
+    return f"its member {both[0]!r} is both a file and a folder (a forged bundle?)" if both else None
+
+
 def zip_problem(zf: zipfile.ZipFile) -> str | None:
     """Why a bundle's zip directory cannot be trusted (None when it can): two members of one name (zip tools take
-    the first, a reader may take the last: a forged member could hide behind the genuine one), a metadata member
-    over METADATA_LIMIT once inflated, or a member stored encrypted."""
+    the first, a reader may take the last: a forged member could hide behind the genuine one), a member name that
+    is no plain store key, a metadata member over METADATA_LIMIT once inflated, or a member stored encrypted."""
     seen: set[str] = set()
     for info in zf.infolist():
         if info.filename in seen:
             return f"it holds two members named {info.filename!r} (a forged bundle?)"
         seen.add(info.filename)
+        problem = _member_name_problem(info.filename, info.is_dir())
+        if problem:
+            return problem
         if info.flag_bits & 0x1:
             return f"its member {info.filename!r} is encrypted"
         if info.filename.endswith(_METADATA_SUFFIXES) and info.file_size > METADATA_LIMIT:
             return f"its member {info.filename!r} is over {METADATA_LIMIT >> 20} MiB"
-    return None
+    return _names_problem([info.filename for info in zf.infolist() if not info.is_dir()])
 
 
 def _new_file_mode(fd: int) -> None:

@@ -88,8 +88,8 @@ def check_output_url(url: str) -> None:
         raise OutputError(problem)
 
 
-def _what_to_do(path: str) -> str:
-    return f"choose another --out (hsk never writes into {path}: remove it yourself if it is yours to lose)"
+def _what_to_do(path: str, flag: str = "--out") -> str:
+    return f"choose another {flag} (hsk never writes into {path}: remove it yourself if it is yours to lose)"
 
 
 def _read_json(text: str) -> dict | None:
@@ -119,6 +119,16 @@ def _zarr_kind(path: str, names: set[str], read) -> str:
     raise OutputError(f"{path} is a zarr {doc.get('node_type', 'node')} but not an hsk store: {_what_to_do(path)}")
 
 
+def _leased_kind(read) -> str:
+    """The kind a folder holding only a writer lease is becoming: the lease's `kind`, else a store (a store
+    writer's lease names none)."""
+    try:
+        kind = (_read_json(read(LEASE_NAME)) or {}).get("kind")
+    except (OSError, UnicodeDecodeError):
+        kind = None
+    return kind if isinstance(kind, str) and kind else STORE
+
+
 def _kind_from_entries(path: str, names: set[str], read) -> str:
     """The kind of a non-empty folder from its top-level entry names; `read(name)` gives a file's text."""
     names = {name for name in names if not PARTIAL_FILE.search(name)} or names
@@ -127,7 +137,7 @@ def _kind_from_entries(path: str, names: set[str], read) -> str:
     if "zarr.json" in names:
         return _zarr_kind(path, names, read)
     if LEASE_NAME in names and names <= STORE_ENTRIES:
-        return STORE  # a writer took the lease and stopped before creating the group
+        return _leased_kind(read)  # a writer took the lease and stopped before creating its output
     if ".zgroup" in names or ".zarray" in names:
         raise OutputError(f"{path} is a Zarr v2 store, not an hsk store (Zarr v3): {_what_to_do(path)}")
     listing = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
@@ -304,13 +314,14 @@ def _made_by_hsk(loc: Location) -> bool:
         return False
 
 
-def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Path:
+def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool, flag: str = "OUT") -> Path:
     """The output rule for commands that write one local file (a catalog page, a parquet export).
 
     Nothing there: "new". A file `recognise(path)` says this command wrote: replaced only with
     `overwrite` (write it with `hskstore.io.location.atomic_file`). Anything else (a folder, a link, a
     foreign file) is refused with one line and left untouched. Temporaries of earlier runs on `path`
-    that were killed are deleted.
+    that were killed are deleted. `flag` names where the user gave `path` (an argument, an option such as
+    --html): a refusal says to choose another one.
     """
     loc = location(str(path))
     if not isinstance(loc, LocalLocation):
@@ -318,10 +329,11 @@ def claim_file_output(path: str, kind: str, recognise, *, overwrite: bool) -> Pa
     remove_dead_temporaries(str(path))
     p = loc.path
     if p.is_symlink() or (p.exists() and not p.is_file()):
-        raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path))}")
+        raise OutputError(f"{path} exists and is not a file hsk wrote: {_what_to_do(str(path), flag)}")
     if p.exists():
         if not recognise(p):
-            raise OutputError(f"{path} exists and is not a {kind} hsk wrote: {_what_to_do(str(path))}")
+            raise OutputError(f"{path} exists and is not a {kind} hsk wrote: {_what_to_do(str(path), flag)}")
         if not overwrite:
-            raise OutputError(f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another path")
+            raise OutputError(
+                f"{path} already holds a {kind}: pass --overwrite to replace it, or choose another {flag}")
     return p

@@ -30,7 +30,7 @@ from ..format.schema import (
 from ..format.shard_codec import ShardLayout
 from . import card, info
 from .access import raise_if_access
-from .location import object_reader, url_problem, zarr_location
+from .location import is_local, local_path, object_reader, url_problem, zarr_location
 from .outputs import recover_swap
 from .zarr_adapter import read_many, read_shards
 
@@ -83,6 +83,19 @@ def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
     return out
 
 
+def _missing_store(url: str) -> StoreError:
+    """Why zarr found no store at url: a file (examples are input to `hsk dump`), a folder of something
+    else, or nothing at all."""
+    path = local_path(url) if is_local(url) else None
+    if path is not None and path.is_file():
+        return StoreError(f"{shown(url)} is a file, not an hsk store (a folder `hsk dump` writes): a CSV or TSV of "
+                          "examples is an input of `hsk dump --data-file`; pass the store's folder")
+    if path is not None and path.is_dir():
+        return StoreError(f"{shown(url)} is a folder but not an hsk store (no zarr.json in it): pass the folder "
+                          "`hsk dump --out` wrote")
+    return StoreError(f"no store at {shown(url)}: check the path (make one with `hsk dump`)")
+
+
 def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
     """The root group of the store at url and its hsk metadata, refusing what is no readable hsk store.
     `recover` (the store the user named): first finish what an interrupted overwrite of it left."""
@@ -95,7 +108,7 @@ def open_group(url: str, *, recover: bool = True) -> tuple[zarr.Group, dict]:
         group = zarr.open_group(zarr_location(url), mode="r")
         meta = group.attrs.asdict().get(META_KEY)
     except FileNotFoundError:
-        raise StoreError(f"no store at {shown(url)}: check the path (make one with `hsk dump`)") from None
+        raise _missing_store(url) from None
     except StoreError:  # the Location's own refusal (no bundle there)
         raise
     except Exception as exc:
@@ -291,6 +304,11 @@ class HSKStore:
 
     def refuse_task_training(self) -> None:
         """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
+
+    def derive(self, out: str, **options) -> dict:
+        """A smaller store of a kind that derives by support (`hsk derive --support`); the others refuse."""
+        raise ConfigError(f"{self.url} is a {self.objective} store: --support derives causal-LM stores; derive a task "
+                          "store with --config ND,NL,W")
 
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:
@@ -573,6 +591,7 @@ def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.
     store is copied elsewhere).
     """
     kind = store_type(meta)
+    meta = card.shareable(meta)
     fields = card.front_matter(meta, stored_bytes, *kind.card_headline(meta))
     return card.with_front_matter(fields, kind.card_body(meta, fields, name))
 

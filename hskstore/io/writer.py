@@ -149,6 +149,21 @@ def _resume_refusal(url: str, existing: dict, meta: dict) -> str | None:
     return None
 
 
+def _existing_refusal(url: str, existing: dict, meta: dict) -> str | None:
+    """Why the store already at url is not the one `meta` describes (one line), None when it may be opened or
+    resumed. Only reads: `writing` asks it before the lease, so a refused rerun changes nothing there."""
+    diff = _differences(existing, meta)
+    if diff == ["format_version"] and (existing.get("complete") or _has_written_shards(url)):  # an older hsk's
+        return _older_format(url, existing)
+    if diff and existing.get("complete"):
+        made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
+        return (f"{shown(url)} holds a complete store with a different {', '.join(diff)}{made}: pass --overwrite to "
+                "replace it, or choose another --out")
+    if existing.get("complete"):
+        return None
+    return _resume_refusal(url, existing, meta) if _has_written_shards(url) else None
+
+
 def _older_format(url: str, existing: dict) -> str:
     """The refusal for the same store written by an older hsk: upgrade a complete one, never resume another."""
     version = existing.get("format_version")
@@ -317,22 +332,14 @@ class StoreWriter:
     def _open_existing(cls, url: str, existing: dict, meta: dict, log) -> StoreWriter | None:
         """The writer of the store already at url (complete, or an interrupted dump to resume); None when its
         creation was cut short before any shard; StoreExistsError when it is another store."""
-        diff = _differences(existing, meta)
-        if diff == ["format_version"] and (existing.get("complete") or _has_written_shards(url)):  # an older hsk's
-            raise StoreExistsError(_older_format(url, existing))
-        if diff and existing.get("complete"):
-            made = "".join(f" (made with {flag})" for flag in _precision(existing, meta))
-            raise StoreExistsError(
-                f"{shown(url)} holds a complete store with a different {', '.join(diff)}{made}: pass --overwrite to "
-                "replace it, or choose another --out"
-            )
+        refusal = _existing_refusal(url, existing, meta)
+        if refusal:
+            raise StoreExistsError(refusal)
         if existing.get("complete"):
             writer = cls(url, existing)
             writer.repair_card(log)
             return writer
-        refusal = _resume_refusal(url, existing, meta) if _has_written_shards(url) else None
-        if refusal:
-            raise StoreExistsError(refusal)
+        diff = _differences(existing, meta)
         if diff or _compute_differences(existing, meta) or not _structure_complete(url, existing):
             return None
         for line in _resume_notes(url, existing, meta):
@@ -436,6 +443,16 @@ class StoreWriter:
         return meta
 
 
+def _refuse_before_lease(url: str, meta: dict, status: str) -> None:
+    """A rerun that would be refused as another store is refused before the lease is taken: taking over a dead
+    writer's lease, then releasing it, would delete its lease file (StoreWriter.open asks again under the lease)."""
+    existing = _read_meta(url) if status == "resume" else None
+    wanted = dict(meta, format_version=FORMAT_VERSION, complete=False)  # as StoreWriter.open compares it
+    refusal = _existing_refusal(url, existing, wanted) if existing is not None else None
+    if refusal:
+        raise StoreExistsError(refusal)
+
+
 @contextmanager
 def writing(
     url: str, meta: dict, *, overwrite: bool = False, software_version: str = "", log=None
@@ -453,6 +470,7 @@ def writing(
     refuse_bundle_output(url)  # bundles are read-only, made by `hsk pack`
     status = claim_output(url, STORE, overwrite=overwrite)
     existed = location(url).exists()  # an empty folder: "new" too
+    _refuse_before_lease(url, meta, status)
     lease = Lease(url, log=log).acquire()
     _fault("after-lease")
     try:

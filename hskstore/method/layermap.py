@@ -10,9 +10,14 @@ from ..format.config import ConfigError
 
 def layer_map(n_student: int, l_top: int) -> list[int]:
     """g(s, L_top) = round(s * L_top / S) for s = 0..S, Python's round (half to even), as the reference."""
+    return map_entries(range(n_student + 1), n_student, l_top)
+
+
+def map_entries(entries, n_student: int, l_top: int) -> list[int]:
+    """g(s, L_top) of the given entries s only (a deep reference student is not walked entry by entry)."""
     if n_student < 1 or l_top < 1:
         raise ConfigError(f"layer map needs S >= 1 and L_top >= 1, got S={n_student}, L_top={l_top}")
-    return [round(s * l_top / n_student) for s in range(n_student + 1)]
+    return [round(s * l_top / n_student) for s in entries]
 
 
 def default_l_top(teacher_layers: int) -> int:
@@ -77,11 +82,9 @@ def select_depth(
     if not 1 <= l_top <= teacher_num_layers:
         raise ConfigError(f"L_top={l_top} must be between 1 and the teacher's {teacher_num_layers} layers")
     entries = kept_entries(n_keep, ref_student_layers, teacher_num_layers)
-    gmap = layer_map(ref_student_layers, l_top)
-    layers = [gmap[s] for s in entries]
-    if ranking_map == "ltop12":
-        rmap = ranking_layer_map(ref_student_layers, teacher_num_layers)
-        ranking = [rmap[s] for s in entries]
+    layers = map_entries(entries, ref_student_layers, l_top)
+    if ranking_map == "ltop12":  # ranking_layer_map's, for the kept entries
+        ranking = [max(1, g) for g in map_entries(entries, ref_student_layers, teacher_num_layers)]
     else:
         ranking = [max(1, j) for j in layers]
     return layers, entries, ranking

@@ -28,6 +28,7 @@ import fsspec
 from ..errors import StoreError, printable
 from ..format.meta import objective_of
 from ..format.schema import PROGRESS_GROUP
+from ..io.info import human_bytes
 from ..io.location import is_bundle, location, zip_problem
 from ..io.outputs import LEASE_NAME
 from ..io.reader import store_type
@@ -229,6 +230,8 @@ def _cell(e: Entry, column: str) -> str:
     value = getattr(e, column)
     if column in ("content_address", "teacher_hash", "parent"):
         return _short(value)
+    if column == "bytes" and value is not None:
+        return human_bytes(value)  # as `hsk info` prints them; --json and the page's sort keep the count
     return "-" if value is None else str(value)
 
 

@@ -130,6 +130,8 @@ def _in_memory_url(argv: list[str] | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 a problem the message explains, 130 interrupted).
     Everything it prints goes through pipelines.cli.terminal: no control character reaches the terminal."""
+    if sys.stdout is None or sys.stderr is None:  # started with a standard stream closed (`hsk info S >&-`)
+        return _closed_stream()
     with printable_streams():
         return _main(argv)
 
@@ -164,6 +166,15 @@ def _main(argv: list[str] | None) -> int:
         _error(message)
         return 2
     return 0
+
+
+def _closed_stream() -> int:
+    """Refuse to run at all: a command's output or its errors would be lost midway, after it changed things."""
+    closed = "standard output" if sys.stdout is None else "standard error"
+    if sys.stderr is not None:
+        _error(f"{closed} is closed: hsk has nowhere to write; run it with {closed} open (redirect it to "
+               "/dev/null to discard it)")
+    return 2
 
 
 def run() -> None:

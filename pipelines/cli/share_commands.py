@@ -15,7 +15,8 @@ _LOCATIONS = typer.Argument(..., help="Local folders, s3:// (or other fsspec) pr
 @app.command()
 def catalog(
     locations: list[str] = _LOCATIONS,
-    task: str = typer.Option(None, "--task", help="Only stores of this task (sst2, mlm, ...)."),
+    # not named `task`: a filter takes any store's task ("mlm" too), not only the GLUE tasks (pipelines/cli/types.py)
+    task_filter: str = typer.Option(None, "--task", help="Only stores of this task (sst2, mlm, ...)."),
     teacher: str = typer.Option(None, "--teacher", help="Only stores of this teacher: weights hash (a prefix is "
                                 "enough) or part of its name."),
     config: str = typer.Option(None, "--config", help="Only stores of this config, e.g. 3,8,0.2."),
@@ -33,16 +34,19 @@ def catalog(
     such (`hsk verify` checks one). --html writes a static page to publish next to the bucket: a
     table sorted and filtered in the browser, each store's card, links from a store to its parent.
 
-    Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html catalog.html
+    Example: hsk catalog runs/ s3://team-bucket/stores --task sst2 --html runs/catalog.html
     """
     from hskstore.io.location import atomic_file
     from hskstore.io.outputs import claim_file_output
     from hskstore.share.catalog import Filters, format_table, is_catalog_page, render_html, to_json
     from hskstore.share.catalog import catalog as list_stores
 
-    page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite) if html_out else None
+    page = None
+    if html_out:
+        page = claim_file_output(html_out, "catalog page", is_catalog_page, overwrite=overwrite, flag="--html")
     try:
-        entries = list_stores(locations, Filters(task, teacher, config, values, derived_from), cards=page is not None)
+        filters = Filters(task_filter, teacher, config, values, derived_from)
+        entries = list_stores(locations, filters, cards=page is not None)
     except FileNotFoundError as exc:
         raise ConfigError(f"nothing at {exc.args[0]}: give a folder, an s3:// prefix, a store or a bundle") from None
     typer.echo(to_json(entries) if as_json else format_table(entries))

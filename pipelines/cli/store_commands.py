@@ -72,6 +72,15 @@ Masked-LM store (LightPAFF): --objective mlm runs a BertForMaskedLM teacher (e.g
 
 \b
   hsk dump --objective mlm --text-file corpus.txt --teacher runs/mlm-teacher --top-k 64 --out corpus.zarr
+
+Causal-LM store: --objective clm runs any AutoModelForCausalLM over raw text (one document per line, packed
+into --block-size blocks with EOS between) and keeps, per position, its next-token distribution on a sparse
+--support: topk:K (ids and log-probs; the tail mass is 1 - their sum) or sample:N (RS-KD: N draws, distinct
+ids and counts). `hsk derive --support` makes smaller ones; `hsk train --method clm-kd` trains from them:
+
+\b
+  hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support topk:32 --out lm.zarr
+  hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support sample:50 --out lm-s50.zarr
 """
 
 
@@ -200,6 +209,7 @@ def dump(
         raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.dump.stage import DumpOptions
     from pipelines.dump.stage import dump as run_dump
@@ -229,6 +239,8 @@ def dump(
         extra_meta=sharing,
     )
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
+    if note := cpu_half_warning(precision, options.device):
+        typer.echo(note, err=True)
     task = get_task(task).name
     if teacher is None:
         teacher = default_teacher_dir(task)

@@ -30,6 +30,15 @@ Examples (from a 3,8,0.2 store):
   hsk derive sst2.zarr --config 1,8,0.1 --out sst2-1_8_0.1.zarr
   hsk derive sst2.zarr --config 3,8,0.2 --values int8 --out sst2-3_8_0.2-int8.zarr
   hsk derive sst2.zarr --config 3,8,0.2 --values int4 --out sst2-3_8_0.2-int4.zarr
+
+A causal-LM store (`hsk dump --objective clm`) derives by support: a smaller top-K (the same bytes as a
+dump at that K, from a float16 store), another log-prob codec, or fewer draws of a sampled store (each
+position's draws thinned at random: exact in distribution):
+
+\b
+  hsk derive corpus.zarr --support topk:8 --out corpus-top8.zarr
+  hsk derive corpus.zarr --support topk:32 --logprobs int8 --out corpus-top32-int8.zarr
+  hsk derive corpus-s64.zarr --support sample:16 --out corpus-s16.zarr
 """
 
 SWEEP_HELP = """From one source store, derive a grid of configs, distill students on each, record the results.
@@ -112,7 +121,7 @@ def _seeds(text: str) -> list[int]:
 @app.command("derive", help=DERIVE_HELP)
 def derive_cmd(
     store: str = typer.Argument(..., help="The larger store (path or fsspec URL)."),
-    config: str = typer.Option(..., "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
+    config: str = typer.Option(None, "--config", "-c", help="ND,NL,W of the new store, e.g. 1,9,0.1."),
     out: str = typer.Option(..., "--out", "-o", help="Path or fsspec URL of the new store."),
     values: str = typer.Option(None, help=f"Value encoding: {', '.join(VALUES.values)}, never more precise "
                                "than the source's [default: the source's]."),
@@ -125,6 +134,10 @@ def derive_cmd(
         False, "--overwrite", help="Replace an hsk store at --out (swapped in once the new one is complete)."
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    support: str = typer.Option(None, help="A causal-LM store's smaller support instead of --config: topk:K "
+                                "(K no more than the source's) or sample:N (N draws of the source's, thinned)."),
+    logprobs: str = typer.Option(None, help="With --support topk:K: the log-probs' value codec [default: the "
+                                 "source's]."),
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -135,6 +148,12 @@ def derive_cmd(
     def bar(shards):
         return tqdm(shards, desc="derive", unit="shard", disable=not progress or None)
 
+    if (config is None) == (support is None):
+        raise UserError("hsk derive needs --config ND,NL,W (a task store) or --support (a causal-LM store), one of "
+                        "the two")
+    if support is not None:
+        _derive_support(store, out, support, logprobs, overwrite, bar)
+        return
     derive(store, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
     new, src = open_store(out), open_store(store)
@@ -147,6 +166,17 @@ def derive_cmd(
         f"{human_bytes(report['total_bytes'])} ({report['bytes_per_example']:.1f} B/example); source "
         f"{human_bytes(src_bytes)}, {than}. See `hsk info {out}`."
     )
+
+
+def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar) -> None:
+    from hskstore.io.info import storage_report
+    from hskstore.io.reader import open_store
+
+    open_store(store).derive(out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
+                             log=typer.echo)
+    report = storage_report(open_store(out))
+    typer.echo(f"done: {out}  support {report['support']}: {report['bytes_per_token']:.2f} B/token. See "
+               f"`hsk info {out}`.")
 
 
 @app.command("sweep", help=SWEEP_HELP)

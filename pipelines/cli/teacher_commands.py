@@ -64,10 +64,13 @@ def teacher(
 ) -> None:
     check_threads(threads)
     from pipelines.core.devices import pick_device
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.train.kinds.teacher import fine_tune_teacher
 
     use_threads(threads, "teacher")
+    if note := cpu_half_warning(precision, pick_device(device)):
+        typer.echo(note, err=True)
     if objective == "mlm":
         _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
                      seed, pick_device(device), progress, overwrite, precision)

@@ -4,8 +4,9 @@ Store metadata, folder names, checkpoint names and cards are what someone else w
 escape sequence in them (`\\x1b[2J`, a title change, a fake prompt) would drive the user's terminal.
 `main` writes through `printable_streams`: every character written to stdout and stderr that is not
 printable is shown escaped (ESC as `\\x1b`), except the line breaks, carriage returns (progress bars)
-and tabs of hsk's own layout. Layout a value could break (a newline in a table cell or a report line)
-is escaped where that value is formatted (hskstore.errors.printable).
+and tabs of hsk's own layout; a character the stream's encoding lacks is escaped too. Layout a value
+could break (a newline in a table cell or a report line) is escaped where that value is formatted
+(hskstore.errors.printable).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ class PrintableStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self._stream.write(shown(text))
+        text = shown(text)
+        try:
+            self._stream.write(text)
+        except UnicodeEncodeError:  # a terminal whose encoding lacks a character (PYTHONIOENCODING=ascii): escaped
+            encoding = self.encoding or "ascii"
+            self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         return len(text)
 
     def flush(self) -> None:

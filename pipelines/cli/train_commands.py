@@ -42,6 +42,11 @@ Examples:
   hsk train --store sst2-cls.zarr --student bert3 --method pkd-skip --beta 500 --out runs/pkd3
   hsk train --store corpus.zarr --student bert3 --method lightpaff-pretrain --out runs/lp-pre
   hsk train --store sst2.zarr --init runs/lp-pre/best --method lightpaff --lam 0.5 --out runs/lp
+  hsk train --store lm.zarr --student first2 --method clm-kd --set lam=0.5 --max-steps 500 --out runs/lm2
+
+A causal-LM store (`hsk dump --objective clm`) trains an AutoModelForCausalLM: first<k> (the teacher's first
+k layers) or any causal-LM folder with the teacher's tokenizer; --set target=live runs the store's teacher
+beside it (full-vocabulary KL on the same blocks); `hsk eval OUT/best --text-file F` gives its perplexity.
 
 Online (the same training with the teacher loaded and targets computed per batch; for comparison):
 
@@ -131,6 +136,9 @@ def train(
     evaluate: bool = typer.Option(True, "--eval/--no-eval", help="--no-eval: train without dev data."),
     checkpoint_every: int = typer.Option(500, help="Save a resumable checkpoint every N steps."),
     log_every: int = typer.Option(50, help="Write a metrics.jsonl record every N steps."),
+    heartbeat: float = typer.Option(
+        60.0, help="Print a progress line (step, loss, examples/s, time left) at most every N seconds, on steps "
+        "that log (0: on every one)."),
     student_base: str = typer.Option(None, help="bert<k>: checkpoint whose first k layers start the student."),
     student_weights: str = typer.Option(None, help="Local weights folder for the student (e.g. TinyBERT4)."),
     data_dir: str = typer.Option(None, help="glue_data folder for dev data (or set HSK_DATA_DIR); else the hub."),
@@ -159,8 +167,12 @@ def train(
         False, "--overwrite", help="Replace a finished run at OUT (trained in a hidden sibling, swapped in once "
         "complete)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    report_to: str = typer.Option(
+        "none", help="Also write the metrics as TensorBoard event files beside metrics.jsonl: none or tensorboard "
+        "(needs `pip install tensorboard`)."),
 ) -> None:
     from hskstore.format.config import HSKConfig
+    from pipelines.train.options import check_report_to
 
     # Arguments first, torch after: a typo is refused in a second, not after torch's import.
     parsed = HSKConfig.parse(config) if config else None
@@ -169,7 +181,9 @@ def train(
                                  lr_pred=lr_pred, temperature=temperature, alpha=alpha, hsk_loss=hsk_loss,
                                  epochs=epochs, lr=lr, beta=beta, ptp_t1=ptp_t1, ptp_t2=ptp_t2, lam=lam), set_)
     check_threads(threads)
+    check_report_to(report_to)
     from pipelines.core.devices import pick_device
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.dump.stage import DumpOptions
     from pipelines.train.kinds.distill import train as run_train
     from pipelines.train.options import TrainOptions
@@ -182,15 +196,18 @@ def train(
                              l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
     used = use_threads(threads, "train")
     on_cpu = pick_device(device).split(":")[0] == "cpu"  # only there do a step's bits depend on the threads
+    if note := cpu_half_warning(precision, pick_device(device)):
+        typer.echo(note, err=True)
     options = TrainOptions(
         method=method, method_options=chosen, batch_size=batch_size, seed=seed, threads=used if on_cpu else None,
         device=device, precision=precision, compile=compile_mode if compile_ else None,
         pad_to_max_length=pad_to_max_length, workers=read_threads, buffer_shards=shuffle_window, max_steps=max_steps,
         eval_every=eval_every,
         eval_limit=eval_limit, read_ahead=read_ahead,
-        evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, student_base=student_base,
+        evaluate=evaluate, checkpoint_every=checkpoint_every, log_every=log_every, heartbeat=heartbeat,
+        student_base=student_base,
         student_weights=student_weights, data_dir=data_dir, train_limit=train_limit, online=online,
-        resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store,
+        resume=resume, overwrite=overwrite, progress=progress, expect_store=expect_store, report_to=report_to,
         teacher=None if online_mode else teacher,
     )
     summary = run_train(

@@ -4,11 +4,17 @@ Typer reads `float` options with Python's float(), which takes 'inf' and 'nan' (
 options without bounds. Neither makes sense for any hsk option: a learning rate of inf trains a NaN
 student, a seed outside what numpy accepts fails deep inside a run. `typed(app)` is the app's command
 with every command's parsed values checked first: each float finite, each seed (`--seed`, `--*-seed`)
-in 0..2**32-1, no empty string; and a file:// URL (any option or argument) is read as the local path
-it names, so that every command writes it as it writes that path. A bad value is one `hsk: error:`
-line before anything is imported or written, and option declarations stay plain Python types. Ranges
-particular to one option (a learning rate > 0, --alpha in [0, 1]) are checked where its meaning lives
-(the method's options, hskstore.format.config's bounds).
+in 0..2**32-1, every other integer within a C int, no empty string; and a file:// URL (any option or
+argument) is read as the local path it names, so that every command writes it as it writes that path.
+A bad value is one `hsk: error:` line before anything is imported or written, and option declarations
+stay plain Python types.
+
+Options whose meaning is the same in every command are checked here too, by their parameter's name, so
+that a typo is refused before torch and transformers are imported (a minute on a loaded machine): a
+count (`--batch-size`, `--limit`, `--max-steps`, ...) is at least its least value, an epoch count or a
+learning rate is > 0, a `--task` names a GLUE task (pipelines.core.tasks, pure Python). The libraries
+check the same values again for their Python callers. Ranges particular to one method's option
+(--alpha in [0, 1], --epochs-hsk >= 0) are checked where its meaning lives (the method's options).
 """
 
 from __future__ import annotations
@@ -21,6 +27,20 @@ import typer
 from hskstore.errors import UserError
 
 SEED_MAX = 2**32 - 1  # numpy's np.random.seed takes 0..2**32-1 (torch takes more)
+# Any other whole number: counts, sizes and steps are C ints in torch and the OS (threads, workers), and no
+# option means anything past this; beyond it they fail deep inside a run, or hang trying.
+INT_MAX = 2**31 - 1
+
+# Parameter name -> least value, wherever a command has it. Counts of rows, steps, layers, threads: 0 is never
+# meant (options where 0 means something, --read-ahead, --write-processes, --emb-rank, are not here).
+AT_LEAST = {
+    "batch_size": 1, "limit": 1, "train_limit": 1, "eval_limit": 1, "max_steps": 1, "eval_every": 1,
+    "checkpoint_every": 1, "log_every": 1, "shard_rows": 1, "shuffle_window": 1, "threads": 1, "workers": 1,
+    "top_k": 1, "student_layers": 1, "l_top": 1, "layers": 1, "heads": 1, "ffn": 1, "per_amount": 1,
+    "dump_examples": 1, "teacher_examples": 1,
+    "max_length": 2,  # [CLS] and [SEP] (hskstore.format.config.MAX_LENGTH)
+}
+POSITIVE = ("epochs", "lr", "lr_hsk", "lr_pred", "temperature")  # > 0: zero trains nothing or divides by it
 
 
 def check_seed(flag: str, value: int) -> None:
@@ -39,11 +59,28 @@ def read_value(flag: str, name: str, value):
         raise UserError(f"{flag} takes a finite number, got {value}")
     if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
         check_seed(flag, value)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+        raise UserError(f"{flag} takes an integer up to {INT_MAX}, got {value}")
     if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
         raise UserError(f"{flag} needs a value, got {value!r}")
+    check_range(flag, name, value)
     if isinstance(value, str) and value[:7].lower() == "file://":
         return value[7:]  # as hskstore.io.location.local_path reads it (not imported here: fsspec and zarr are slow)
     return value
+
+
+def check_range(flag: str, name: str, value) -> None:
+    """Refuse a count below its least value, an epoch count or learning rate <= 0, an unknown --task."""
+    if value is None or isinstance(value, bool):
+        return
+    if name in AT_LEAST and isinstance(value, int) and value < AT_LEAST[name]:
+        raise UserError(f"{flag} must be an integer >= {AT_LEAST[name]}, got {value}")
+    if name in POSITIVE and isinstance(value, (int, float)) and not value > 0:
+        raise UserError(f"{flag} must be > 0, got {value:g}")
+    if name == "task" and isinstance(value, str):
+        from pipelines.core.tasks import get_task  # pure Python: no torch
+
+        get_task(value)
 
 
 def _checked(callback, flags: dict[str, str]):

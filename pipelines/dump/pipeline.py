@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -111,7 +112,7 @@ class ShardWrites:
         if processes:
             # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
             self._pool = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_open_writer, initargs=(writer.url, writer.meta))
+                                             initializer=_open_writer, initargs=(writer.url, writer.meta, os.getpid()))
             self._write = _write_in_process
         else:
             self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hsk-shard")
@@ -165,9 +166,24 @@ def _one_line_if_a_process_died():
 _PROCESS_WRITER: list[StoreWriter] = []  # a write process's own writer, opened once by `_open_writer`
 
 
-def _open_writer(url: str, meta: dict) -> None:
+def _open_writer(url: str, meta: dict, parent: int) -> None:
     """A write process's initializer: its StoreWriter on the dump's store (no lease: the dump holds it)."""
+    _follow_parent(parent)
     _PROCESS_WRITER.append(StoreWriter(url, meta))
+
+
+def _follow_parent(parent: int) -> None:
+    """End this process soon after the dump that started it is gone. A dump killed with -9 cannot stop its write
+    processes, and one left waiting for work would live on for good, holding the dump's stdout (a caller reading
+    it to the end would hang) and keeping multiprocessing's resource tracker alive; a shard it was writing is
+    left unfinished, which a rerun redoes."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="hsk-follow-parent", daemon=True).start()
 
 
 def _write_in_process(shard: int, arrays: Arrays) -> float:

@@ -39,6 +39,7 @@ SCORE_READERS: dict[str, str] = {
     "bert": PROJECTIONS,
     "hsk_bert": PROJECTIONS,
     "roberta": PROJECTIONS,
+    "camembert": PROJECTIONS,  # RoBERTa's architecture under another name
     "xlm-roberta": PROJECTIONS,
     "electra": PROJECTIONS,
     "distilbert": PROJECTIONS,

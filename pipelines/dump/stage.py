@@ -141,7 +141,7 @@ class DumpOptions:
         check_choices([(c.flag, getattr(self, c.field), c.values) for c in DUMP_CHOICES])
         if self.max_length is not None and self.config.n_tokens > self.max_length:
             raise ConfigError(f"N^L={self.config.n_tokens} exceeds --max-length {self.max_length}")
-        check_at_least("--write-processes", self.write_processes, 0)
+        check_at_least("--write-processes", self.write_processes, 0, high=256)  # each holds a shard and a writer
         check_device(self.device)
         resolve_forward(self.precision, self.device)  # one line when it cannot run there (tf32 on a CPU)
 

@@ -8,6 +8,7 @@ exclusions is kept anywhere else. Values out of range are refused, never replace
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +18,19 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
     from pipelines.dump.stage import DumpOptions
 
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
-_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+# Each reading thread and each shard read ahead holds a shard in memory: past these, memory runs out first.
+_AT_MOST = {"workers": 256, "read_ahead": 4096, "buffer_shards": 4096}
+CLI_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+
+
+def cli_flag(name: str) -> str:
+    """The `hsk train` option of a TrainOptions field (or of a method option): --max-steps for max_steps."""
+    return f"--{CLI_FLAGS.get(name, name.replace('_', '-'))}"
+
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
+REPORT_TO = ("none", "tensorboard")  # --report-to: where metrics go besides metrics.jsonl (pipelines.core.run_state)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
 
 
@@ -56,6 +66,7 @@ class TrainOptions:
     threads: int | None = field(default=None, metadata=_NO)
     read_ahead: int = field(default=0, metadata=_NO)  # shards read ahead (0: one per thread); object stores
     log_every: int = field(default=50, metadata=_NO)
+    heartbeat: float = field(default=60.0, metadata=_NO)  # seconds between progress lines on stdout (0: each log)
     checkpoint_every: int = field(default=500, metadata=_NO)
     eval_batch_size: int = field(default=64, metadata=_NO)
     data_dir: str | None = field(default=None, metadata=_NO)  # glue_data folder (else HSK_DATA_DIR, else hub)
@@ -64,6 +75,7 @@ class TrainOptions:
     resume: bool = field(default=True, metadata=_NO)  # False: restart an unfinished run (never a finished one)
     overwrite: bool = field(default=False, metadata=_NO)  # replace a finished run, once the new one is complete
     progress: bool = field(default=True, metadata=_NO)
+    report_to: str = field(default="none", metadata=_NO)  # besides metrics.jsonl: "tensorboard" event files
 
     def __post_init__(self) -> None:
         self.method_options = dict(self.method_options or {})
@@ -73,8 +85,10 @@ class TrainOptions:
             "eval_batch_size": 1, "threads": 1,
         }
         for name, low in at_least.items():
-            flag = _FLAGS.get(name, name.replace("_", "-"))  # the CLI's name
-            check_at_least(f"--{flag}", getattr(self, name), low)
+            check_at_least(cli_flag(name), getattr(self, name), low, high=_AT_MOST.get(name))
+        check_report_to(self.report_to)
+        if not self.heartbeat >= 0:
+            raise ConfigError(f"--heartbeat must be >= 0 seconds, got {self.heartbeat}")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
         if self.precision not in PRECISIONS:
@@ -83,6 +97,14 @@ class TrainOptions:
             raise ConfigError(
                 f"weight decay must be >= 0 and max grad norm > 0 (got {self.weight_decay}, {self.max_grad_norm})"
             )
+
+
+def check_report_to(value: str) -> None:
+    """--report-to: a known sink whose package is installed (checked without importing torch)."""
+    if value not in REPORT_TO:
+        raise ConfigError(f"--report-to {value}: choose one of {', '.join(REPORT_TO)}")
+    if value == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--report-to tensorboard needs the tensorboard package: pip install tensorboard")
 
 
 def result_fields() -> list[str]:

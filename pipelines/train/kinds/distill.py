@@ -21,12 +21,13 @@ JSON record per log or eval step, each loss term on its own) and summary.json.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ import torch
 
 from hskstore.format.config import ConfigError, Selection
 from hskstore.format.meta import StoreMeta
+from hskstore.io.lease import Lease
+from hskstore.io.location import location
 from hskstore.io.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
@@ -251,14 +254,35 @@ def train(
     run = dict(student=student, store=store, teacher=teacher, task=task, config=config, data_dir=data_dir,
                log=log if ranks.main else _quiet, on_step=on_step)
     try:
-        if options.overwrite and claim_output(out_dir, RUN_KIND, overwrite=True) == "replace":
-            summary = _replace(options, ranks, out_dir, run)
-        else:
-            summary = _train(options, ranks, out_dir=out_dir, **run)
-        ranks.barrier()  # nobody leaves while rank 0 still writes
+        with _run_lease(out_dir, options.overwrite, ranks, run["log"]) as found:
+            if found == "replace":
+                summary = _replace(options, ranks, out_dir, run)
+            else:
+                summary = _train(options, ranks, out_dir=out_dir, **run)
+            ranks.barrier()  # nobody leaves while rank 0 still writes
         return summary
     finally:
         ranks.close()
+
+
+@contextlib.contextmanager
+def _run_lease(out_dir: str, overwrite: bool, ranks: Ranks, log: Callable[[str], Any]) -> Iterator[str]:
+    """Hold the run folder's writer lease (hskstore.io.lease) for the whole run, so that a second run on the same
+    --out is refused before it reads or changes anything there. Yields what claim_output found ("new", "resume",
+    "replace"); a foreign --out is refused before the lease file is created in it. A new folder that a refused or
+    failed run leaves holding nothing is removed. Rank 0 alone holds it (the other ranks write nothing)."""
+    found = claim_output(out_dir, RUN_KIND, overwrite=overwrite)
+    if not ranks.main:
+        yield found
+        return
+    lease = Lease(out_dir, log=log, kind=RUN_KIND).acquire()
+    try:
+        yield found
+    finally:
+        lease.release()
+        if found == "new":
+            with contextlib.suppress(OSError):
+                location(out_dir).remove_empty_folder()
 
 
 def _quiet(*_: Any) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+TAIL_FLOOR = -80.0  # log-mass below which a tail counts as empty (exp(-80) ~ 1e-35)
+
 
 def _gathered(student_logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return student_logprobs.gather(-1, ids)
@@ -29,7 +31,9 @@ def topk_tail_kl(student_logprobs: torch.Tensor, ids: torch.Tensor, p: torch.Ten
     q = _gathered(student_logprobs, ids)
     tail = (1.0 - p.sum(-1)).clamp(min=0.0)
     outside = student_logprobs.scatter(-1, ids, float("-inf"))  # the student's log-mass outside the ids
-    log_q_tail = torch.logsumexp(outside, -1)
+    # floored: when the ids cover the vocabulary the student's tail is exp(-inf), and the teacher's is 0 up to
+    # rounding; 0 * -inf would be NaN
+    log_q_tail = torch.logsumexp(outside, -1).clamp(min=TAIL_FLOOR)
     support = (torch.xlogy(p, p) - p * q).sum(-1)
     return support + torch.xlogy(tail, tail) - tail * log_q_tail
 

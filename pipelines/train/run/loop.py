@@ -47,7 +47,7 @@ from pipelines.train.data.sources import BatchMaker, Source, stream_names
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
-from pipelines.train.options import TrainOptions
+from pipelines.train.options import TrainOptions, cli_flag
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
@@ -282,7 +282,8 @@ class Checkpoints:
         found = {"precision": "fp32", **(state.get("identity") or {})}
         if found != self.full_identity:
             same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
-            return {"foreign": True, "precision": found["precision"] if same_but_precision else None}
+            return {"foreign": True, "precision": found["precision"] if same_but_precision else None,
+                    "differ": identity_differences(found, self.full_identity)}
         return state
 
     def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
@@ -308,11 +309,34 @@ class Checkpoints:
                 f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
         if state is not None and state.get("foreign"):
             fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(
-                f"{out} holds a checkpoint of another run (student, store, method, options, batch size or seed "
-                f"differ): use another --out, or {fix}"
-            )
+            raise ConfigError(f"{out} holds a checkpoint of another run ({state['differ']}): use another --out, or "
+                              f"{fix}")
         return state
+
+
+# Identity keys as the user knows them (the rest are option names: --max-steps for max_steps)
+_IDENTITY_NAMES = {"source": "store", "inputs": "store inputs", "selection": "store selection", "mode": "mode",
+                   "student": "--student", "method": "--method"}
+
+
+def identity_differences(found: dict, wanted: dict, depth: int = 0) -> str:
+    """What differs between a checkpoint's identity and this run's, as `--max-steps 3 there, 5 here`."""
+    shown = []
+    for key in sorted(set(found) | set(wanted), key=str):
+        there, here = found.get(key), wanted.get(key)
+        if there == here:
+            continue
+        if depth == 0 and isinstance(there, dict) and isinstance(here, dict) and key.endswith("options"):
+            shown.append(identity_differences(there, here, depth + 1))  # a method's or the run's option
+            continue
+        name = _IDENTITY_NAMES.get(key) or cli_flag(str(key))
+        shown.append(f"{name} {_short(there)} there, {_short(here)} here")
+    return "; ".join(shown) or "its identity differs"
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 class Maker(Protocol):
@@ -473,6 +497,7 @@ class _StageRun:
     compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
     meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
     checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
+    heard: float | None = None  # perf_counter() of the stage's last heartbeat line (None: none yet)
 
     @property
     def loss(self) -> float:
@@ -588,12 +613,33 @@ def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
         record["loss"], record["terms"] = _read(run, sr, saving=bool(evaluate or save))
     if log:
         run.metrics_log.write(record)
+        _heartbeat(run, sr, record, last)
     if evaluate:
         run.evaluate(sr.stage)
     if save and run.ranks.main:
         run.checkpoints.save(pos, run.student, run.keeper, run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
+
+
+def _heartbeat(run: Run, sr: _StageRun, record: dict, last: bool) -> None:
+    """A line on stdout at a stage's first logged step, then at most every --heartbeat seconds, and at its
+    last step: a run in a log file or a notebook shows it is alive, not only the progress bar on a terminal."""
+    now = time.perf_counter()
+    due = sr.heard is None or last or now - sr.heard >= run.options.heartbeat
+    if not due or not run.ranks.main:
+        return
+    sr.heard = now
+    pos = run.position
+    left = (sr.total - pos.stage_step) * pos.stage_seconds / max(pos.stage_step, 1)
+    run.log(f"stage {sr.stage.name}: step {pos.stage_step}/{sr.total}, loss {record['loss']:.4g}, "
+            f"{record['examples_per_s']:.1f} examples/s, {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _epoch(run: Run, sr: _StageRun, bar) -> bool:

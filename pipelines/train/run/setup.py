@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.precision import StepPrecision, resolve_step
-from pipelines.core.run_state import MetricsLog
+from pipelines.core.run_state import MetricsLog, report_sinks
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks, SilentLog
 from pipelines.train.run.loop import Checkpoints, Run, work_state
@@ -58,10 +58,10 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
               keeper: Any, log: Callable[[str], Any], on_step: Callable[[dict], Any] | None = None,
               ranks: Ranks | None = None) -> Run:
     """The loop's Run of any kind of training, restored from `state` (a checkpoint of this run) when given.
-    Rank 0 alone writes metrics.jsonl."""
+    Rank 0 alone writes metrics.jsonl (and the --report-to event files)."""
     ranks = ranks or Ranks()
-    metrics_log = (MetricsLog(folder.path / "metrics.jsonl", state["progress"]["step"] if state else None)
-                   if ranks.main else SilentLog())
+    metrics_log = (MetricsLog(folder.path / "metrics.jsonl", state["progress"]["step"] if state else None,
+                              report_sinks(options.report_to, folder.path)) if ranks.main else SilentLog())
     run = Run(options=options, feed=feed, task=task, student=student, stages=stages, pairs=pairs, device=device,
               batch_size=batch_size, evaluator=evaluator, keeper=keeper, checkpoints=checkpoints,
               metrics_log=metrics_log, log=log, on_step=on_step, ranks=ranks)

@@ -25,6 +25,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 from pipelines.core.models import (
     ModelLoadError,
+    check_encoder,
     expected_load_notices,
     load_config,
     load_tokenizer,
@@ -145,8 +146,9 @@ def _from_pretrained(path: str, what: str, **kwargs: Any) -> nn.Module:
         raise ModelLoadError(f"cannot load {what} from {path}: {exc}") from exc
 
 
-def _projection(student_width: int, teacher_width: int | None) -> nn.Linear | None:
-    # TinyBERT's fit_dense: one Linear shared by all layers; none when widths agree (METHOD.md 5).
+def width_projection(student_width: int, teacher_width: int | None) -> nn.Linear | None:
+    """W: Linear(d_S -> d_T), TinyBERT's fit_dense, shared by all kept layers; None when the widths agree
+    (METHOD.md 5). `hsk train` and the Hugging Face Trainer integration both build it here."""
     if teacher_width is None or teacher_width == student_width:
         return None
     return nn.Linear(student_width, teacher_width)
@@ -245,6 +247,8 @@ def build_student(
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "teacher-layers", "sps"
     else:
         source = weights or name
+        note = check_encoder(load_config(source), "student")  # a family hsk cannot train is refused before loading
+        warnings += [note] if note else []
         model = _from_pretrained(source, f"student {name}", num_labels=num_labels, ignore_mismatched_sizes=True)
         tokenizer, tok_source, init, kind = load_tokenizer(source), source, "pretrained", "hf"
         if model.config.model_type == PRUNED_BERT:  # a folder of `hsk student build rosita`
@@ -259,7 +263,7 @@ def build_student(
         source=source,
         num_layers=encoder_depth(model.config),
         hidden_size=width,
-        projection=_projection(width, teacher_hidden_size),
+        projection=width_projection(width, teacher_hidden_size),
         tokenizer=tokenizer,
         vocab_hash=vocab_hash(tokenizer),
         tokenizer_source=tok_source,

@@ -1,0 +1,104 @@
+"""Smaller causal-LM stores from a larger one, without the teacher (`hsk derive SRC --support ...`).
+
+- Top-K -> top-K' (K' <= K), and another log-prob codec: the first K' ids and log-probs of each position,
+  encoded as the dump encodes them. From a float16 source (or a source in the target codec's `via` chain at
+  the same K) the bytes are those of a direct dump at K'; a lossy source at another K is refused, since its
+  per-position scale saw K values.
+- Sampled N draws -> N' < N: each position's N draws thinned to a uniformly random N' of them (a multivariate
+  hypergeometric draw from its counts, generator seeded (sample_seed, row, N')). N' draws chosen at random
+  from N i.i.d. draws are N' i.i.d. draws from the teacher: exact in distribution (unbiased as a direct
+  dump's), not the same bytes as a dump at N', whose draws are other ones.
+Kept positions stay as they are (choosing fewer needs the teacher's entropy, which the store does not keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from .. import __version__, codecs
+from ..errors import StoreExistsError
+from ..format.clm import ClmSelection, Support, decode, encode_support
+from ..format.config import ConfigError
+from ..io.writer import writing
+from .derive import _check_source_checksums, _same_location
+
+# what the writer records itself; data_origin is inherited (where the data came from does not change)
+_SOURCE_ONLY = ("format_version", "complete", "identity", "created", "software_version", "inputs_hash", "checksums",
+                "stored_bytes", "manifest", "derived_from", "upgraded")
+
+
+def _check_codec(src: ClmSelection, new: ClmSelection) -> None:
+    if src.support != "topk" or src.logprob_codec == codecs.FULL:
+        return
+    same_k = new.k == src.k
+    if not (same_k and src.logprob_codec in codecs.get(new.logprob_codec).chain()):
+        raise ConfigError(f"--support {new.described} --logprobs {new.logprob_codec}: a source whose log-probs are "
+                          f"{src.logprob_codec} gives only its own K with a codec derived from it; derive from a "
+                          "float16 store (`hsk dump --logprobs float16`)")
+
+
+def thin_counts(counts: np.ndarray, draws: int, seed: int, row: int) -> np.ndarray:
+    """counts [T, S] of N draws per position -> counts of a uniformly random `draws` of them (positions with no
+    draws stay empty); the generator is seeded (seed, row, draws)."""
+    rng = np.random.default_rng([seed, row, draws])
+    out = np.zeros_like(counts)
+    for t in np.flatnonzero(counts.sum(-1)):
+        out[t] = rng.multivariate_hypergeometric(counts[t].astype(np.int64), draws)
+    return out
+
+
+def _compact(ids: np.ndarray, counts: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep each position's ids with a count, in increasing id order, in the first `slots` slots."""
+    order = np.argsort(np.where(counts > 0, ids, np.iinfo(np.int64).max), axis=-1, kind="stable")[..., :slots]
+    kept_ids, kept_counts = np.take_along_axis(ids, order, -1), np.take_along_axis(counts, order, -1)
+    return np.where(kept_counts > 0, kept_ids, 0), kept_counts
+
+
+def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelection, rows: np.ndarray) -> dict:
+    targets = decode(data, src)
+    if new.support == "topk":
+        logprobs = codecs.get(src.logprob_codec).decode(data["clm/values"], data.get("clm/scale"), src.slots)
+        weights = logprobs[..., : new.k].astype(np.float16)
+        arrays = encode_support(targets.ids[..., : new.k], weights, targets.kept, new)
+    else:
+        counts = np.stack([thin_counts(data["clm/counts"][i], new.draws, src.sample_seed, int(row))
+                           for i, row in enumerate(rows)])
+        ids, counts = _compact(targets.ids, counts, new.slots)
+        arrays = encode_support(ids, counts, targets.kept, new)
+    arrays.update({name: data[name] for name in ("row", "text_hash", "input_ids", "length")})
+    return arrays
+
+
+def derive_clm(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
+               progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+               log: Callable[[str], object] | None = None) -> dict:
+    """Write at `out` the store of `support` derived from the causal-LM store `source` (an opened ClmStore)."""
+    if _same_location(str(source.url), str(out)):
+        raise StoreExistsError(f"--out {out} is the source store itself: choose another output")
+    src = source.clm
+    new = src.derived(Support.parse(support), logprob_codec)
+    _check_codec(src, new)
+    _check_source_checksums(source)
+    meta = {k: v for k, v in source.meta.items() if k not in _SOURCE_ONLY}
+    meta["selection"] = new.to_dict()
+    meta["layout"] = dict(source.meta["layout"], n_width=new.slots)
+    meta["derived_from"] = {"url": source.url, "identity": source.meta["identity"],
+                            "config": str(src.described), "logprob_codec": src.logprob_codec,
+                            "created": source.meta.get("created"), "checksums": source.meta["checksums"],
+                            "content_address": source.content_address,
+                            "options": {"support": support, "logprob_codec": logprob_codec}}
+    if source.meta.get("derived_from"):
+        meta["derived_from"]["derived_from"] = source.meta["derived_from"]  # the chain back to the dump
+    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+        if writer.complete:
+            if log is not None:
+                log(f"{out} is already complete, nothing to do")
+            return writer.meta
+        pending = writer.pending_shards()
+        for shard in progress(pending) if progress is not None else pending:
+            data = source.read_shard(shard, verify=True)
+            rows = np.arange(*source.shard_bounds(shard), dtype=np.int64)
+            writer.write_shard(shard, derive_shard(data, src, new, rows))
+        return writer.finalize()

@@ -1,0 +1,1 @@
+"""hsk inside other training frameworks: `hf` (the Hugging Face Trainer)."""

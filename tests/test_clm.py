@@ -1,0 +1,434 @@
+"""Causal-LM stores (`hsk dump --objective clm`): the format's pure parts, the dump against the teacher's own
+log-softmax, resume after kill -9, derive, the RS-KD estimator's unbiasedness, training and evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from conftest import build_bpe_tokenizer, corpus_lines, save_tiny_causal_lm
+
+from hskstore import codecs, open_store
+from hskstore.format import kinds
+from hskstore.format.clm import (
+    ClmSelection,
+    Support,
+    decode,
+    id_bits,
+    kept_positions,
+    pack_blocks,
+    pack_ids,
+    unpack_ids,
+)
+from hskstore.format.config import ConfigError
+from hskstore.format.schema import PROGRESS_DONE
+from pipelines.cli import main
+from pipelines.train.losses import lm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dump_args(teacher: Path, corpus: Path, support: str, *extra: str) -> list[str]:
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(corpus), "--support",
+            support, "--block-size", "32", "--limit", "120", "--shard-rows", "16", "--batch-size", "4",
+            "--no-progress", "--device", "cpu", *extra]
+
+
+def _dump(tmp_path: Path, teacher: Path, corpus: Path, support: str, name: str, *extra: str) -> Path:
+    out = tmp_path / name
+    assert main(_dump_args(teacher, corpus, support, *extra) + ["--out", str(out)]) == 0
+    return out
+
+
+def chunk_bytes(url: Path) -> dict[str, bytes]:
+    rendered = ("zarr.json", "README.md", "croissant.json")
+    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
+            if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
+
+
+# --- the format's pure functions ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [1, 5, 9, 16, 17, 18])
+def test_ids_pack_at_their_bits_and_back(bits):
+    rng = np.random.default_rng(bits)
+    ids = rng.integers(0, 2 ** bits, size=(3, 7, 5))
+    packed = pack_ids(ids, bits)
+    assert packed.shape == (3, 7, -(-5 * bits // 8)) and packed.dtype == np.uint8
+    assert np.array_equal(unpack_ids(packed, bits, 5), ids)
+
+
+def test_id_bits_cover_the_vocabulary():
+    assert [id_bits(v) for v in (2, 300, 49_152, 50_257, 65_536, 151_936)] == [1, 9, 16, 16, 16, 18]
+
+
+def test_blocks_pack_documents_with_eos_and_pad_the_last():
+    blocks, lengths = pack_blocks([[5, 6], [7], [8, 9, 10]], block_size=4, eos_id=0)
+    assert blocks.tolist() == [[5, 6, 0, 7], [0, 8, 9, 10], [0, 0, 0, 0]]
+    assert lengths.tolist() == [4, 4, 1]
+    blocks, lengths = pack_blocks([[5, 6], [7]], block_size=4, eos_id=0, max_tokens=3)
+    assert blocks.tolist() == [[5, 6, 0, 0]] and lengths.tolist() == [3]
+
+
+def test_kept_positions_take_the_highest_entropy_first():
+    entropy = np.array([[0.1, 0.9, 0.5, 0.9, 0.0]])
+    assert kept_positions(entropy, np.array([5]), 1.0).tolist() == [[True] * 5]
+    assert kept_positions(entropy, np.array([5]), 0.4).tolist() == [[False, True, False, True, False]]
+    assert kept_positions(entropy, np.array([3]), 0.5).tolist() == [[False, True, True, False, False]]
+
+
+@pytest.mark.parametrize("text", ["topk", "topk:0", "sample:256", "beam:4", "topk:x"])
+def test_a_bad_support_is_one_line_naming_it(text):
+    with pytest.raises(ConfigError, match="--support"):
+        Support.parse(text)
+
+
+def test_the_kind_is_registered_and_its_names_live_in_its_home():
+    """The causal-LM kind is found by name; outside the modules that are its home, the generic code looks it up
+    (no module branches on its name), except the declarations listed in docs/guide/adding-a-store-kind.md."""
+    kind = kinds.get("clm")
+    assert kind.reader_class().__name__ == "ClmStore" and "clm" in kinds.names()
+    homes = {"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/clm_derive.py",
+             "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
+             "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py"}
+    declarations = {"hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/losses/terms.py",
+                    "pipelines/train/students/adapter.py", "pipelines/train/kinds/distill.py",
+                    "pipelines/cli/store_commands.py"}
+    naming = {str(p.relative_to(ROOT)) for folder in ("hskstore", "pipelines") for p in (ROOT / folder).rglob("*.py")
+              if '"clm"' in p.read_text() or "'clm'" in p.read_text() or "clm_" in p.read_text().replace("clm_kd", "")}
+    assert naming - homes <= declarations, sorted(naming - homes - declarations)
+
+
+# --- the dump --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, clm_teacher, clm_corpus):
+    """Top-32 (float16), top-8 and sample:16 stores of the tiny Llama teacher."""
+    tmp = tmp_path_factory.mktemp("clm_stores")
+    return {name: _dump(tmp, clm_teacher, clm_corpus, support, f"{name}.zarr")
+            for name, support in (("top32", "topk:32"), ("top8", "topk:8"), ("sample16", "sample:16"))}
+
+
+def _teacher_logprobs(teacher: Path, input_ids: np.ndarray) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return torch.log_softmax(model(input_ids=torch.as_tensor(input_ids.astype(np.int64))).logits.float(), -1)
+
+
+def test_topk_store_holds_the_teachers_log_softmax_at_its_ids(stores, clm_teacher):
+    store = open_store(str(stores["top32"]))
+    assert main(["verify", str(stores["top32"])]) == 0
+    data = store.read_shard(0)
+    targets = store.targets(data)
+    full = _teacher_logprobs(clm_teacher, data["input_ids"])
+    stored = codecs.get("float16").decode(data["clm/values"], None, 32)
+    expected = full.gather(-1, torch.as_tensor(targets.ids)).numpy()
+    real = targets.kept
+    assert real.sum() > 100
+    np.testing.assert_allclose(stored[real], expected[real], atol=2e-3, rtol=1e-3)  # float16's rounding
+    top = full.topk(32, dim=-1).values.numpy()
+    np.testing.assert_allclose(expected[real], top[real], atol=1e-6)  # the 32 most probable, by value
+    tail = 1 - np.exp(expected).sum(-1)
+    np.testing.assert_allclose(targets.tail[real], tail[real], atol=5e-3)
+    assert (targets.ids[~real] == 0).all() and (targets.probs[~real] == 0).all()
+
+
+def test_sampled_store_holds_draws_from_the_teacher(stores, clm_teacher):
+    store = open_store(str(stores["sample16"]))
+    data = store.read_shard(0)
+    targets = store.targets(data)
+    kept = targets.kept
+    counts = data["clm/counts"]
+    assert (counts.sum(-1)[kept] == 16).all() and (counts.sum(-1)[~kept] == 0).all()
+    np.testing.assert_allclose(targets.probs.sum(-1)[kept], 1.0)
+    ids = targets.ids[targets.used]
+    assert (ids >= 0).all() and (ids < 300).all()
+    ordered = np.where(targets.used, targets.ids, 1 << 30)
+    assert ((np.diff(ordered, axis=-1) > 0) | (ordered[..., 1:] == 1 << 30)).all()  # increasing, then empty slots
+
+
+def test_draws_follow_the_distribution_they_come_from():
+    """sample_support's counts / draws estimate the distribution: over 2,000 positions of one distribution the
+    mean estimate is within 4 standard errors of it at every id, and a row's draws depend on (seed, row) only."""
+    from pipelines.dump.clm import sample_support
+
+    logprobs = torch.log_softmax(torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -9.0]), -1).expand(2000, 6)
+    ids, counts = sample_support(logprobs, 16, seed=0, row=7)
+    estimate = torch.zeros(2000, 6).scatter_add_(1, ids, counts.float()) / 16
+    p = logprobs[0].exp()
+    assert ((estimate.mean(0) - p).abs() <= 4 * (p * (1 - p) / 16 / 2000).sqrt() + 1e-4).all()
+    again = sample_support(logprobs, 16, seed=0, row=7)
+    assert torch.equal(again[0], ids) and not torch.equal(sample_support(logprobs, 16, seed=0, row=8)[0], ids)
+
+
+def test_sampled_store_is_reproducible_from_its_seed(stores, clm_teacher, clm_corpus, tmp_path):
+    again = _dump(tmp_path, clm_teacher, clm_corpus, "sample:16", "again.zarr")
+    other = _dump(tmp_path, clm_teacher, clm_corpus, "sample:16", "other.zarr", "--sample-seed", "1")
+    first = open_store(str(stores["sample16"])).meta["checksums"]
+    assert open_store(str(again)).meta["checksums"] == first
+    assert open_store(str(other)).meta["checksums"]["clm/ids"] != first["clm/ids"]
+
+
+def test_derive_a_smaller_k_gives_the_dumps_bytes(stores, tmp_path):
+    out = tmp_path / "top8.zarr"
+    assert main(["derive", str(stores["top32"]), "--support", "topk:8", "--out", str(out), "--no-progress"]) == 0
+    derived, dumped = open_store(str(out)), open_store(str(stores["top8"]))
+    assert derived.meta["checksums"] == dumped.meta["checksums"]
+    assert chunk_bytes(out) == chunk_bytes(stores["top8"])
+    assert derived.meta["derived_from"]["content_address"] == open_store(str(stores["top32"])).content_address
+
+
+def test_derive_refuses_what_the_source_cannot_give(stores, tmp_path, capsys):
+    int8 = tmp_path / "int8.zarr"
+    assert main(["derive", str(stores["top32"]), "--support", "topk:32", "--logprobs", "int8", "--out", str(int8),
+                 "--no-progress"]) == 0
+    for args, words in ((["--support", "topk:64"], "N <= 32"), (["--support", "sample:4"], "topk:N"),
+                        (["--config", "1,2,0.1"], "--support topk:K")):
+        assert main(["derive", str(stores["top32"]), *args, "--out", str(tmp_path / "x.zarr")]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["derive", str(int8), "--support", "topk:8", "--out", str(tmp_path / "y.zarr")]) == 2
+    assert "float16 store" in capsys.readouterr().err
+    assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "y.zarr").exists()
+
+
+def test_derive_fewer_draws_thins_the_counts(stores, tmp_path):
+    out = tmp_path / "s4.zarr"
+    assert main(["derive", str(stores["sample16"]), "--support", "sample:4", "--out", str(out), "--no-progress"]) == 0
+    thin, full = open_store(str(out)), open_store(str(stores["sample16"]))
+    a, b = thin.targets(thin.read_shard(0)), full.targets(full.read_shard(0))
+    kept = a.kept
+    assert (thin.read_shard(0)["clm/counts"].sum(-1)[kept] == 4).all()
+    for pos in zip(*np.nonzero(kept)):  # every thinned id was drawn before, no more often
+        before = dict(zip(b.ids[pos][b.used[pos]], b.probs[pos][b.used[pos]] * 16))
+        for i, p in zip(a.ids[pos][a.used[pos]], a.probs[pos][a.used[pos]] * 4):
+            assert before[i] >= round(p)
+
+
+def test_int8_logprobs_are_within_the_codecs_error(stores, clm_teacher, clm_corpus, tmp_path):
+    out = _dump(tmp_path, clm_teacher, clm_corpus, "topk:8", "i8.zarr", "--logprobs", "int8")
+    exact, coded = open_store(str(stores["top8"])), open_store(str(out))
+    a, b = exact.targets(exact.read_shard(0)), coded.targets(coded.read_shard(0))
+    assert np.array_equal(a.ids, b.ids)
+    lp_a, lp_b = np.log(np.maximum(a.probs, 1e-30)), np.log(np.maximum(b.probs, 1e-30))
+    scale = np.abs(lp_a).max(-1, keepdims=True) / 127  # int8: one scale per position, absmax / 127
+    assert (np.abs(lp_a - lp_b)[a.kept] <= (scale * 0.51 + 1e-2)[a.kept]).all()
+    assert coded.storage_report()["bytes_per_token"] < exact.storage_report()["bytes_per_token"]
+
+
+def test_selective_positions_keep_the_fraction(clm_teacher, clm_corpus, tmp_path):
+    out = _dump(tmp_path, clm_teacher, clm_corpus, "topk:8", "sel.zarr", "--positions", "0.25")
+    store = open_store(str(out))
+    report = store.storage_report()
+    assert report["kept_positions"] == pytest.approx(0.25 * report["tokens"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_kill_9_then_rerun_gives_the_same_bytes(clm_teacher, clm_corpus, tmp_path):
+    args = _dump_args(clm_teacher, clm_corpus, "sample:8") + ["--limit", "300", "--shard-rows", "8"]
+    assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args, "--out",
+                             str(tmp_path / "k.zarr")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:].sum() >= 2:
+                break
+        except Exception:
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:]
+    assert 0 < done.sum() < len(done), "the kill should land mid-dump"
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 1
+    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
+    assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(tmp_path / "ref.zarr")
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_other_causal_architectures_dump(arch, bpe_tokenizer, clm_corpus, tmp_path):
+    teacher = save_tiny_causal_lm(tmp_path / arch, bpe_tokenizer, arch)
+    out = _dump(tmp_path, teacher, clm_corpus, "topk:4", f"{arch}.zarr", "--limit", "30")
+    store = open_store(str(out))
+    assert store.metadata.teacher.model_type == arch and main(["verify", str(out)]) == 0
+
+
+def test_bad_clm_dumps_are_one_line_and_write_nothing(clm_teacher, clm_corpus, tmp_path, capsys):
+    before = clm_corpus.read_bytes()
+    for extra, words in ((["--support", "top:5"], "--support"), (["--positions", "0"], "--positions"),
+                         (["--block-size", "0"], "--block-size"), (["--logprobs", "int3"], "int3")):
+        args = _dump_args(clm_teacher, clm_corpus, "topk:4") + extra + ["--out", str(tmp_path / "bad.zarr")]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "bad.zarr").exists()
+    assert clm_corpus.read_bytes() == before
+
+
+# --- the estimators --------------------------------------------------------------------------------------------
+
+
+def _kl_grad(logits: torch.Tensor, loss) -> torch.Tensor:
+    logits = logits.clone().requires_grad_(True)
+    loss(torch.log_softmax(logits, -1)).sum().backward()
+    return logits.grad
+
+
+def test_sampled_estimator_is_unbiased_and_renormalized_topk_is_not():
+    """Over many seeds, the mean gradient of RS-KD's -sum count/N log q equals the full-vocabulary KL's; top-K
+    renormalized over its ids stays away from it (the bias RS-KD reports); top-K with its tail bucket is exact
+    for the coarsened distribution but not the full one."""
+    torch.manual_seed(0)
+    v, draws, trials = 50, 8, 4000
+    teacher = torch.log_softmax(torch.randn(1, v) * 2, -1)
+    student = torch.randn(1, v)
+    full = _kl_grad(student, lambda s: lm.full_kl(s, teacher))
+    grads = torch.zeros_like(full)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(trials):
+        drawn = torch.multinomial(teacher.exp(), draws, replacement=True, generator=generator)
+        ids, counts = torch.unique(drawn, return_counts=True)
+        p = (counts.float() / draws)[None]
+        grads += _kl_grad(student, lambda s, ids=ids, p=p: lm.sampled_ce(s, ids[None], p, torch.ones_like(p).bool()))
+    mean = grads / trials
+    assert (mean - full).abs().max() < 0.01
+    k_ids = teacher.topk(8).indices
+    k_p = teacher.exp().gather(-1, k_ids)
+    used = torch.ones_like(k_p).bool()
+    renorm = _kl_grad(student, lambda s: lm.topk_renormalized_kl(s, k_ids, k_p, used))
+    assert (renorm - full).abs().max() > 0.05
+
+
+def test_tail_kl_equals_the_kl_of_coarsened_distributions():
+    torch.manual_seed(0)
+    teacher, student = torch.log_softmax(torch.randn(3, 20), -1), torch.log_softmax(torch.randn(3, 20), -1)
+    ids = teacher.topk(5).indices
+    p = teacher.exp().gather(-1, ids)
+    got = lm.topk_tail_kl(student, ids, p, torch.ones_like(p).bool())
+    q = student.exp().gather(-1, ids)
+    pc = torch.cat([p, 1 - p.sum(-1, keepdim=True)], -1)
+    qc = torch.cat([q, 1 - q.sum(-1, keepdim=True)], -1)
+    torch.testing.assert_close(got, (pc * (pc.log() - qc.log())).sum(-1), rtol=1e-4, atol=1e-5)
+    full = lm.topk_tail_kl(student, torch.arange(20).expand(3, 20), teacher.exp(), torch.ones(3, 20).bool())
+    torch.testing.assert_close(full, lm.full_kl(student, teacher), rtol=1e-4, atol=1e-5)
+
+
+# --- training and evaluation -----------------------------------------------------------------------------------
+
+
+def _train(store: Path, out: Path, *extra: str) -> int:
+    return main(["train", "--store", str(store), "--student", "first2", "--method", "clm-kd", "--max-steps", "6",
+                 "--batch-size", "4", "--device", "cpu", "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize("store, extra", [("top8", ()), ("top8", ("--set", "tail=false")), ("sample16", ()),
+                                          ("top8", ("--set", "target=live"))])
+def test_a_two_layer_student_trains_from_the_store(stores, tmp_path, store, extra):
+    out = tmp_path / "run"
+    assert _train(stores[store], out, *extra) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["method"] == "clm-kd"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["terms"]["kd"] for r in records if "terms" in r and "kd" in r["terms"]]
+    assert losses and all(np.isfinite(losses))
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out / "best").config.num_hidden_layers == 2
+
+
+def test_kd_from_the_store_lowers_the_kl_to_the_teacher(stores, clm_teacher, tmp_path):
+    """More steps of clm-kd bring the student's distribution closer to the teacher's on the store's blocks."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(stores["top32"]), "--student", "first2", "--method", "clm-kd", "--set",
+                 "lam=1", "--set", "lr=0.005", "--max-steps", "40", "--batch-size", "8", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    data = open_store(str(stores["top32"])).read_shard(0)
+    teacher = _teacher_logprobs(clm_teacher, data["input_ids"])
+
+    def kl(model_dir) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **({} if model_dir != clm_teacher else
+                                                                   {"num_hidden_layers": 2})).eval()
+        with torch.no_grad():
+            s = torch.log_softmax(model(input_ids=torch.as_tensor(data["input_ids"].astype(np.int64))).logits, -1)
+        return float(lm.full_kl(s, teacher).mean())
+
+    assert kl(out / "best") < 0.8 * kl(clm_teacher)
+
+
+def test_a_student_with_another_vocabulary_is_refused_in_one_line(stores, tmp_path, capsys):
+    other_tok = build_bpe_tokenizer(tmp_path / "tok", corpus_lines(500), vocab_size=280)
+    other = save_tiny_causal_lm(tmp_path / "other", other_tok, "llama")
+    assert main(["train", "--store", str(stores["top8"]), "--student", str(other), "--method", "clm-kd",
+                 "--max-steps", "2", "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "280 tokens" in err[0] and "300 tokens" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_padded_vocabulary_is_accepted_and_said(stores, bpe_tokenizer, tmp_path, capsys):
+    padded = save_tiny_causal_lm(tmp_path / "padded", bpe_tokenizer, "llama", vocab_size=320)
+    assert _train(stores["top8"], tmp_path / "run", "--student", str(padded)) == 0
+    assert "padding only" in capsys.readouterr().out
+
+
+def test_eval_gives_the_perplexity_of_the_text(clm_teacher, clm_corpus, tmp_path, capsys):
+    assert main(["eval", str(clm_teacher), "--text-file", str(clm_corpus), "--block-size", "32", "--eval-limit",
+                 "40", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(clm_teacher)
+    docs = [line.strip() for line in clm_corpus.read_text().splitlines()][:40]
+    blocks, lengths = pack_blocks(tokenizer(docs, add_special_tokens=False)["input_ids"], 32,
+                                  tokenizer.eos_token_id)
+    logprobs = _teacher_logprobs(clm_teacher, blocks)[:, :-1]
+    picked = logprobs.gather(-1, torch.as_tensor(blocks[:, 1:])[..., None])[..., 0]
+    valid = torch.arange(1, 32)[None, :] < torch.as_tensor(lengths)[:, None]
+    nll = -picked[valid]
+    assert result["tokens"] == int(valid.sum())
+    assert result["perplexity"] == pytest.approx(float(nll.mean().exp()), rel=1e-5)
+    assert result["word_perplexity"] == pytest.approx(float((nll.sum() / sum(len(d.split()) for d in docs)).exp()),
+                                                      rel=1e-5)
+    assert 0 <= result["ece"] <= 1
+
+
+def test_info_and_card_describe_the_store(stores, capsys):
+    assert main(["info", str(stores["sample16"])]) == 0
+    out = capsys.readouterr().out
+    assert "objective clm" in out and "16 draws" in out and "B stored" in out
+    assert main(["info", "--json", str(stores["top8"])]) == 0
+    report = json.loads(capsys.readouterr().out)["storage"]
+    assert 0 < report["bytes_per_token"] < 2 * 8 * 2 + 8
+    assert main(["info", "--card", str(stores["top8"])]) == 0
+    assert "text-generation" in capsys.readouterr().out
+
+
+def test_selection_round_trips():
+    sel = ClmSelection.make(Support("topk", 8), vocab_size=300, block_size=32, eos_id=0)
+    assert ClmSelection.from_dict(sel.to_dict()) == sel and sel.id_bits == 9 and sel.id_bytes == 9
+    with pytest.raises(ValueError):
+        ClmSelection.from_dict({**sel.to_dict(), "id_bits": 8})
+
+
+def test_decode_of_an_empty_position_is_empty():
+    sel = ClmSelection.make(Support("sample", 4), vocab_size=300, block_size=8, eos_id=0)
+    data = {"input_ids": np.zeros((1, 8)), "length": np.array([8]), "clm/kept": np.packbits(np.zeros((1, 8), bool), -1),
+            "clm/ids": pack_ids(np.zeros((1, 8, 4), np.int64), 9), "clm/counts": np.zeros((1, 8, 4), np.uint8)}
+    targets = decode(data, sel)
+    assert not targets.used.any() and not targets.kept.any()
