@@ -5,7 +5,8 @@
 One panel per test file (KJV test books; QNLI Wikipedia): each store arm at its bytes per token (log x
 axis, as `hsk info` reports them), the median perplexity over seeds with the min-max spread as an error
 bar, labelled (a no-tail arm is drawn 8% right of its tail twin, whose store it shares); the arms without
-store bytes (CE only, online full-vocabulary KD) as horizontal lines, their seed spread as a band.
+store bytes (CE only, online full-vocabulary KD) as horizontal lines, their seed spread as a band; the
+teacher's own perplexity on the same text as a dotted line.
 Writes figure.png and results.md (median [min-max] per arm) beside the results.
 """
 
@@ -48,7 +49,7 @@ def colour(arm: str) -> str:
     return "black"
 
 
-def draw_panel(ax, groups: dict[str, list[dict]], metric: str, title: str) -> None:
+def draw_panel(ax, groups: dict[str, list[dict]], metric: str, title: str, teacher: float | None) -> None:
     stored = {a: rs for a, rs in groups.items() if rs[0]["has_bytes"] and metric in rs[0]}
     for arm, rs in stored.items():
         mid, low, high = spread([r[metric] for r in rs])
@@ -63,12 +64,14 @@ def draw_panel(ax, groups: dict[str, list[dict]], metric: str, title: str) -> No
         shade, style = LINE_STYLES.get(arm, ("black", ":"))
         ax.axhline(mid, color=shade, linestyle=style, linewidth=1, label=f"{arm} ({len(rs)} seeds)")
         ax.axhspan(low, high, color=shade, alpha=0.12)
+    if teacher is not None:
+        ax.axhline(teacher, color="black", linestyle=":", linewidth=1, label="teacher (30 layers)")
     ax.set_xscale("log")
     ax.set_xlabel("store bytes per token (hsk info)")
     ax.set_ylabel("token perplexity (held out)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    if any(not rs[0]["has_bytes"] for rs in groups.values()):
+    if teacher is not None or any(not rs[0]["has_bytes"] for rs in groups.values()):
         ax.legend(fontsize=7, loc="upper right")
 
 
@@ -79,10 +82,11 @@ def draw(doc: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     groups = by_arm(doc["rows"])
-    panels = [(f"ppl_{name}", label) for name, label in PANELS.items() if any(f"ppl_{name}" in r for r in doc["rows"])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
-    for ax, (metric, label) in zip(axes[0], panels, strict=True):
-        draw_panel(ax, groups, metric, label)
+    names = [name for name in PANELS if any(f"ppl_{name}" in r for r in doc["rows"])]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        teacher = doc.get("teacher_eval", {}).get(name, {}).get("perplexity")
+        draw_panel(ax, groups, f"ppl_{name}", PANELS[name], teacher)
     seeds = max(len(rs) for rs in groups.values())
     fig.suptitle(f"SmolLM2-135M -> first 2 layers, scale {doc['scale']} ({doc['scale_config']['steps']} steps, "
                  f"batch {doc['scale_config']['batch']}, {seeds} seeds: median, min-max)", fontsize=10)
@@ -111,6 +115,12 @@ def table(doc: dict) -> str:
         cells = [arm, rs[0]["support"], size, *[cell(rs, f"ppl_{n}", 2) for n in names],
                  *[cell(rs, f"ece_{n}", 3) for n in names], cell(rs, "train_wall_s", 0),
                  str(rs[0].get("steps")), str(len(rs))]
+        lines.append("| " + " | ".join(cells) + " |")
+    teacher = doc.get("teacher_eval") or {}
+    if teacher:
+        cells = ["teacher", "(30 layers, no training)", "-", *[f"{teacher[n]['perplexity']:.2f}" if n in teacher
+                                                              else "-" for n in names],
+                 *[f"{teacher[n]['ece']:.3f}" if n in teacher else "-" for n in names], "-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     config = doc["scale_config"]
     note = (f"Scale {doc['scale']}: {config['steps']} steps at batch {config['batch']} x {doc['block_size']} tokens, "

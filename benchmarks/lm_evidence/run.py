@@ -26,7 +26,8 @@ first 2 of 30 layers and tied head) for the same steps, batch and seeds:
     sel25       top-32 + tail at 25% of positions (highest teacher entropy)
 
 and each run is evaluated with `hsk eval --text-file` on the KJV test books and on QNLI's Wikipedia
-sentences (a subset of each at the CPU scale). results.json: one row per arm x seed.
+sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results.json: one
+row per arm x seed, and teacher_eval.
 
 The CPU scale, from benchmarks/lm_evidence/timing.py and a plain-torch training loop on this 2-core
 machine (2026-11-27, 2 torch threads). Shared with other jobs (load 4-6, about 0.6 of the 2 cores): one
@@ -234,11 +235,28 @@ def summary_fields(run: Path) -> dict:
             "final_loss": stages[-1].get("final_loss") if stages else None}
 
 
-def evaluate(run: Path, name: str, text: Path, paths: dict, threads: int) -> dict:
-    cached = run.with_name(f"{run.name}.eval-{name}.json")
+def evaluate(model: Path, cached: Path, text: Path, log: Path, threads: int) -> dict:
+    """`hsk eval` of a model folder on one test file, kept in `cached` (skipped when it exists)."""
     if not cached.is_file():
-        cached.write_text(call(eval_cmd(run / "best", text, threads), paths["logs"] / f"eval-{run.name}-{name}.log"))
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(call(eval_cmd(model, text, threads), log))
     return last_json(cached.read_text())
+
+
+def evaluate_run(run: Path, name: str, text: Path, paths: dict, threads: int) -> dict:
+    return evaluate(run / "best", run.with_name(f"{run.name}.eval-{name}.json"), text,
+                    paths["logs"] / f"eval-{run.name}-{name}.log", threads)
+
+
+def teacher_reference(args, text: dict[str, Path], paths: dict) -> dict:
+    """The teacher's own perplexity and ECE on the same test text: the floor the figure draws."""
+    out = {}
+    for name in TEST_FILES:
+        if name in text:
+            result = evaluate(args.teacher, paths["runs"] / f"teacher.eval-{name}.json", text[name],
+                              paths["logs"] / f"eval-teacher-{name}.log", args.threads)
+            out[name] = {k: result[k] for k in ("perplexity", "word_perplexity", "ece", "accuracy", "tokens")}
+    return out
 
 
 # ---- the text ----------------------------------------------------------------------------------------------
@@ -307,6 +325,7 @@ def run_study(args) -> list[dict]:
     if unknown:
         sys.exit(f"run.py: unknown arms {sorted(unknown)}; known: {', '.join(a.name for a in arms())}")
     specs, rows = stores(), []
+    teacher = teacher_reference(args, text, paths)
     for arm in chosen:  # arm-major: every seed of an arm before the next, so a partial study has whole arms
         store = make_store(arm.store, specs[arm.store], paths, args, scale)
         info = store_info(store, paths["logs"])
@@ -315,17 +334,17 @@ def run_study(args) -> list[dict]:
         for seed in range(args.seeds):
             wall = train_run(arm, store, seed, paths, args, scale, epochs)
             run = paths["runs"] / f"{arm.name}-s{seed}"
-            evals = {n: evaluate(run, n, text[n], paths, args.threads) for n in TEST_FILES if n in text}
+            evals = {n: evaluate_run(run, n, text[n], paths, args.threads) for n in TEST_FILES if n in text}
             rows.append(row(arm, seed, run, info, wall, evals, args.scale))
-            write_results(rows, args, scale)
+            write_results(rows, teacher, args, scale)
             print(f"run.py: {arm.name} seed {seed}: " + ", ".join(
                 f"ppl {n} {rows[-1][f'ppl_{n}']:.2f}" for n in evals) + f", {wall['train_wall_s']} s")
     return rows
 
 
-def write_results(rows: list[dict], args, scale: Scale) -> None:
+def write_results(rows: list[dict], teacher: dict, args, scale: Scale) -> None:
     doc = {"scale": args.scale, "scale_config": asdict(scale), "block_size": BLOCK, "teacher": str(args.teacher),
-           "corpus": str(args.corpus), "rows": rows}
+           "corpus": str(args.corpus), "teacher_eval": teacher, "rows": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(doc, indent=1) + "\n")
 
