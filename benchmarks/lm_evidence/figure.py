@@ -3,11 +3,11 @@
     python benchmarks/lm_evidence/figure.py [--results benchmarks/lm_evidence/results.json] [--out DIR]
 
 One panel per test file (KJV test books; QNLI Wikipedia): each store arm at its bytes per token (log x
-axis, as `hsk info` reports them), the median perplexity over seeds with the min-max spread as an error
-bar, labelled (a no-tail arm is drawn 8% right of its tail twin, whose store it shares); the arms without
-store bytes (CE only, online full-vocabulary KD) as horizontal lines, their seed spread as a band; the
-teacher's own perplexity on the same text as a dotted line.
-Writes figure.png and results.md (median [min-max] per arm) beside the results.
+axis, as `hsk info` reports them), the median perplexity over seeds (log y: linear in the loss) with the
+min-max spread as an error bar, labelled (a no-tail arm is drawn 8% right of its tail twin, whose store it
+shares); the arms without store bytes (CE only, online full-vocabulary KD) as horizontal lines, their seed
+spread as a band; the teacher's own perplexity on the same text as a dotted line. Writes figure.png and
+results.md (median [min-max] per arm) beside the results.
 """
 
 from __future__ import annotations
@@ -67,12 +67,13 @@ def draw_panel(ax, groups: dict[str, list[dict]], metric: str, title: str, teach
     if teacher is not None:
         ax.axhline(teacher, color="black", linestyle=":", linewidth=1, label="teacher (30 layers)")
     ax.set_xscale("log")
+    ax.set_yscale("log")  # perplexity is exp(NLL): a log axis is linear in the loss, and holds teacher and students
     ax.set_xlabel("store bytes per token (hsk info)")
     ax.set_ylabel("token perplexity (held out)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     if teacher is not None or any(not rs[0]["has_bytes"] for rs in groups.values()):
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best")
 
 
 def draw(doc: dict, out: Path) -> Path:
