@@ -1,13 +1,13 @@
 """The LM evidence figure and table (issue 47): student perplexity against store bytes per token.
 
-    python benchmarks/lm_evidence/figure.py [--results benchmarks/lm_evidence/results.json] [--out DIR]
+    python benchmarks/lm_evidence/figure.py [--scale cpu | --results FILE] [--out DIR]
 
 One panel per test file (KJV test books; QNLI Wikipedia): each store arm at its bytes per token (log x
 axis, as `hsk info` reports them), the median perplexity over seeds (log y: linear in the loss) with the
 min-max spread as an error bar, labelled (a no-tail arm is drawn 8% right of its tail twin, whose store it
 shares); the arms without store bytes (CE only, online full-vocabulary KD) as horizontal lines, their seed
-spread as a band; the teacher's own perplexity on the same text as a dotted line. Writes figure.png and
-results.md (median [min-max] per arm) beside the results.
+spread as a band; the teacher's own perplexity on the same text as a dotted line. Writes figure_SCALE.png and
+results_SCALE.md (median [min-max] per arm) beside the results.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def draw(doc: dict, out: Path) -> Path:
     fig.suptitle(f"SmolLM2-135M -> first 2 layers, scale {doc['scale']} ({doc['scale_config']['steps']} steps, "
                  f"batch {doc['scale_config']['batch']}, {seeds} seeds: median, min-max)", fontsize=10)
     fig.tight_layout()
-    path = out / "figure.png"
+    path = out / f"figure_{doc['scale']}.png"
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
@@ -132,15 +132,18 @@ def table(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=HERE / "results.json")
-    parser.add_argument("--out", type=Path, default=None, help="folder of figure.png and results.md [the results']")
+    parser.add_argument("--scale", default="cpu", help="reads benchmarks/lm_evidence/results_SCALE.json [cpu]")
+    parser.add_argument("--results", type=Path, default=None, help="another results file (run.py --results)")
+    parser.add_argument("--out", type=Path, default=None, help="folder of the figure and table [the results']")
     args = parser.parse_args(argv)
-    doc = load(args.results)
-    out = args.out or args.results.parent
+    results = args.results or HERE / f"results_{args.scale}.json"
+    doc = load(results)
+    out = args.out or results.parent
     out.mkdir(parents=True, exist_ok=True)
     figure = draw(doc, out)
-    (out / "results.md").write_text(table(doc))
-    print(f"figure.py: {figure} and {out / 'results.md'} ({len(doc['rows'])} rows)")
+    markdown = out / f"results_{doc['scale']}.md"
+    markdown.write_text(table(doc))
+    print(f"figure.py: {figure} and {markdown} ({len(doc['rows'])} rows)")
 
 
 if __name__ == "__main__":

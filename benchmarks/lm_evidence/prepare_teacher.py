@@ -10,6 +10,10 @@ tokenizer) that every dump, online run and student init then loads in a second:
     python benchmarks/lm_evidence/prepare_teacher.py [--out ~/.cache/hsk/models/smollm2-135m]
     python benchmarks/lm_evidence/prepare_teacher.py --check-only --corpus DIR   # perplexity only
 
+hsk itself now converts the same GGUF the same way on first use of `--teacher smollm2` (into
+$HSK_CACHE/models/smollm2-135m, this script's default --out; run.py's default teacher): this script
+remains for another --out, a bfloat16 copy, and the teacher's perplexity check below.
+
 The folder lives outside the repo (weights are never committed). After saving, the script checks
 the tokenizer has an EOS token and measures the teacher's token perplexity on a few hundred KJV
 verses (measured 2026-11-27 on CPU: see the report the script prints).

