@@ -181,6 +181,8 @@ NOT_RUN = {
     "--workers 2": "a dask cluster of 2 processes: tests/test_dump_distributed.py and tests/test_sweep.py run it",
     "torchrun": "2 training processes: tests/test_ddp.py runs it",
     "register(Method(": "registers a method in the test process: tests/test_method.py adds methods the same way",
+    "upload_folder(": "pushes to the Hugging Face Hub (network and a token): tests/test_share.py builds the folder "
+                      "it pushes, offline",
 }
 # Documented size flags only (set, or replaced where the README gives them), so that the flow runs in seconds.
 SIZES = {

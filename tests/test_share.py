@@ -398,12 +398,46 @@ def test_export_reads_back_equal_through_pyarrow_datasets_and_the_iterable_datas
     assert datasets.Features.from_arrow_schema(table.schema) == loaded.features  # dtypes and shapes kept
     check_equal(store, loaded.with_format("numpy")[:], exact_dtypes=False)
     streamed = iterable_dataset(str(shelf / name))
-    signed = {"text_hash": datasets.Value("int64")} if "text_hash" in loaded.features else {}
-    assert streamed.features == datasets.Features({**loaded.features, **signed})  # torch has no uint64
+    assert loaded.features["text_hash"] == datasets.Value("uint64")
+    assert streamed.features == loaded.features  # the same types by both routes, text_hash uint64 included
+    check_equal(store, streamed_columns(streamed))
+    signed = iterable_dataset(str(shelf / name), signed_hash=True)  # what torch needs: int64, the same bits
+    assert signed.features == datasets.Features({**loaded.features, "text_hash": datasets.Value("int64")})
+    check_equal(store, {c: a.view(np.uint64) if c == "text_hash" else a
+                        for c, a in streamed_columns(signed).items()})
+
+
+def streamed_columns(streamed) -> dict[str, np.ndarray]:
     rows = list(streamed)  # python values, typed by the features: numpy arrays of the export's dtypes
-    columns = {c: np.array([row[c] for row in rows], dtype=element_dtype(streamed.features.arrow_schema.field(c).type))
-               for c in rows[0]}
-    check_equal(store, {c: a.view(np.uint64) if c in signed else a for c, a in columns.items()})
+    return {c: np.array([row[c] for row in rows], dtype=element_dtype(streamed.features.arrow_schema.field(c).type))
+            for c in rows[0]}
+
+
+def test_export_metadata_names_labels_config_and_each_layers_teacher_layer(shelf, tmp_path):
+    """The Parquet file says, without the store, what its labels are and which teacher layer each column holds."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    for name in ("team-a/sst2.zarr", "team-a/sst2-int4.zarr", "deep/er/mlm.zarr"):
+        store = open_store(str(shelf / name))
+        out = tmp_path / (name.replace("/", "_") + ".parquet")
+        assert main(["export", str(shelf / name), "--format", "parquet", str(out), "--no-progress"]) == 0
+        schema = pq.read_schema(out)
+        meta = json.loads(schema.metadata[b"hsk_export"])
+        assert meta["content_address"] == store.content_address
+        assert meta["labels"] == store.metadata.task.labels  # sst2: the names; masked-LM: none
+        assert meta["config"] == store.metadata.selection.get("config")
+        assert meta["layers"] == {layer.name.replace("/", "_"): {"teacher_layer": layer.teacher_layer,
+                                                                 "ranking_layer": layer.ranking_layer}
+                                  for layer in store.layers}
+        for column in meta["layers"]:  # every layer named has its columns in the file
+            assert f"{column}_values" in schema.names and f"{column}_positions" in schema.names
+    sst2 = json.loads(pq.read_schema(tmp_path / "team-a_sst2.zarr.parquet").metadata[b"hsk_export"])
+    derived = json.loads(pq.read_schema(tmp_path / "team-a_sst2-int4.zarr.parquet").metadata[b"hsk_export"])
+    assert sst2["labels"] == ["negative", "positive"] and derived["config"] == "1,2,0.5"
+    # the derived store keeps the source's last layer: its only column is that teacher layer, not layer 0
+    assert list(derived["layers"].values())[0] == list(sst2["layers"].values())[-1]
 
 
 def test_export_follows_the_output_rule(shelf, tmp_path):

@@ -19,8 +19,9 @@ import pytest
 import zarr
 
 from hskstore import open_store
-from hskstore.format import codec
+from hskstore.format import clm, codec, schema
 from hskstore.format.manifest import list_arrays
+from hskstore.format.meta import MLM, TASK
 from hskstore.format.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
 from hskstore.io.view import DIMS, dense_dataset, dense_view
 from pipelines.cli import main
@@ -236,3 +237,52 @@ def test_plain_zarr_warns_about_the_card_and_croissant_only_when_listing(tmp_pat
     (store / "notes.txt").write_text("a user's file")
     assert _zarr_warnings(lambda: (warnings.filterwarnings("ignore", message=CARD_FILTER), list(group.keys()))) == [
         "Object at notes.txt is not recognized as a component of a Zarr hierarchy."]
+
+
+def documented_texts() -> dict:
+    """The JSON block of STORE_FORMAT.md's "Attribute texts, verbatim" (after its marker comment)."""
+    block = SPEC.split("<!-- attribute-texts -->\n```json\n", 1)[1].split("```", 1)[0]
+    return json.loads(block)
+
+
+def _texts(text: str, section: str, units: str | None) -> dict:
+    return {"description": text, "spec": section, **({"units": units} if units else {})}
+
+
+def test_the_documented_attribute_texts_are_the_codes():
+    """A second writer copies the texts from the page: each one must be what the code writes, and none missing."""
+    layer = [f"layers/<i>/{leaf}" for leaf in ("positions", "scores", "values", "scale", "masks", "attention")]
+    mlm = [name for name in schema._DESCRIBED if name.startswith("mlm/")]
+
+    def of_kind(kind: str, names: list[str]) -> dict:
+        entries = {name: schema._entry(name.removeprefix("layers/<i>/"), kind) for name in names}
+        return {name: _texts(text, schema.SPEC_DOC + section, units)
+                for name, (_, text, section, units) in entries.items()}
+
+    code = {
+        "integrity": schema.INTEGRITY,
+        "task": of_kind(TASK, [*schema.TASK_ROW_ARRAYS, *layer]),
+        "mlm": of_kind(MLM, [*schema.MLM_ROW_ARRAYS, *mlm]),
+        "clm": {name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm._DESCRIBED.items()},
+        "progress": {name: attrs for name, (_, attrs) in PROGRESS_DESCRIBED.items()},
+    }
+    assert documented_texts() == code
+    documented = anchors(SPEC)
+    for kind in ("task", "mlm", "clm", "progress"):  # every spec attribute names a section of the page
+        assert all(entry["spec"].split("#")[1] in documented for entry in code[kind].values()), kind
+
+
+@pytest.mark.parametrize("bundle", sorted(VECTORS.glob("*.hsk.zip")), ids=lambda p: p.name.split(".")[0])
+def test_every_conformance_array_carries_the_documented_texts(bundle):
+    """What the stores hold, array by array, is the page's text (and the integrity line on data arrays only)."""
+    texts = documented_texts()
+    opened = reader.Bundle.open(bundle)
+    kind = opened.meta.get("objective") or "task"
+    for path, node in opened.nodes.items():
+        attrs = dict(node["attributes"])
+        if path.startswith("_progress/"):
+            assert attrs == texts["progress"][path], path
+            continue
+        assert attrs.pop("integrity") == texts["integrity"], path
+        expected = texts[kind][re.sub(r"^layers/\d+/", "layers/<i>/", path)]
+        assert {key: attrs[key] for key in ("description", "spec", "units") if key in attrs} == expected, path

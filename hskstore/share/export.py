@@ -8,18 +8,19 @@ One row per example, one column per store array, named by its path with "/" as "
   exported; `masks` stay bit-packed uint8 [N^L, ceil(d/8)] (numpy packbits order) and say
   which of the d activations each value is (`hskstore.format.codec.dense` rebuilds the dense vectors);
 - float16 arrays (attention rows) become float32 (Parquet readers differ on half floats);
-- everything else (ids, label, logits, positions, scores, masked-LM arrays) keeps its dtype
-  (`datasets`' numpy format widens integers to int64: the uint64 `text_hash` shows the same bits
-  as int64; its features and the arrow/python views keep uint64).
+- everything else (ids, label, logits, positions, scores, masked-LM arrays) keeps its dtype, `text_hash`
+  uint64 included, in the Parquet file and in the `datasets.IterableDataset` alike.
 
-The `datasets.IterableDataset` differs in one column: its `text_hash` is int64 with the same bits
-(`.view(np.uint64)` gives the hash back), because torch has no uint64 tensors and `datasets` refuses to
-narrow one (`with_format("torch")` would fail with "Overflow when unpacking long long").
+For torch, `iterable_dataset(url, signed_hash=True)` gives `text_hash` as int64 with the same bits
+(`.view(np.uint64)` gives the hash back): torch has no uint64 tensors and `datasets` refuses to narrow one
+(`with_format("torch")` fails with "Overflow when unpacking long long" on a hash of 2^63 or more). It is an
+explicit choice, so the default types are the Parquet file's.
 
 Every shard is read digest-checked. The file is written under a temporary name beside OUT and
 renamed in, following the output rule for files (`hskstore.io.outputs.claim_file_output`); its schema
-metadata (`hsk_export`) names the store's content address. pyarrow is an hskstore dependency;
-`datasets` is imported only by `iterable_dataset`.
+metadata (`hsk_export`, JSON) names the store's content address, its label names, its config and the
+teacher layer each `layers_<i>_*` column holds, so the file is self-describing without the store.
+pyarrow is an hskstore dependency; `datasets` is imported only by `iterable_dataset`.
 """
 
 from __future__ import annotations
@@ -75,9 +76,15 @@ def arrow_table(columns: dict[str, np.ndarray], metadata: dict | None = None) ->
 
 def _export_metadata(store: HSKStore) -> dict:
     meta = store.metadata
+    # layers_<i> -> its teacher layer (H_0 the embeddings): the column names only count kept layers
+    layers = {column_name(layer.name): {"teacher_layer": layer.teacher_layer, "ranking_layer": layer.ranking_layer}
+              for layer in store.layers}
+    labels = meta.task.labels
     return {"content_address": store.content_address, "objective": store.objective, "task": meta.task.name,
-            "split": meta.task.split, "rows": len(store), "hidden_size": store.hidden_size,
-            "value_dtype": meta.selection.get("value_dtype"),
+            "split": meta.task.split, "labels": list(labels) if labels else None,
+            "regression": meta.task.regression, "rows": len(store), "hidden_size": store.hidden_size,
+            "config": meta.selection.get("config"), "value_dtype": meta.selection.get("value_dtype"),
+            "layers": layers, "teacher_weights_hash": meta.teacher.weights_hash,
             "values": "decoded float32 [N^L, N^W] per kept layer; masks bit-packed (numpy packbits)"}
 
 
@@ -116,34 +123,36 @@ def export_parquet(url: str, out: str, *, overwrite: bool = False, progress=None
     return ExportResult(str(path), len(store), len(schema.names), path.stat().st_size)
 
 
-# Columns the iterable dataset gives as int64 with the same bits: torch has no uint64 tensors.
+# Columns `signed_hash` gives as int64 with the same bits: torch has no uint64 tensors.
 _AS_INT64 = ("text_hash",)
 
 
-def _signed(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _signed(columns: dict[str, np.ndarray], signed: bool) -> dict[str, np.ndarray]:
+    if not signed:
+        return columns
     return {name: array.view(np.int64) if name in _AS_INT64 and array.dtype == np.uint64 else array
             for name, array in columns.items()}
 
 
-def rows(url: str) -> Iterator[dict[str, np.ndarray]]:
+def rows(url: str, signed_hash: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """The store's examples in order, as the iterable dataset's columns (every shard digest-checked)."""
     store = open_store(url)
     for shard in range(store.n_shards):
-        columns = _signed(shard_columns(store, store.read_shard(shard, verify=True)))
+        columns = _signed(shard_columns(store, store.read_shard(shard, verify=True)), signed_hash)
         n = len(next(iter(columns.values())))
         for i in range(n):
             yield {name: array[i] for name, array in columns.items()}
 
 
-def iterable_dataset(url: str):
-    """A `datasets.IterableDataset` over the store (decoded rows, digest-checked), typed like the Parquet export
-    except `text_hash`: int64 with the same bits, so that every format works.
-
-    For the Hugging Face Trainer: `iterable_dataset("sst2.zarr").with_format("torch")`.
+def iterable_dataset(url: str, *, signed_hash: bool = False):
+    """A `datasets.IterableDataset` over the store (decoded rows, digest-checked), typed exactly like the Parquet
+    export (`text_hash` uint64). `signed_hash=True` gives `text_hash` as int64 with the same bits, which torch
+    needs: `iterable_dataset("sst2.zarr", signed_hash=True).with_format("torch")`.
     """
     import datasets  # only here: hskstore itself does not need datasets
 
     store = open_store(url)
-    first = _signed(shard_columns(store, store.read(slice(0, min(1, len(store))))))
+    first = _signed(shard_columns(store, store.read(slice(0, min(1, len(store))))), signed_hash)
     features = datasets.Features.from_arrow_schema(arrow_table(first).schema)
-    return datasets.IterableDataset.from_generator(rows, features=features, gen_kwargs={"url": str(url)})
+    return datasets.IterableDataset.from_generator(rows, features=features,
+                                                   gen_kwargs={"url": str(url), "signed_hash": signed_hash})
