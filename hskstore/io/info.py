@@ -9,8 +9,6 @@ from __future__ import annotations
 import zipfile
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..errors import CorruptStoreError, printable
 
 if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.io.reader)
@@ -277,9 +275,3 @@ def format_task_report(store: TaskStore, report: dict) -> str:
             " per layer, fp16; `hsk derive --no-attention-rows` drops them)"
         )
     return join_report(lines)
-
-
-def summary_numbers(report: dict) -> dict[str, float]:
-    """The few numbers a results table keeps."""
-    keys = ("total_bytes", "bytes_per_example", "hsk_bytes", "bytes_per_kept_value", "ratio_vs_paper")
-    return {k: float(report[k]) for k in keys if not np.isnan(report[k])}
