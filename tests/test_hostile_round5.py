@@ -263,3 +263,49 @@ def test_a_refused_resume_keeps_the_dead_writers_lease(store, tiny_tokenizer, gl
     kept = tree_hashes(store)
     one_line(hsk(*dump_args(other, glue_dir, store), timeout=90), "interrupted dump", "--overwrite")
     assert tree_hashes(store) == kept
+
+
+# 5: codec packages: a clashing one fails only the commands that name its codec; a store of a missing one says so
+
+def codec_site(root: Path, entry: str, *, with_example: bool = False) -> Path:
+    """A folder for PYTHONPATH holding one installed package whose `hsk.codecs` entry point is `entry`."""
+    site = root / "site"
+    dist = site / "codec_ext-0.3.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: codec-ext\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text(f"[hsk.codecs]\n{entry}\n")
+    if with_example:
+        shutil.copytree(REPO / "tests" / "plugins" / "hsk_example_codec" / "hsk_example_codec",
+                        site / "hsk_example_codec")
+    return site
+
+
+def test_a_codec_package_clashing_with_int8_blocks_only_int8(store, tmp_path):
+    path = f"{REPO}{os.pathsep}{codec_site(tmp_path, 'int8 = no_such_module_here')}"
+    kept = tree_hashes(store)
+    derive = ["derive", str(store), "--config", "1,4,0.25", "--no-progress", "--values"]
+    code, out, err = hsk(*derive, "int4", "--out", str(tmp_path / "d4.zarr"), timeout=90, PYTHONPATH=path)
+    assert code == 0, out + err  # int4 quantises through hsk's own int8, whatever the package declares
+    one_line(hsk(*derive, "int8", "--out", str(tmp_path / "d8.zarr"), timeout=90, PYTHONPATH=path),
+             "'int8' of codec-ext 0.3", "names a value codec hsk already has", "uninstall codec-ext")
+    assert not (tmp_path / "d8.zarr").exists()
+    assert tree_hashes(store) == kept
+
+
+@pytest.mark.slow
+def test_a_store_of_a_codec_that_is_not_installed_names_the_codec(store, tmp_path):
+    site = codec_site(tmp_path, "example-int3 = hsk_example_codec", with_example=True)
+    made = tmp_path / "p.zarr"
+    code, out, err = hsk("derive", str(store), "--config", "1,4,0.25", "--values", "example-int3", "--out", str(made),
+                         "--no-progress", timeout=90, PYTHONPATH=f"{REPO}{os.pathsep}{site}")
+    assert code == 0, out + err
+    shutil.rmtree(site)
+    kept = tree_hashes(tmp_path)
+    for args in (["info", str(made)], ["verify", str(made)], ["export", str(made), str(tmp_path / "p.parquet")],
+                 ["derive", str(made), "--config", "1,4,0.25", "--out", str(tmp_path / "d.zarr"), "--no-progress"],
+                 train_args(made, tmp_path / "run"), ["pack", "--no-progress", str(made), str(tmp_path / "p.hsk.zip")],
+                 ["upgrade", str(made)]):
+        line = one_line(hsk(*args, timeout=90), str(made), "value codec 'example-int3'", "install the package")
+        assert "damaged" not in line, args
+    assert tree_hashes(tmp_path) == kept
+

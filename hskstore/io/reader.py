@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
+from ..codecs import UnknownCodecError
 from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
 from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
@@ -70,6 +71,8 @@ def check_layout(meta: dict) -> list[ArraySpec]:
         return array_specs(meta)
     except kinds.UnknownKindError as exc:  # not damage: a kind this hsk does not know
         raise StoreError(str(exc)) from None
+    except UnknownCodecError:  # not damage either: the caller names the codec a package here should provide
+        raise
     except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
 
@@ -174,6 +177,10 @@ class HSKStore:
             specs = check_layout(meta)
         except CorruptStoreError as exc:
             raise CorruptStoreError(f"{self.url}: {exc}: the store is damaged; re-copy it or dump again") from None
+        except UnknownCodecError as exc:  # made with a codec from a package that is not installed here
+            raise StoreError(f"{self.url}: its values use the value codec {exc.codec!r}, which no installed package "
+                             f"provides: install the package that provides {exc.codec!r} (entry point group "
+                             "hsk.codecs) and run again") from None
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
         self._formats: dict[str, ShardLayout | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
