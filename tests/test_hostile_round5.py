@@ -309,3 +309,48 @@ def test_a_store_of_a_codec_that_is_not_installed_names_the_codec(store, tmp_pat
         assert "damaged" not in line, args
     assert tree_hashes(tmp_path) == kept
 
+
+# 6: array descriptions that contradict the store, their manifest recomputed ------------------------------------
+
+def reseal_array(store: Path, array: str, edit) -> None:
+    """Edit one array's zarr.json and recompute the store's manifest: what a forger who knows the format does."""
+    import json
+
+    import zarr
+
+    from hskstore.format.manifest import compute_manifest, list_arrays
+
+    node = store / array / "zarr.json"
+    doc = json.loads(node.read_text())
+    edit(doc)
+    node.write_text(json.dumps(doc))
+    root = json.loads((store / "zarr.json").read_text())
+    meta = root["attributes"]["hsk"]
+    meta.pop("manifest", None)
+    meta["manifest"] = compute_manifest(meta, list_arrays(zarr.open_group(str(store), mode="r")))
+    (store / "zarr.json").write_text(json.dumps(root))
+
+
+@pytest.fixture(scope="module")
+def nf3_reference(reference, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nf3") / "n.zarr"
+    assert main(["derive", str(reference), "--config", "2,4,0.25", "--values", "nf3", "--out", str(out),
+                 "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("array, edit, field", [
+    ("layers/0/values", lambda d: d["attributes"].update(codec="int4"), "attributes.codec"),
+    ("layers/0/scale", lambda d: d.update(dimension_names=["rows", "tokens", "groups"]), "dimension_names"),
+    ("layers/1/masks", lambda d: d.pop("dimension_names"), "dimension_names"),
+    ("logits", lambda d: d.update(attributes={}), "attributes."),
+    ("_progress/done", lambda d: d["attributes"].update(description="anything"), "attributes.description"),
+])
+def test_verify_refuses_an_array_description_that_contradicts_the_store(nf3_reference, tmp_path, array, edit, field):
+    store = Path(shutil.copytree(nf3_reference, tmp_path / "n.zarr"))
+    reseal_array(store, array, edit)
+    kept = tree_hashes(store)
+    for command in ("verify", "info"):
+        line = one_line(hsk(command, str(store), timeout=60), f"array {array} has {field}", "re-copy")
+        assert "Traceback" not in line
+    assert tree_hashes(store) == kept

@@ -17,8 +17,10 @@ from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from ..format.meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
 from ..format.schema import (
     DIGEST_BYTES,
+    DIMENSIONS_SINCE,
     MANIFEST_SINCE,
     META_KEY,
+    PROGRESS_DESCRIBED,
     PROGRESS_DIGESTS,
     PROGRESS_DONE,
     READABLE_VERSIONS,
@@ -84,6 +86,22 @@ def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
     out[PROGRESS_DONE] = ((shards,), "uint8", None)
     out[PROGRESS_DIGESTS] = ((shards, len(specs), DIGEST_BYTES), "uint8", None)
     return out
+
+
+def _first_difference(names, attributes, dims: tuple, declared: dict) -> tuple[str | None, object, object]:
+    """(field, found, declared) of the first way an array's description differs from the declared one."""
+    if tuple(names or ()) != tuple(dims):
+        return "dimension_names", None if names is None else list(names), list(dims)
+    attributes = dict(attributes or {})
+    for key in sorted(set(attributes) | set(declared)):
+        if attributes.get(key) != declared.get(key):
+            return f"attributes.{key}", attributes.get(key), declared.get(key)
+    return None, None, None
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _missing_store(url: str) -> StoreError:
@@ -189,6 +207,7 @@ class HSKStore:
         self._check_arrays(members)
         if meta.get("complete"):
             self._check_covered(members, allow_unverified or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1")
+        self._check_described(members)  # after the manifest: an interrupted `hsk upgrade` is told to rerun
         if not meta.get("complete") and not allow_incomplete:
             raise IncompleteStoreError(
                 f"{self.url} is incomplete ({self._done_count()}/{self.n_shards} shards written): its dump was "
@@ -231,6 +250,24 @@ class HSKStore:
                     f"{self.url}: array {name} is {found[1]} {list(found[0])} (shards {found[2]}) but the metadata "
                     f"says {dtype} {list(shape)} (shards {shards}): the store is damaged; re-copy it or dump again"
                 )
+
+    def _check_described(self, members: dict[str, zarr.Array]) -> None:
+        """Format 3 on: each array's dimension names and attributes are the ones the schema declares for this
+        store. The manifest covers them, but whoever edits one can recompute it: a generic Zarr tool would then
+        read another codec or other axes than hsk does. The texts are fixed by the conformance vectors, so an
+        exact comparison refuses no store an earlier hsk wrote."""
+        if self.meta.get("format_version", 0) < DIMENSIONS_SINCE:
+            return  # format 2 has neither; `hsk upgrade` writes them
+        declared = {name: (spec.dims, spec.attributes) for name, spec in self.specs.items()}
+        declared.update(PROGRESS_DESCRIBED)
+        for name, (dims, attributes) in declared.items():
+            found = members[name].metadata
+            field, got, want = _first_difference(found.dimension_names, found.attributes, dims, attributes)
+            if field is not None:
+                raise CorruptStoreError(
+                    f"{self.url}: array {name} has {field} {_short(got)} but the store's metadata declares "
+                    f"{_short(want)}: its "
+                    "description was edited; re-copy the store or dump again")
 
     def _check_covered(self, members: dict[str, zarr.Array], allow_unverified: bool) -> None:
         """A complete store: its metadata matches its manifest, and its shard digests its checksums."""
