@@ -354,3 +354,40 @@ def test_verify_refuses_an_array_description_that_contradicts_the_store(nf3_refe
         line = one_line(hsk(command, str(store), timeout=60), f"array {array} has {field}", "re-copy")
         assert "Traceback" not in line
     assert tree_hashes(store) == kept
+
+
+# 9: the catalog on stores holding a link or a FIFO; a forged teacher precision ---------------------------------
+
+@pytest.mark.parametrize("what", ["link", "fifo"])
+def test_the_catalog_lists_a_store_holding_a_link_or_a_fifo_as_damaged(store, tmp_path, what):
+    import json
+
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"not the store's\n")
+    chunk = next(p for p in (store / "logits").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.unlink()
+    if what == "link":
+        chunk.symlink_to(outside)
+    else:
+        os.mkfifo(chunk)
+    kept = tree_hashes(tmp_path)
+    code, out, err = hsk("catalog", str(tmp_path), "--json", timeout=60)
+    assert code == 0 and "Traceback" not in err, out + err
+    (entry,) = json.loads(out)
+    assert entry["status"].startswith("damaged: ") and str(chunk) in entry["status"], entry["status"]
+    code, out, err = hsk("catalog", str(tmp_path), timeout=60)
+    row = [line for line in out.splitlines() if str(store) in line]
+    assert code == 0 and len(row) == 1 and "damaged" in row[0] and " complete " not in row[0], out + err
+    one_line(hsk("info", str(store), timeout=60), str(chunk), "remove it")  # as every other command says
+    assert tree_hashes(tmp_path) == kept
+
+
+@pytest.mark.parametrize("precision", ["fp8", "BF16", 16])
+def test_a_forged_teacher_precision_is_refused(store, precision):
+    from test_hostile import reseal
+
+    reseal(store, lambda meta: meta["teacher"].update(precision=precision))
+    kept = tree_hashes(store)
+    for command in ("info", "verify"):
+        one_line(hsk(command, str(store), timeout=60), "teacher.precision", repr(precision), "bf16", "re-copy")
+    assert tree_hashes(store) == kept
