@@ -391,3 +391,23 @@ def test_a_forged_teacher_precision_is_refused(store, precision):
     for command in ("info", "verify"):
         one_line(hsk(command, str(store), timeout=60), "teacher.precision", repr(precision), "bf16", "re-copy")
     assert tree_hashes(store) == kept
+
+
+# 8: the catalog of a bucket behind a wrong secret, an unknown key or an unreachable endpoint ------------------
+
+@pytest.mark.parametrize("extra, words", [
+    ({"AWS_SECRET_ACCESS_KEY": "wrong"}, ["rejected the credentials", "AWS_SECRET_ACCESS_KEY"]),
+    ({"AWS_ACCESS_KEY_ID": "nobody"}, ["rejected the credentials", "AWS_ACCESS_KEY_ID"]),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, ["cannot be reached", "AWS_ENDPOINT_URL"]),
+])
+def test_the_catalog_of_a_bucket_names_why_it_cannot_be_read(s3, tmp_path, extra, words):
+    from s3_server import BUCKET
+
+    (tmp_path / "keep.txt").write_text("the user's file")
+    kept = tree_hashes(tmp_path)
+    for url in (f"s3://{BUCKET}/", f"s3://{BUCKET}"):
+        line = one_line(hsk("catalog", url, timeout=120, **extra), url, *words)
+        assert "nothing at" not in line
+    assert tree_hashes(tmp_path) == kept
+    code, out, err = hsk("catalog", f"s3://{BUCKET}/", timeout=120)
+    assert code == 0, out + err  # the right credentials: the bucket lists

@@ -29,6 +29,7 @@ import fsspec
 from ..errors import StoreError, printable
 from ..format.meta import objective_of
 from ..format.schema import PROGRESS_GROUP
+from ..io.access import raise_if_access
 from ..io.info import human_bytes
 from ..io.location import check_plain_tree, is_bundle, is_local, local_path, location, zip_problem
 from ..io.outputs import LEASE_NAME
@@ -192,6 +193,17 @@ def _read_bundle(url: str, cards: bool = False) -> Entry | None:
     return entry_from(url, "bundle", root, card)
 
 
+def _raise_if_unreachable(top, url: str) -> None:
+    """s3fs answers `exists` on a bucket with False for a wrong secret, an unknown key or an endpoint it cannot
+    reach: a listing raises the error itself, which names the cause (hskstore.io.access) instead of "nothing"."""
+    if is_local(url):
+        return
+    try:
+        top.names()
+    except Exception as exc:
+        raise_if_access(exc, url)
+
+
 def scan(location_url: str, cards: bool = False) -> list[Entry]:
     """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included).
     `cards`: also read each store's card (for the HTML page); otherwise only zarr.json is read."""
@@ -200,6 +212,7 @@ def scan(location_url: str, cards: bool = False) -> list[Entry]:
     if problem:
         raise StoreError(problem)
     if not top.exists():
+        _raise_if_unreachable(top, location_url)
         raise FileNotFoundError(location_url)
     if top.is_file():  # a bundle named itself
         bundles, roots = ([location_url] if is_bundle(location_url) else []), []
