@@ -263,3 +263,151 @@ def test_a_refused_resume_keeps_the_dead_writers_lease(store, tiny_tokenizer, gl
     kept = tree_hashes(store)
     one_line(hsk(*dump_args(other, glue_dir, store), timeout=90), "interrupted dump", "--overwrite")
     assert tree_hashes(store) == kept
+
+
+# 5: codec packages: a clashing one fails only the commands that name its codec; a store of a missing one says so
+
+def codec_site(root: Path, entry: str, *, with_example: bool = False) -> Path:
+    """A folder for PYTHONPATH holding one installed package whose `hsk.codecs` entry point is `entry`."""
+    site = root / "site"
+    dist = site / "codec_ext-0.3.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: codec-ext\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text(f"[hsk.codecs]\n{entry}\n")
+    if with_example:
+        shutil.copytree(REPO / "tests" / "plugins" / "hsk_example_codec" / "hsk_example_codec",
+                        site / "hsk_example_codec")
+    return site
+
+
+def test_a_codec_package_clashing_with_int8_blocks_only_int8(store, tmp_path):
+    path = f"{REPO}{os.pathsep}{codec_site(tmp_path, 'int8 = no_such_module_here')}"
+    kept = tree_hashes(store)
+    derive = ["derive", str(store), "--config", "1,4,0.25", "--no-progress", "--values"]
+    code, out, err = hsk(*derive, "int4", "--out", str(tmp_path / "d4.zarr"), timeout=90, PYTHONPATH=path)
+    assert code == 0, out + err  # int4 quantises through hsk's own int8, whatever the package declares
+    one_line(hsk(*derive, "int8", "--out", str(tmp_path / "d8.zarr"), timeout=90, PYTHONPATH=path),
+             "'int8' of codec-ext 0.3", "names a value codec hsk already has", "uninstall codec-ext")
+    assert not (tmp_path / "d8.zarr").exists()
+    assert tree_hashes(store) == kept
+
+
+@pytest.mark.slow
+def test_a_store_of_a_codec_that_is_not_installed_names_the_codec(store, tmp_path):
+    site = codec_site(tmp_path, "example-int3 = hsk_example_codec", with_example=True)
+    made = tmp_path / "p.zarr"
+    code, out, err = hsk("derive", str(store), "--config", "1,4,0.25", "--values", "example-int3", "--out", str(made),
+                         "--no-progress", timeout=90, PYTHONPATH=f"{REPO}{os.pathsep}{site}")
+    assert code == 0, out + err
+    shutil.rmtree(site)
+    kept = tree_hashes(tmp_path)
+    for args in (["info", str(made)], ["verify", str(made)], ["export", str(made), str(tmp_path / "p.parquet")],
+                 ["derive", str(made), "--config", "1,4,0.25", "--out", str(tmp_path / "d.zarr"), "--no-progress"],
+                 train_args(made, tmp_path / "run"), ["pack", "--no-progress", str(made), str(tmp_path / "p.hsk.zip")],
+                 ["upgrade", str(made)]):
+        line = one_line(hsk(*args, timeout=90), str(made), "value codec 'example-int3'", "install the package")
+        assert "damaged" not in line, args
+    assert tree_hashes(tmp_path) == kept
+
+
+# 6: array descriptions that contradict the store, their manifest recomputed ------------------------------------
+
+def reseal_array(store: Path, array: str, edit) -> None:
+    """Edit one array's zarr.json and recompute the store's manifest: what a forger who knows the format does."""
+    import json
+
+    import zarr
+
+    from hskstore.format.manifest import compute_manifest, list_arrays
+
+    node = store / array / "zarr.json"
+    doc = json.loads(node.read_text())
+    edit(doc)
+    node.write_text(json.dumps(doc))
+    root = json.loads((store / "zarr.json").read_text())
+    meta = root["attributes"]["hsk"]
+    meta.pop("manifest", None)
+    meta["manifest"] = compute_manifest(meta, list_arrays(zarr.open_group(str(store), mode="r")))
+    (store / "zarr.json").write_text(json.dumps(root))
+
+
+@pytest.fixture(scope="module")
+def nf3_reference(reference, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nf3") / "n.zarr"
+    assert main(["derive", str(reference), "--config", "2,4,0.25", "--values", "nf3", "--out", str(out),
+                 "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("array, edit, field", [
+    ("layers/0/values", lambda d: d["attributes"].update(codec="int4"), "attributes.codec"),
+    ("layers/0/scale", lambda d: d.update(dimension_names=["rows", "tokens", "groups"]), "dimension_names"),
+    ("layers/1/masks", lambda d: d.pop("dimension_names"), "dimension_names"),
+    ("logits", lambda d: d.update(attributes={}), "attributes."),
+    ("_progress/done", lambda d: d["attributes"].update(description="anything"), "attributes.description"),
+])
+def test_verify_refuses_an_array_description_that_contradicts_the_store(nf3_reference, tmp_path, array, edit, field):
+    store = Path(shutil.copytree(nf3_reference, tmp_path / "n.zarr"))
+    reseal_array(store, array, edit)
+    kept = tree_hashes(store)
+    for command in ("verify", "info"):
+        line = one_line(hsk(command, str(store), timeout=60), f"array {array} has {field}", "re-copy")
+        assert "Traceback" not in line
+    assert tree_hashes(store) == kept
+
+
+# 9: the catalog on stores holding a link or a FIFO; a forged teacher precision ---------------------------------
+
+@pytest.mark.parametrize("what", ["link", "fifo"])
+def test_the_catalog_lists_a_store_holding_a_link_or_a_fifo_as_damaged(store, tmp_path, what):
+    import json
+
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"not the store's\n")
+    chunk = next(p for p in (store / "logits").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.unlink()
+    if what == "link":
+        chunk.symlink_to(outside)
+    else:
+        os.mkfifo(chunk)
+    kept = tree_hashes(tmp_path)
+    code, out, err = hsk("catalog", str(tmp_path), "--json", timeout=60)
+    assert code == 0 and "Traceback" not in err, out + err
+    (entry,) = json.loads(out)
+    assert entry["status"].startswith("damaged: ") and str(chunk) in entry["status"], entry["status"]
+    code, out, err = hsk("catalog", str(tmp_path), timeout=60)
+    row = [line for line in out.splitlines() if str(store) in line]
+    assert code == 0 and len(row) == 1 and "damaged" in row[0] and " complete " not in row[0], out + err
+    one_line(hsk("info", str(store), timeout=60), str(chunk), "remove it")  # as every other command says
+    assert tree_hashes(tmp_path) == kept
+
+
+@pytest.mark.parametrize("precision", ["fp8", "BF16", 16])
+def test_a_forged_teacher_precision_is_refused(store, precision):
+    from test_hostile import reseal
+
+    reseal(store, lambda meta: meta["teacher"].update(precision=precision))
+    kept = tree_hashes(store)
+    for command in ("info", "verify"):
+        one_line(hsk(command, str(store), timeout=60), "teacher.precision", repr(precision), "bf16", "re-copy")
+    assert tree_hashes(store) == kept
+
+
+# 8: the catalog of a bucket behind a wrong secret, an unknown key or an unreachable endpoint ------------------
+
+@pytest.mark.parametrize("extra, words", [
+    ({"AWS_SECRET_ACCESS_KEY": "wrong"}, ["rejected the credentials", "AWS_SECRET_ACCESS_KEY"]),
+    ({"AWS_ACCESS_KEY_ID": "nobody"}, ["rejected the credentials", "AWS_ACCESS_KEY_ID"]),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, ["cannot be reached", "AWS_ENDPOINT_URL"]),
+])
+def test_the_catalog_of_a_bucket_names_why_it_cannot_be_read(s3, tmp_path, extra, words):
+    from s3_server import BUCKET
+
+    (tmp_path / "keep.txt").write_text("the user's file")
+    kept = tree_hashes(tmp_path)
+    for url in (f"s3://{BUCKET}/", f"s3://{BUCKET}"):
+        line = one_line(hsk("catalog", url, timeout=120, **extra), url, *words)
+        assert "nothing at" not in line
+    assert tree_hashes(tmp_path) == kept
+    code, out, err = hsk("catalog", f"s3://{BUCKET}/", timeout=120)
+    assert code == 0, out + err  # the right credentials: the bucket lists

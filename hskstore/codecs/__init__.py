@@ -18,6 +18,7 @@ from .base import (
     UnknownCodecError,
     ValueCodec,
     can_convert,
+    chained,
     declare,
     declared,
     get,
@@ -31,5 +32,5 @@ declare("int4", "int4", "4-bit codes, an fp16 scale per group of 32 kept values"
 declare("mxfp4", "mxfp4", "OCP MXFP4: e2m1 codes, a power-of-two scale per 32")
 declare("nf3", "nf3", "3-bit NormalFloat codes, a one-byte log scale per 32")
 
-__all__ = ["FULL", "Declared", "UnknownCodecError", "ValueCodec", "can_convert", "declare", "declared", "get",
-           "names", "register"]
+__all__ = ["FULL", "Declared", "UnknownCodecError", "ValueCodec", "can_convert", "chained", "declare", "declared",
+           "get", "names", "register"]

@@ -24,7 +24,11 @@ Arrays = dict[str, tuple[tuple[int, ...], str]]  # array ("values", "scale") -> 
 
 
 class UnknownCodecError(UserError, ValueError):
-    """A value codec name that no registered codec has."""
+    """A value codec name that no registered codec has (`codec`: that name)."""
+
+    def __init__(self, codec: str, message: str) -> None:
+        super().__init__(message)
+        self.codec = codec
 
 
 class ValueCodec(ABC):
@@ -61,13 +65,13 @@ class ValueCodec(ABC):
         """The stored arrays of values that `source` decoded to, walking the `via` chain down from it."""
         if self.via is None or self.via == source:
             return self.quantize(decoded)
-        parent = get(self.via)
+        parent = chained(self.via)
         return self.quantize(parent.decode(*parent.requantize(source, decoded), decoded.shape[-1]))
 
     def chain(self) -> tuple[str, ...]:
         """This codec and the codecs it is quantised through, down to float16: what it can be derived from."""
         names = [self.name]
-        while (via := get(names[-1]).via) is not None:
+        while (via := chained(names[-1]).via) is not None:
             names.append(via)
         return tuple(dict.fromkeys([*names, FULL]))
 
@@ -130,15 +134,23 @@ def declared() -> tuple[Declared, ...]:
 
 
 def get(name: str) -> ValueCodec:
-    """The codec registered as `name`; UnknownCodecError (a user error) for any other name."""
+    """The codec registered as `name`; UnknownCodecError (a user error) for any other name, and PluginError
+    for a name that an installed package declares too (which of the two the user means is unclear)."""
+    find_plugins()
+    if name in _CLASHES:
+        plugin = _CLASHES[name]
+        raise PluginError(f"the {CODECS} extension {name!r} of {plugin.package} ({plugin.value}) names a value "
+                          f"codec hsk already has; uninstall {plugin.package.split()[0]}")
+    return chained(name)
+
+
+def chained(name: str) -> ValueCodec:
+    """The codec a `via` chain names: hsk's own where a package clashes with it, so that a clashing package
+    fails only the commands that name its codec (int4 still quantises through hsk's int8)."""
     if name not in _LOADED:
         find_plugins()
-        if name in _CLASHES:
-            plugin = _CLASHES[name]
-            raise PluginError(f"the {CODECS} extension {name!r} of {plugin.package} ({plugin.value}) names a value "
-                              f"codec hsk already has; uninstall {plugin.package.split()[0]}")
         if name not in _DECLARED:
-            raise UnknownCodecError(f"unknown value dtype {name!r}; choose one of {', '.join(_DECLARED)}")
+            raise UnknownCodecError(name, f"unknown value dtype {name!r}; choose one of {', '.join(_DECLARED)}")
         _LOADED[name] = _installed(name) if name in _INSTALLED else _built_in(name)
     return _LOADED[name]
 

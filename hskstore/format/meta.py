@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .config import PRECISION
 from .kinds import TASK, objective_of
 
 MLM = "mlm"  # meta["objective"] of a masked-LM store
@@ -105,6 +106,7 @@ TASK_TEACHER_KEYS = ("name", "path", "hub_id", "revision", "weights_hash", "arch
                      "hidden_size", "num_labels", "max_positions", "task", "labels", "problem_type", "identity_from",
                      "task_fit")
 MLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "num_layers", "hidden_size", "vocab_size")
+FORWARD_PRECISIONS = tuple(name for name in PRECISION.values if name != "auto")  # what a store can record
 TASK_TOKENIZER_KEYS = ("name", "path", "hub_id", "revision", "vocab_hash", "vocab_size", "cls_id", "sep_id",
                        "pad_id")
 MLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "cls_id", "sep_id", "pad_id", "mask_id")
@@ -160,6 +162,12 @@ class TeacherRef(_NamedRecord):
     # bytes (and content address) of stores written before the option existed.
     precision: str | None = None
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # info would show, and a resume compare, a forward no dump can run: a forged or garbled name is damage
+        if self.precision is not None and self.precision not in FORWARD_PRECISIONS:
+            raise ValueError(f"teacher.precision {self.precision!r} is not a precision hsk knows "
+                             f"({', '.join(FORWARD_PRECISIONS)})")
 
     @property
     def forward_precision(self) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
+from ..codecs import UnknownCodecError
 from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
 from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
@@ -16,8 +17,10 @@ from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from ..format.meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
 from ..format.schema import (
     DIGEST_BYTES,
+    DIMENSIONS_SINCE,
     MANIFEST_SINCE,
     META_KEY,
+    PROGRESS_DESCRIBED,
     PROGRESS_DIGESTS,
     PROGRESS_DONE,
     READABLE_VERSIONS,
@@ -70,6 +73,8 @@ def check_layout(meta: dict) -> list[ArraySpec]:
         return array_specs(meta)
     except kinds.UnknownKindError as exc:  # not damage: a kind this hsk does not know
         raise StoreError(str(exc)) from None
+    except UnknownCodecError:  # not damage either: the caller names the codec a package here should provide
+        raise
     except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
 
@@ -81,6 +86,22 @@ def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
     out[PROGRESS_DONE] = ((shards,), "uint8", None)
     out[PROGRESS_DIGESTS] = ((shards, len(specs), DIGEST_BYTES), "uint8", None)
     return out
+
+
+def _first_difference(names, attributes, dims: tuple, declared: dict) -> tuple[str | None, object, object]:
+    """(field, found, declared) of the first way an array's description differs from the declared one."""
+    if tuple(names or ()) != tuple(dims):
+        return "dimension_names", None if names is None else list(names), list(dims)
+    attributes = dict(attributes or {})
+    for key in sorted(set(attributes) | set(declared)):
+        if attributes.get(key) != declared.get(key):
+            return f"attributes.{key}", attributes.get(key), declared.get(key)
+    return None, None, None
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _missing_store(url: str) -> StoreError:
@@ -174,6 +195,10 @@ class HSKStore:
             specs = check_layout(meta)
         except CorruptStoreError as exc:
             raise CorruptStoreError(f"{self.url}: {exc}: the store is damaged; re-copy it or dump again") from None
+        except UnknownCodecError as exc:  # made with a codec from a package that is not installed here
+            raise StoreError(f"{self.url}: its values use the value codec {exc.codec!r}, which no installed package "
+                             f"provides: install the package that provides {exc.codec!r} (entry point group "
+                             "hsk.codecs) and run again") from None
         self.specs = {s.name: s for s in specs}
         self._arrays: dict = {}  # opened array handles, reused across reads
         self._formats: dict[str, ShardLayout | None] = {}  # per array: decoded by hsk (read_shards) or by zarr
@@ -182,6 +207,7 @@ class HSKStore:
         self._check_arrays(members)
         if meta.get("complete"):
             self._check_covered(members, allow_unverified or os.environ.get(ALLOW_UNVERIFIED_ENV) == "1")
+        self._check_described(members)  # after the manifest: an interrupted `hsk upgrade` is told to rerun
         if not meta.get("complete") and not allow_incomplete:
             raise IncompleteStoreError(
                 f"{self.url} is incomplete ({self._done_count()}/{self.n_shards} shards written): its dump was "
@@ -224,6 +250,24 @@ class HSKStore:
                     f"{self.url}: array {name} is {found[1]} {list(found[0])} (shards {found[2]}) but the metadata "
                     f"says {dtype} {list(shape)} (shards {shards}): the store is damaged; re-copy it or dump again"
                 )
+
+    def _check_described(self, members: dict[str, zarr.Array]) -> None:
+        """Format 3 on: each array's dimension names and attributes are the ones the schema declares for this
+        store. The manifest covers them, but whoever edits one can recompute it: a generic Zarr tool would then
+        read another codec or other axes than hsk does. The texts are fixed by the conformance vectors, so an
+        exact comparison refuses no store an earlier hsk wrote."""
+        if self.meta.get("format_version", 0) < DIMENSIONS_SINCE:
+            return  # format 2 has neither; `hsk upgrade` writes them
+        declared = {name: (spec.dims, spec.attributes) for name, spec in self.specs.items()}
+        declared.update(PROGRESS_DESCRIBED)
+        for name, (dims, attributes) in declared.items():
+            found = members[name].metadata
+            field, got, want = _first_difference(found.dimension_names, found.attributes, dims, attributes)
+            if field is not None:
+                raise CorruptStoreError(
+                    f"{self.url}: array {name} has {field} {_short(got)} but the store's metadata declares "
+                    f"{_short(want)}: its "
+                    "description was edited; re-copy the store or dump again")
 
     def _check_covered(self, members: dict[str, zarr.Array], allow_unverified: bool) -> None:
         """A complete store: its metadata matches its manifest, and its shard digests its checksums."""

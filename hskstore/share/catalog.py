@@ -4,7 +4,8 @@ A store is found by its root: a folder holding `zarr.json` with hsk attributes (
 lease: a store whose creation was cut short). The walk never descends into a store, and reads of
 each store only its root `zarr.json` (which records `stored_bytes`), plus its card (`README.md`)
 for the HTML page or for a store written before `stored_bytes` was recorded: no chunk, no array
-metadata. A bundle (`*.zip`) is read through its zip directory: the same objects. On an object
+metadata. A local store's folders are listed, to mark one holding a link or a FIFO as damaged. A
+bundle (`*.zip`) is read through its zip directory: the same objects. On an object
 store the walk costs one batch of concurrent reads per folder level, not one request per store.
 A store whose metadata cannot be read is listed as damaged, one that is not finished as
 incomplete; neither stops the listing. The catalog does not verify (`hsk verify` does): `status`
@@ -28,8 +29,9 @@ import fsspec
 from ..errors import StoreError, printable
 from ..format.meta import objective_of
 from ..format.schema import PROGRESS_GROUP
+from ..io.access import raise_if_access
 from ..io.info import human_bytes
-from ..io.location import is_bundle, location, zip_problem
+from ..io.location import check_plain_tree, is_bundle, is_local, local_path, location, zip_problem
 from ..io.outputs import LEASE_NAME
 from ..io.reader import store_type
 
@@ -195,6 +197,17 @@ def _read_bundle(url: str, cards: bool = False) -> Entry | None:
     return entry_from(url, "bundle", root, card)
 
 
+def _raise_if_unreachable(top, url: str) -> None:
+    """s3fs answers `exists` on a bucket with False for a wrong secret, an unknown key or an endpoint it cannot
+    reach: a listing raises the error itself, which names the cause (hskstore.io.access) instead of "nothing"."""
+    if is_local(url):
+        return
+    try:
+        top.names()
+    except Exception as exc:
+        raise_if_access(exc, url)
+
+
 def scan(location_url: str, cards: bool = False) -> list[Entry]:
     """Every store and bundle under one local folder or fsspec URL (a store or bundle itself included).
     `cards`: also read each store's card (for the HTML page); otherwise only zarr.json is read."""
@@ -203,6 +216,7 @@ def scan(location_url: str, cards: bool = False) -> list[Entry]:
     if problem:
         raise StoreError(problem)
     if not top.exists():
+        _raise_if_unreachable(top, location_url)
         raise FileNotFoundError(location_url)
     if top.is_file():  # a bundle named itself
         bundles, roots = ([location_url] if is_bundle(location_url) else []), []
@@ -211,8 +225,22 @@ def scan(location_url: str, cards: bool = False) -> list[Entry]:
         roots, bundles = top.find_roots("zarr.json", LEASE_NAME, is_bundle, also=(PROGRESS_GROUP,))
     got = top.read_many([r.name_under(CARD) for r in roots if _needs_card(r.head, cards)])
     entries = [entry_from(r.url, "store", r.head, got.get(r.name_under(CARD)), r.marked, r.problem) for r in roots]
+    entries = [_plain(e) for e in entries if e is not None]
     entries += [_read_bundle(b, cards) for b in bundles]
     return [e for e in entries if e is not None]
+
+
+def _plain(e: Entry) -> Entry:
+    """A local store holding a link, a FIFO, a device or an oversized metadata file is damaged: every other command
+    refuses it, so the catalog must not call it complete. Only the folders are listed (no file is opened), and
+    an object store holds no such entries."""
+    if e.status.startswith("damaged") or not is_local(e.url):
+        return e
+    try:
+        check_plain_tree(local_path(e.url))
+    except StoreError as exc:
+        return replace(e, status=f"damaged: {exc}"[:300])
+    return e
 
 
 def catalog(locations: list[str], filters: Filters = Filters(), cards: bool = False) -> list[Entry]:

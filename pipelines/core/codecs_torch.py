@@ -56,10 +56,10 @@ class TorchCodec(ABC):
 
     def encode(self, values16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """fp16 kept values -> the stored arrays, through the numpy codec's `via` chain."""
-        via = codecs.get(self.name).via
+        via = codecs.chained(self.name).via
         if via is None:
             return self.quantize(values16.float())
-        parent = get(via)
+        parent = get(via, chained=True)
         return self.quantize(parent.decode(*parent.encode(values16), values16.shape[-1]))
 
 
@@ -217,10 +217,11 @@ def register(twin: TorchCodec) -> None:
     _TWINS[twin.name] = twin
 
 
-def get(name: str) -> TorchCodec:
+def get(name: str, *, chained: bool = False) -> TorchCodec:
     """The twin of the codec registered as `name` (UnknownCodecError for an unknown name): a registered
-    twin, else the generic one built from the codec's `lut`."""
-    codec = codecs.get(name)  # an unknown name fails here, in the registry's words
+    twin, else the generic one built from the codec's `lut`. `chained`: a step of a `via` chain, which a
+    package declaring the same name does not block (hskstore.codecs.chained)."""
+    codec = (codecs.chained if chained else codecs.get)(name)  # an unknown name fails here, in the registry's words
     if name not in _TWINS:
         table = getattr(codec, "lut", None)
         if table is None:
