@@ -36,6 +36,30 @@ INPUT_NAMES = ["row", "text_hash", "label", "input_ids", "token_type_ids", "leng
 # Sources of training rows
 
 
+@dataclass
+class StoreSource:
+    """What a run trains from when its store has no task (masked-LM, causal-LM): the store, and the live teacher
+    of a run that computes its targets beside the student (none: every target comes from the store)."""
+
+    store: Any
+    teacher: Any = None
+    mode: str = "offline"
+    task: None = None
+    selection: None = None
+
+    @property
+    def meta(self) -> dict:
+        return self.store.meta
+
+    @property
+    def metadata(self) -> StoreMeta:
+        return self.store.metadata
+
+    @property
+    def teacher_name(self) -> str:
+        return self.store.metadata.teacher.name
+
+
 class ShardedRows:
     """Arrays held in memory, read shard by shard the way a StoreStream reads a store (nothing is written).
 

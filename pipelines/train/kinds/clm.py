@@ -5,7 +5,7 @@ position, the teacher's next-token distribution on a sparse support. The student
 AutoModelForCausalLM with the teacher's vocabulary: `first<k>` (the teacher's embeddings, first k layers
 and LM head) or any causal-LM folder. The loop (pipelines.train.run.loop) runs the stage as every other:
 optimiser, schedule, shuffled stream, checkpoints and resume, metrics. What differs lives here: the source
-(`LMSource`: the store, and the live teacher of `--set target=live`), the batches (`ClmFeed`: targets
+(a `StoreSource`: the store, and the live teacher of `--set target=live`), the batches (`ClmFeed`: targets
 decoded on the host from the stored bytes, or the live teacher's logits) and the student (`clm_student`).
 There is no dev set: OUT/best is the final model; `hsk eval OUT/best --text-file F` gives its perplexity.
 """
@@ -27,7 +27,7 @@ from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
-from pipelines.train.data.sources import check_expected_store, store_teacher
+from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
@@ -82,29 +82,6 @@ def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Cal
             "(padding only), accepted")
 
 
-@dataclass
-class LMSource:
-    """What a causal-LM run trains from: the store, and the live teacher when the target is `live`."""
-
-    store: Any
-    teacher: nn.Module | None = None
-    mode: str = "offline"
-    task: None = None
-    selection: None = None
-
-    @property
-    def meta(self) -> dict:
-        return self.store.meta
-
-    @property
-    def metadata(self) -> StoreMeta:
-        return self.store.metadata
-
-    @property
-    def teacher_name(self) -> str:
-        return self.store.metadata.teacher.name
-
-
 def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, live: nn.Module | None) -> dict:
     """A batch of blocks for the adapter and the loss terms: inputs, next-token labels and the masks of the
     positions each term averages over; the stored support at the kept positions ([N, S]), or the live
@@ -157,7 +134,7 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live)
 
 
-def _teacher(source: LMSource, override: str | None) -> str:
+def _teacher(source: StoreSource, override: str | None) -> str:
     """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
     from pipelines.dump.clm import load_clm_teacher
 
@@ -172,7 +149,7 @@ def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks
                           "its teacher runs beside the student)")
     if ranks.distributed:
         raise ConfigError("--method clm-kd runs in one process: start it without torchrun")
-    source = LMSource(open_store(store))
+    source = StoreSource(open_store(store))
     check_expected_store(source, options.expect_store)
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)

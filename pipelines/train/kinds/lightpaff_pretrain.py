@@ -7,7 +7,7 @@ stage's terms (pipelines.methods.lightpaff) at the masked positions only. The on
 (pipelines.train.run.loop) runs the stage as it runs every other: optimiser, schedule, stream,
 checkpoints (OUT/checkpoint/state.pt every --checkpoint-every steps: a rerun of the same command
 continues from there and computes the same steps) and metrics. What differs lives here: the source
-(`MaskedLMSource`), the arrays the stage streams and how its batches are made (`MaskedLMFeed`), and
+(a `StoreSource`), the arrays the stage streams and how its batches are made (`MaskedLMFeed`), and
 the student (`mlm_student`). There is no task, dev set or classifier: OUT/best is the final model.
 """
 
@@ -27,7 +27,7 @@ from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
-from pipelines.train.data.sources import check_expected_store, store_teacher
+from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
@@ -95,29 +95,6 @@ def mlm_batch(raw: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor
             "lse": torch.as_tensor(raw["mlm/lse"], device=device)[used]}
 
 
-@dataclass
-class MaskedLMSource:
-    """What a pre-training run trains from: a masked-LM store (no task, no selection of layers)."""
-
-    store: Any
-    mode: str = "offline"
-    task: None = None
-    selection: None = None
-    teacher: None = None
-
-    @property
-    def meta(self) -> dict:
-        return self.store.meta
-
-    @property
-    def metadata(self) -> StoreMeta:
-        return self.store.metadata
-
-    @property
-    def teacher_name(self) -> str:
-        return self.store.metadata.teacher.name
-
-
 class _Maker:
     def __init__(self, device: str):
         self.device = device
@@ -149,7 +126,7 @@ def prepare_pretraining(options: TrainOptions, *, student: str, store: str | Non
         raise ConfigError("--method lightpaff-pretrain distils from a masked-LM store: give --store")
     if ranks.distributed:
         raise ConfigError("--method lightpaff-pretrain runs in one process: start it without torchrun")
-    source = MaskedLMSource(open_store(store))
+    source = StoreSource(open_store(store))
     check_expected_store(source, options.expect_store)
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)

@@ -463,7 +463,7 @@ class RunParts:
     """What one kind of training prepares for the loop (distill's task runs; LightPAFF pre-training), every
     check done: the rest of a run (its folder, checkpoints, resume, summary) is the same for all."""
 
-    source: Any  # a sources.Source (store, online teacher), a lightpaff_pretrain.MaskedLMSource or a clm.LMSource
+    source: Any  # a sources.Source (a task store, an online teacher) or a sources.StoreSource (LM stores)
     method: Any  # pipelines.registry.Method
     method_options: Any
     stages: list[Stage]
