@@ -75,7 +75,8 @@ class ClmStore(HSKStore):
                  f"per token      {report['bytes_per_token']:.2f} B stored (clm/ arrays; "
                  f"{report['bytes_per_kept_position']:.2f} B per kept position); the full distribution in fp16: "
                  f"{2 * sel.vocab_size:,} B"]
-        lines += [f"  vs {name}: ~{size} B ({size / max(report['bytes_per_token'], 1e-9):.1f}x this)"
+        lines += ["for scale, what other tools store per token:"]
+        lines += [f"  {name}: ~{size} B ({size / max(report['bytes_per_token'], 1e-9):.1f}x this store)"
                   for name, size in OTHERS]
         return info.join_report(lines)
 
