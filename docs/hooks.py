@@ -50,7 +50,7 @@ def cli_reference() -> str:
     ctx = _context(root, "hsk")
     lines = ["# CLI reference", "",
              "Generated from the `hsk` command itself (`pipelines.cli`) when this site is built: each section is",
-             "what `hsk COMMAND --help` prints. Every command also takes `--help`.", ""]
+             "what `hsk COMMAND --help` prints. Every command also takes `--help` and its short form `-h`.", ""]
     for sub_ctx, command in _walk(root, ctx):
         path = sub_ctx.command_path
         level = "#" * max(2, min(1 + path.count(" "), 4))  # hsk, hsk dump: ##; hsk student build: ###
