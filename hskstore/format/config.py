@@ -62,12 +62,6 @@ PRECISION = Choice("--precision", "precision", "teacher precision", "The teacher
 STORE_CHOICES = (TOKENS, WIDTH, SCORES, RANKING, VALUES)  # what a store's selection records
 DUMP_CHOICES = (*STORE_CHOICES, ENGINE, PRECISION)
 
-TOKEN_STRATEGIES = TOKENS.values
-WIDTH_STRATEGIES = WIDTH.values
-ATTENTION_SCORES = SCORES.values
-RANKING_MAPS = RANKING.values
-VALUE_DTYPES = VALUES.values
-
 # Where hsk knowingly differs from the authors' code (docs/METHOD.md); written into every store.
 DEVIATIONS = {
     "width_mask": "per-vector magnitude top-k (reference code: one threshold per layer over the batch)",

@@ -35,7 +35,7 @@ import numpy as np
 from .. import codecs
 from ..errors import CorruptStoreError, StoreExistsError
 from ..format import codec
-from ..format.config import VALUE_DTYPES, ConfigError, HSKConfig, Selection, check_choices
+from ..format.config import VALUES, ConfigError, HSKConfig, Selection, check_choices
 from ..format.digest import array_checksum
 from ..format.schema import PROGRESS_DIGESTS, attention_row_layers, layer_names
 from ..io.outputs import STORE, claim_output
@@ -66,7 +66,7 @@ class DerivePlan:
 
 def _check_values(where: str, src: Selection, new_dtype: str, narrower: bool) -> None:
     """Precision only goes down (along the target codec's chain); only a lossless store re-ranks a narrower width."""
-    check_choices([("value dtype", new_dtype, VALUE_DTYPES)])
+    check_choices([("value dtype", new_dtype, VALUES.values)])
     if not codecs.can_convert(src.value_dtype, new_dtype):
         raise ConfigError(f"{where}: {src.value_dtype} values cannot become {new_dtype} (the precision is gone); "
                           "derive from the float16 store instead")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hskstore.format.config import VALUE_DTYPES, ConfigError
+from hskstore.format.config import VALUES, ConfigError
 from hskstore.format.meta import StoreMeta
 from hskstore.io.reader import open_store
 from pipelines.methods import get_method
@@ -104,9 +104,9 @@ class SweepSpec:
 def _check_lists(spec: SweepSpec) -> None:
     if not spec.configs or not spec.students or not spec.seeds or not spec.value_dtypes:
         raise ConfigError("a sweep needs at least one config, student, seed and value dtype")
-    bad = [v for v in spec.value_dtypes if v not in VALUE_DTYPES]
+    bad = [v for v in spec.value_dtypes if v not in VALUES.values]
     if bad:
-        raise ConfigError(f"value dtypes {bad} unknown; choose from {', '.join(VALUE_DTYPES)}")
+        raise ConfigError(f"value dtypes {bad} unknown; choose from {', '.join(VALUES.values)}")
 
 
 def _check_train(train: dict[str, Any], methods: list[str]) -> None:
@@ -133,9 +133,9 @@ def parse_entry(entry: str, default_dtypes: tuple[str, ...]) -> tuple[str, tuple
     if not dtypes:
         return token, default_dtypes
     chosen = tuple(split_list(dtypes, "+"))
-    bad = [v for v in chosen if v not in VALUE_DTYPES]
+    bad = [v for v in chosen if v not in VALUES.values]
     if bad or not chosen:
-        raise ConfigError(f"config entry {entry!r}: after '@' give value dtypes from {', '.join(VALUE_DTYPES)}, "
+        raise ConfigError(f"config entry {entry!r}: after '@' give value dtypes from {', '.join(VALUES.values)}, "
                           "joined by '+', e.g. '3,8,0.2@float16+int8'")
     return token, chosen
 
