@@ -334,6 +334,8 @@ def run_study(args) -> list[dict]:
         # epochs only bound the schedule: max-steps ends every arm at the same step
         epochs = math.ceil(scale.steps * scale.batch * BLOCK / max(info["tokens"], 1)) + 1
         for seed in range(args.seeds):
+            if args.cached_only and not (paths["runs"] / f"{arm.name}-s{seed}.wall.json").is_file():
+                continue  # --cached-only: the rows of the runs already made, none trained now
             wall = train_run(arm, store, seed, paths, args, scale, epochs)
             run = paths["runs"] / f"{arm.name}-s{seed}"
             evals = {n: evaluate_run(run, n, text[n], paths, args.threads) for n in TEST_FILES if n in text}
@@ -371,6 +373,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="stores, runs, logs [~/.cache/hsk/lm_evidence/work-SCALE]")
     parser.add_argument("--scale", choices=tuple(SCALES), default="cpu")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--cached-only", action="store_true",
+                        help="write the results of the runs already made in --work (train none): after runs of "
+                             "different arms with different --seeds")
     parser.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], default=None,
                         help="a comma-separated subset (default: every arm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
