@@ -65,6 +65,7 @@ HEADS: dict[str, str] = {
     "ptp4": "PEA-KD's 4-way PTP head on the pooled features (pea)",
     "mlm": "a masked-LM student's MLM head (lightpaff-pretrain)",
     "clm": "a causal LM's own LM head (clm-kd)",
+    "s2s": "a seq2seq student's LM head at the target's positions (s2s-kd)",
 }
 STORE_READS: dict[str, str] = {
     "logits": "the teacher's logits",
@@ -73,6 +74,7 @@ STORE_READS: dict[str, str] = {
     "attention": "the stored attention rows of the stage's layer pairs (`hsk dump --attention-rows`)",
     "mlm": "a masked-LM store's masked positions, original tokens and teacher top-k (`hsk dump --objective mlm`)",
     "clm": "a causal-LM store's blocks and per-position teacher support (`hsk dump --objective clm`)",
+    "seq2seq": "a seq2seq store's pairs, teacher output and per-target-token support (`hsk dump --objective seq2seq`)",
 }
 PAIR_RULES: dict[str, str] = {
     "store": "the store's layer map, fitted to the student's depth (mud, tinybert-att)",
@@ -211,7 +213,7 @@ class Method:
     options: type  # a dataclass; every field has a default, __post_init__ validates
     build: Callable[[Any, Context], list[Stage]]
     check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
-    objective: str = "task"  # the store kind it distils from (hskstore.format.kinds): "task", "mlm", "clm"
+    objective: str = "task"  # the store kind it distils from (hskstore.format.kinds): "task", "mlm", "clm", "seq2seq"
 
     def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""

@@ -275,6 +275,31 @@ def save_tiny_causal_lm(out: str | Path, tokenizer_dir: str | Path, arch: str = 
     return Path(out)
 
 
+SEQ2SEQ_CONFIGS = {
+    "t5": ("T5Config", dict(d_model=32, d_kv=8, d_ff=64, num_layers=3, num_decoder_layers=3, num_heads=4)),
+    "bart": ("BartConfig", dict(d_model=32, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                max_position_embeddings=128, init_std=0.2, forced_bos_token_id=None)),
+}
+
+
+def save_tiny_seq2seq(out: str | Path, tokenizer_dir: str | Path, arch: str = "t5", *, seed: int = 0) -> Path:
+    """A random encoder-decoder of `arch` (SEQ2SEQ_CONFIGS: 3 + 3 layers, d 32) over the tokenizer, saved with it."""
+    import torch
+    import transformers
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    name, sizes = SEQ2SEQ_CONFIGS[arch]
+    eos = tokenizer.eos_token_id
+    config = getattr(transformers, name)(vocab_size=len(tokenizer), eos_token_id=eos, pad_token_id=eos,
+                                         bos_token_id=eos, decoder_start_token_id=eos, **sizes)
+    torch.manual_seed(seed)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return Path(out)
+
+
 def corpus_lines(n: int = 300) -> list[str]:
     """Real English: the first SST-2 training sentences (documents of a causal-LM corpus)."""
     rows = (GLUE_DIR / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]

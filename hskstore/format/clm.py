@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -221,36 +221,57 @@ class LMTargets:
         return np.where(self.kept, np.clip(1.0 - (self.probs * self.used).sum(-1), 0.0, 1.0), 0.0)
 
 
-def decode(data: Mapping[str, np.ndarray], sel: ClmSelection) -> LMTargets:
-    """A shard's (or any rows') stored arrays -> LMTargets."""
-    kept = np.unpackbits(data["clm/kept"], axis=-1, count=sel.block_size).astype(bool)
-    ids = unpack_ids(data["clm/ids"], sel.id_bits, sel.slots)
+def decode_support(data: Mapping[str, np.ndarray], sel: Any, width: int, group: str = GROUP
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(kept [n, width], ids, probs, used [n, width, S]) of the `group`/ arrays of rows: a support over `width`
+    positions, as causal-LM and sequence-to-sequence stores keep it (`sel` names the support and its codec)."""
+    kept = np.unpackbits(data[f"{group}/kept"], axis=-1, count=width).astype(bool)
+    ids = unpack_ids(data[f"{group}/ids"], sel.id_bits, sel.slots)
     if sel.support == "topk":
         codec = codecs.get(sel.logprob_codec)
-        logprobs = codec.decode(data["clm/values"], data.get("clm/scale"), sel.slots)
+        logprobs = codec.decode(data[f"{group}/values"], data.get(f"{group}/scale"), sel.slots)
         used = np.broadcast_to(kept[..., None], ids.shape)
         probs = np.where(used, np.exp(logprobs.astype(np.float64)), 0.0).astype(np.float32)
     else:
-        counts = data["clm/counts"]
+        counts = data[f"{group}/counts"]
         used = counts > 0
         probs = counts.astype(np.float32) / sel.draws
-    return LMTargets(data["input_ids"], data["length"], kept, ids, probs, np.ascontiguousarray(used))
+    return kept, ids, probs, np.ascontiguousarray(used)
 
 
-def encode_support(ids: np.ndarray, weights: np.ndarray, kept: np.ndarray, sel: ClmSelection) -> dict[str, np.ndarray]:
-    """The clm/ arrays of rows: ids [n, T, S], weights [n, T, S] (top-K: float16 log-probs; sampled: counts),
+def decode(data: Mapping[str, np.ndarray], sel: ClmSelection) -> LMTargets:
+    """A shard's (or any rows') stored arrays -> LMTargets."""
+    return LMTargets(data["input_ids"], data["length"], *decode_support(data, sel, sel.block_size))
+
+
+def encode_support(ids: np.ndarray, weights: np.ndarray, kept: np.ndarray, sel: Any,
+                   group: str = GROUP) -> dict[str, np.ndarray]:
+    """The `group`/ arrays of rows: ids [n, T, S], weights [n, T, S] (top-K: float16 log-probs; sampled: counts),
     kept [n, T]; positions outside `kept` are zeroed here, so that their bytes never depend on the teacher."""
     ids = np.where(kept[..., None], ids, 0)
     weights = np.where(kept[..., None], weights, 0)
-    out = {"clm/kept": np.packbits(kept, axis=-1), "clm/ids": pack_ids(ids, sel.id_bits)}
+    out = {f"{group}/kept": np.packbits(kept, axis=-1), f"{group}/ids": pack_ids(ids, sel.id_bits)}
     if sel.support == "topk":
         values, scale = codecs.get(sel.logprob_codec).encode(weights.astype(np.float16))
-        out["clm/values"] = values
+        out[f"{group}/values"] = values
         if scale is not None:
-            out["clm/scale"] = scale
+            out[f"{group}/scale"] = scale
     else:
-        out["clm/counts"] = weights.astype(np.uint8)
+        out[f"{group}/counts"] = weights.astype(np.uint8)
     return out
+
+
+def support_specs(spec: Callable[[str, tuple[int, ...], str], ArraySpec], sel: Any, width: int,
+                  group: str = GROUP) -> list[ArraySpec]:
+    """The `group`/ arrays of a support over `width` positions: kept, ids, then counts or values (and scale)."""
+    specs = [spec(f"{group}/kept", ((width + 7) // 8,), "uint8"), spec(f"{group}/ids", (width, sel.id_bytes), "uint8")]
+    if sel.support == "sample":
+        return [*specs, spec(f"{group}/counts", (width, sel.slots), "uint8")]
+    declared = codecs.get(sel.logprob_codec).arrays(sel.slots)
+    specs.append(spec(f"{group}/values", (width, *declared["values"][0]), declared["values"][1]))
+    if "scale" in declared:
+        specs.append(spec(f"{group}/scale", (width, *declared["scale"][0]), declared["scale"][1]))
+    return specs
 
 
 def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
@@ -261,16 +282,9 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     def spec(name: str, tail: tuple[int, ...], dtype: str) -> ArraySpec:
         return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1)
 
-    specs = [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
-             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
-             spec("clm/kept", ((t + 7) // 8,), "uint8"), spec("clm/ids", (t, sel.id_bytes), "uint8")]
-    if sel.support == "sample":
-        return [*specs, spec("clm/counts", (t, sel.slots), "uint8")]
-    declared = codecs.get(sel.logprob_codec).arrays(sel.slots)
-    specs.append(spec("clm/values", (t, *declared["values"][0]), declared["values"][1]))
-    if "scale" in declared:
-        specs.append(spec("clm/scale", (t, *declared["scale"][0]), declared["scale"][1]))
-    return specs
+    return [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
+            spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
+            *support_specs(spec, sel, t)]
 
 
 # name -> (axes after rows, description, units): what generic Zarr tools show
@@ -281,28 +295,43 @@ _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "input_ids": (("tokens",), "the block's token ids: documents each followed by EOS, packed; padded with EOS",
                   None),
     "length": ((), "real tokens of the block", "tokens"),
-    "clm/kept": (("position_bytes",), "which positions carry a support: numpy packbits over the block, big-endian "
-                 "bit order", None),
-    "clm/ids": (("tokens", "id_bytes"), "the support's ids of each position, bit-packed at id_bits bits, least "
-                "significant bit first", None),
-    "clm/values": (("tokens", "slots"), "the top-K ids' normalized log-probs, as the value codec stores them",
-                   "log-prob (nats)"),
-    "clm/scale": (("tokens", "scale_groups"), "the value codec's scale of each position's log-probs", None),
-    "clm/counts": (("tokens", "slots"), "how many of the draws gave each stored id; 0 = unused slot", "draws"),
+}
+# a support's arrays, by their name inside its group (clm/, s2s/)
+SUPPORT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
+    "kept": (("position_bytes",), "which positions carry a support: numpy packbits over {positions}, big-endian "
+             "bit order", None),
+    "ids": (("tokens", "id_bytes"), "the support's ids of each position, bit-packed at id_bits bits, least "
+            "significant bit first", None),
+    "values": (("tokens", "slots"), "the top-K ids' normalized log-probs, as the value codec stores them",
+               "log-prob (nats)"),
+    "scale": (("tokens", "scale_groups"), "the value codec's scale of each position's log-probs", None),
+    "counts": (("tokens", "slots"), "how many of the draws gave each stored id; 0 = unused slot", "draws"),
 }
 
 
-def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
-    dims, text, units = _DESCRIBED[spec.name]
-    attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY}
-    sel = meta["selection"]
-    if spec.name == "clm/ids":
+def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, section: str,
+                      positions: str = "the block") -> ArraySpec:
+    """A support array's dimension names and attributes (its codec, id bits and slots where they apply)."""
+    dims, text, units = SUPPORT_DESCRIBED[leaf]
+    attributes = {"description": text.format(positions=positions), "spec": section, "integrity": INTEGRITY}
+    if leaf == "ids":
         attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
-    if spec.name in ("clm/values", "clm/scale"):
+    if leaf in ("values", "scale"):
         attributes["codec"] = sel["logprob_codec"]
-        if spec.name == "clm/values" and spec.shape[2] != sel["slots"]:
+        if leaf == "values" and spec.shape[2] != sel["slots"]:
             dims = ("tokens", "value_bytes")  # a packed codec: bytes of codes, not one value per slot
         dims = dims[: len(spec.shape) - 1]  # a scale per position (int8) has no group axis
+    if units:
+        attributes["units"] = units
+    return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+
+
+def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
+    group, _, leaf = spec.name.rpartition("/")
+    if group == GROUP:
+        return described_support(spec, meta["selection"], leaf, _SECTION)
+    dims, text, units = _DESCRIBED[spec.name]
+    attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY}
     if units:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)

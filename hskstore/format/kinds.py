@@ -47,7 +47,8 @@ class StoreKind:
 
 
 # name -> the module whose import registers it (the built-in kinds)
-_DECLARED = {TASK: "hskstore.format.schema", "mlm": "hskstore.format.schema", "clm": "hskstore.format.clm"}
+_DECLARED = {TASK: "hskstore.format.schema", "mlm": "hskstore.format.schema", "clm": "hskstore.format.clm",
+             "seq2seq": "hskstore.format.seq2seq"}
 _KINDS: dict[str, StoreKind] = {}
 _plugins_loaded = False
 

@@ -10,7 +10,7 @@ from importlib import import_module
 
 import numpy as np
 
-from ..format.clm import CLM, ClmSelection, LMTargets, decode
+from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode
 from ..format.config import ConfigError
 from . import info
 from .reader import HSKStore
@@ -32,6 +32,10 @@ class ClmStore(HSKStore):
             self.clm = ClmSelection.from_dict(self.meta["selection"])
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
+
+    def support(self) -> tuple[ClmSelection, str, int]:
+        """(selection, group, positions per row) of the stored support, for derive."""
+        return self.clm, GROUP, self.clm.block_size
 
     def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
         """Rows read with read_shard / read (every array) -> their decoded teacher distributions."""
@@ -56,6 +60,10 @@ class ClmStore(HSKStore):
                 "knowledge_bytes": knowledge, "bytes_per_token": knowledge / max(real, 1),
                 "bytes_per_kept_position": knowledge / max(kept, 1), "total_bytes_per_token": total / max(real, 1),
                 "support": str(self.clm.described), "vocab_size": self.clm.vocab_size}
+
+    def size_summary(self, report: dict) -> str:
+        """One line: the support and what it costs per token."""
+        return f"support {report['support']}: {report['bytes_per_token']:.2f} B/token"
 
     def format_report(self, report: dict) -> str:
         meta, sel = self.metadata, self.clm

@@ -1,4 +1,4 @@
-"""Smaller causal-LM stores from a larger one, without the teacher (`hsk derive SRC --support ...`).
+"""Smaller causal-LM and seq2seq stores from a larger one, without the teacher (`hsk derive SRC --support ...`).
 
 - Top-K -> top-K' (K' <= K), and another log-prob codec: the first K' ids and log-probs of each position,
   encoded as the dump encodes them. From a float16 source (or a source in the target codec's `via` chain at
@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import __version__, codecs
 from ..errors import StoreExistsError
-from ..format.clm import ClmSelection, Support, decode, encode_support
+from ..format.clm import ClmSelection, Support, decode_support, encode_support
 from ..format.config import ConfigError
 from ..io.writer import writing
 from .derive import _check_source_checksums, _same_location
@@ -56,28 +56,31 @@ def _compact(ids: np.ndarray, counts: np.ndarray, slots: int) -> tuple[np.ndarra
     return np.where(kept_counts > 0, kept_ids, 0), kept_counts
 
 
-def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelection, rows: np.ndarray) -> dict:
-    targets = decode(data, src)
+def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelection, rows: np.ndarray, group: str,
+                 width: int) -> dict:
+    """A shard's arrays with the support of `group` (over `width` positions) made smaller; the rest as it is."""
+    kept, ids, _, _ = decode_support(data, src, width, group)
     if new.support == "topk":
-        logprobs = codecs.get(src.logprob_codec).decode(data["clm/values"], data.get("clm/scale"), src.slots)
+        logprobs = codecs.get(src.logprob_codec).decode(data[f"{group}/values"], data.get(f"{group}/scale"), src.slots)
         weights = logprobs[..., : new.k].astype(np.float16)
-        arrays = encode_support(targets.ids[..., : new.k], weights, targets.kept, new)
+        arrays = encode_support(ids[..., : new.k], weights, kept, new, group)
     else:
-        counts = np.stack([thin_counts(data["clm/counts"][i], new.draws, src.sample_seed, int(row))
+        counts = np.stack([thin_counts(data[f"{group}/counts"][i], new.draws, src.sample_seed, int(row))
                            for i, row in enumerate(rows)])
-        ids, counts = _compact(targets.ids, counts, new.slots)
-        arrays = encode_support(ids, counts, targets.kept, new)
-    arrays.update({name: data[name] for name in ("row", "text_hash", "input_ids", "length")})
+        ids, counts = _compact(ids, counts, new.slots)
+        arrays = encode_support(ids, counts, kept, new, group)
+    arrays.update({name: array for name, array in data.items() if not name.startswith(f"{group}/")})
     return arrays
 
 
 def derive_clm(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
                progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
                log: Callable[[str], object] | None = None) -> dict:
-    """Write at `out` the store of `support` derived from the causal-LM store `source` (an opened ClmStore)."""
+    """Write at `out` the store of `support` derived from `source`, an opened store with a sparse support
+    (ClmStore, Seq2seqStore: `source.support()` gives its selection, group and positions)."""
     if _same_location(str(source.url), str(out)):
         raise StoreExistsError(f"--out {out} is the source store itself: choose another output")
-    src = source.clm
+    src, group, width = source.support()
     new = src.derived(Support.parse(support), logprob_codec)
     _check_codec(src, new)
     _check_source_checksums(source)
@@ -100,5 +103,5 @@ def derive_clm(source, out: str, *, support: str, logprob_codec: str | None = No
         for shard in progress(pending) if progress is not None else pending:
             data = source.read_shard(shard, verify=True)
             rows = np.arange(*source.shard_bounds(shard), dtype=np.int64)
-            writer.write_shard(shard, derive_shard(data, src, new, rows))
+            writer.write_shard(shard, derive_shard(data, src, new, rows, group, width))
         return writer.finalize()

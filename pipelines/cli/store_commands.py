@@ -146,12 +146,22 @@ def dump(
         help="Use a teacher whose label names or task say it was fine-tuned for another task (recorded in the store).",
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
-    objective: str = typer.Option("task", help="task (a fine-tuned classifier's store), mlm (masked-LM top-k) or "
-                                  "clm (a causal LM's next-token distributions)."),
+    objective: str = typer.Option("task", help="task (a fine-tuned classifier's store), mlm (masked-LM top-k), "
+                                  "clm (a causal LM's next-token distributions) or seq2seq (pairs: the teacher's "
+                                  "output and per-target-token distributions)."),
     text_file: str = typer.Option(None, help="--objective mlm/clm: raw text, one example (document) per line."),
-    support: str = typer.Option("topk:64", help="--objective clm: per position, topk:K (the K most probable ids "
-                                "and their log-probs; the tail mass is 1 - their sum) or sample:N (N draws from "
-                                "the teacher, RS-KD: distinct ids and counts)."),
+    support: str = typer.Option("topk:64", help="--objective clm/seq2seq: per position, topk:K (the K most "
+                                "probable ids and their log-probs; the tail mass is 1 - their sum) or sample:N (N "
+                                "draws from the teacher, RS-KD: distinct ids and counts); seq2seq also takes none "
+                                "(the teacher's output alone)."),
+    decode: str = typer.Option("none", help="--objective seq2seq: also store the teacher's own output for each "
+                               "source (sequence-level KD): greedy or beam:N (no sampling, no length penalty)."),
+    supports_on: str = typer.Option(None, help="--objective seq2seq: the target the supports sit on, reference or "
+                                    "teacher [default: teacher with --decode, else reference]."),
+    max_target: int = typer.Option(64, help="--objective seq2seq: target tokens kept per pair (and the most the "
+                                   "teacher generates); --max-length bounds the source."),
+    prompt: str = typer.Option(None, help="--objective seq2seq with a decoder-only teacher: the prompt template, "
+                               "{source} where the source goes [default: '{source}\\n']."),
     logprobs: str = typer.Option("float16", help="--objective clm with topk: the value codec of the log-probs "
                                  "(float16, int8, int4, mxfp4, nf3)."),
     block_size: int = typer.Option(256, help="--objective clm: tokens per block (documents packed, EOS between)."),
@@ -181,6 +191,7 @@ def dump(
     creator: str = typer.Option(
         None, "--creator", help="Who made the store (a person or team; several separated by ';'); in croissant.json."),
 ) -> None:
+    given = dict(locals())  # the options as typed, for the dumps of LM_DUMPS
     # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
     parsed = _task_config(config, objective)
     explicit_layers = _int_list(layers)
@@ -188,25 +199,11 @@ def dump(
     from pipelines.core.devices import pick_device
 
     sharing = _sharing(license, creator)
-    if objective == "mlm":
-        if precision not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
-            raise ConfigError(f"--precision {precision}: a masked-LM dump (--objective mlm) runs its teacher in fp32")
-        use_threads(threads, "dump")
-        _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length,
-                  batch_size, shard_rows, pick_device(device), overwrite, progress, sharing)
-        return
-    if objective == "clm":
-        from pipelines.dump.clm import ClmRequest
-
-        request = ClmRequest(_clm_support(support), logprobs, block_size, positions, sample_seed, limit_tokens,
-                             batch_size if batch_size != BATCH_SIZE.default else 8,
-                             shard_rows if shard_rows != SHARD_ROWS.default else 64, precision)
-        use_threads(threads, "dump")
-        _dump_clm(teacher, out, text_file, data_file, text_columns, limit, request, pick_device(device), overwrite,
-                  progress, sharing)
+    if objective in LM_DUMPS:  # stores of other kinds: each takes the options it reads from the command's
+        LM_DUMPS[objective](given, pick_device(device), sharing)
         return
     if objective != "task":
-        raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
+        raise ConfigError(f"unknown --objective {objective!r}: pass task, {', '.join(LM_DUMPS)}")
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.precision import cpu_half_warning
@@ -277,44 +274,74 @@ def _sharing(license: str | None, creator: str | None) -> dict:
     return {"sharing": {"license": license.strip() if license else None, "creators": creators}}
 
 
-def _dump_mlm(teacher, out, text_file, data_file, text_columns, limit, top_k, mask_seed, max_length, batch_size,
-              shard_rows, device, overwrite, progress, sharing) -> None:
+def _dump_mlm(o: dict, device: str, sharing: dict) -> None:
     from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 
-    numbers = {"batch_size": batch_size, "shard_rows": shard_rows, "max_length": max_length, "top_k": top_k,
-               "mask_seed": mask_seed}
+    if o["precision"] not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
+        raise ConfigError(f"--precision {o['precision']}: a masked-LM dump (--objective mlm) runs its teacher in fp32")
     for bound in MLM_BOUNDS:  # before the teacher loads, as for a task dump
-        bound.check(numbers[bound.field])
-    if not teacher or not out:
+        bound.check(o[bound.field])
+    if not o["teacher"] or not o["out"]:
         raise ConfigError("an MLM dump needs --teacher (a BertForMaskedLM, e.g. from `hsk teacher --objective mlm`) "
                           "and --out")
-    corpus = load_corpus(text_file, data_file, text_columns, limit)
-    dump_mlm(teacher, out, corpus, top_k=top_k, masking=Masking(mask_seed=mask_seed), max_length=max_length or 128,
-             batch_size=batch_size, shard_rows=shard_rows, device=device, overwrite=overwrite, progress=progress,
-             log=typer.echo, extra_meta=sharing)
-    typer.echo(f"done: {out} (see `hsk info {out}`)")
+    use_threads(o["threads"], "dump")
+    corpus = load_corpus(o["text_file"], o["data_file"], o["text_columns"], o["limit"])
+    dump_mlm(o["teacher"], o["out"], corpus, top_k=o["top_k"], masking=Masking(mask_seed=o["mask_seed"]),
+             max_length=o["max_length"] or 128, batch_size=o["batch_size"], shard_rows=o["shard_rows"], device=device,
+             overwrite=o["overwrite"], progress=o["progress"], log=typer.echo, extra_meta=sharing)
+    typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")
 
 
-def _clm_support(text: str):
+def _lm_sizes(o: dict, batch_size: int, shard_rows: int) -> tuple[int, int]:
+    """--batch-size and --shard-rows, or an LM dump's own defaults where they were left at a task dump's."""
+    return (o["batch_size"] if o["batch_size"] != BATCH_SIZE.default else batch_size,
+            o["shard_rows"] if o["shard_rows"] != SHARD_ROWS.default else shard_rows)
+
+
+def _support(text: str, optional: bool = False):
     from hskstore.format.clm import Support
 
-    return Support.parse(text)
+    return None if optional and text.strip() == "none" else Support.parse(text)
 
 
-def _dump_clm(teacher, out, text_file, data_file, text_columns, limit, request, device, overwrite, progress,
-              sharing) -> None:
+def _dump_clm(o: dict, device: str, sharing: dict) -> None:
     from hskstore.format.clm import check_positions
-    from pipelines.dump.clm import dump_clm
+    from pipelines.dump.clm import ClmRequest, dump_clm
     from pipelines.dump.mlm import load_corpus
 
+    request = ClmRequest(_support(o["support"]), o["logprobs"], o["block_size"], o["positions"], o["sample_seed"],
+                         o["limit_tokens"], *_lm_sizes(o, 8, 64), o["precision"])
     check_positions(request.positions)
     request.check()
-    if not teacher or not out:
+    if not o["teacher"] or not o["out"]:
         raise ConfigError("a causal-LM dump needs --teacher (an AutoModelForCausalLM folder or hub id) and --out")
-    corpus = load_corpus(text_file, data_file, text_columns, limit)
-    dump_clm(teacher, out, corpus, request, device=device, overwrite=overwrite, progress=progress, log=typer.echo,
-             extra_meta=sharing)
-    typer.echo(f"done: {out} (see `hsk info {out}`)")
+    use_threads(o["threads"], "dump")
+    corpus = load_corpus(o["text_file"], o["data_file"], o["text_columns"], o["limit"])
+    dump_clm(o["teacher"], o["out"], corpus, request, device=device, overwrite=o["overwrite"], progress=o["progress"],
+             log=typer.echo, extra_meta=sharing)
+    typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")
+
+
+def _dump_seq2seq(o: dict, device: str, sharing: dict) -> None:
+    from pipelines.dump.seq2seq import Seq2seqRequest, dump_seq2seq, load_pairs, typed_prompt
+
+    request = Seq2seqRequest(_support(o["support"], optional=True), o["decode"], o["supports_on"], o["logprobs"],
+                             o["max_length"] or 128, o["max_target"], typed_prompt(o["prompt"]), o["positions"],
+                             o["sample_seed"],
+                             *_lm_sizes(o, 8, 256), o["precision"])
+    request.check()
+    if not o["teacher"] or not o["out"]:
+        raise ConfigError("a seq2seq dump needs --teacher (an encoder-decoder or causal-LM folder or hub id) and --out")
+    use_threads(o["threads"], "dump")
+    pairs = load_pairs(task=o["task"], split=o["split"], data_dir=o["data_dir"], data_file=o["data_file"],
+                       text_columns=o["text_columns"], limit=o["limit"])
+    dump_seq2seq(o["teacher"], o["out"], pairs, request, device=device, overwrite=o["overwrite"],
+                 progress=o["progress"], log=typer.echo, extra_meta=sharing)
+    typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")
+
+
+# --objective -> its dump (the task dump is the command's own body)
+LM_DUMPS = {"mlm": _dump_mlm, "clm": _dump_clm, "seq2seq": _dump_seq2seq}
 
 
 @app.command()

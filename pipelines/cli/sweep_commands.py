@@ -174,9 +174,8 @@ def _derive_support(store: str, out: str, support: str, logprobs: str | None, ov
 
     open_store(store).derive(out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
                              log=typer.echo)
-    report = storage_report(open_store(out))
-    typer.echo(f"done: {out}  support {report['support']}: {report['bytes_per_token']:.2f} B/token. See "
-               f"`hsk info {out}`.")
+    new = open_store(out)
+    typer.echo(f"done: {out}  {new.size_summary(storage_report(new))}. See `hsk info {out}`.")
 
 
 @app.command("sweep", help=SWEEP_HELP)

@@ -221,6 +221,21 @@ def train(
     typer.echo(f"summary: {out}/summary.json")
 
 
+def _eval_pairs(model: str, pairs_file: str, text_columns: str | None, prompt: str | None, max_source: int,
+                max_target: int, batch_size: int, device: str, limit: int | None, as_json: bool) -> None:
+    from pipelines.dump.seq2seq import load_pairs, typed_prompt
+    from pipelines.train.run.s2s_eval import evaluate_pairs
+
+    pairs = load_pairs(data_file=pairs_file, text_columns=text_columns, limit=limit)
+    result = evaluate_pairs(model, pairs, prompt=typed_prompt(prompt), max_source=max_source, max_target=max_target,
+                            batch_size=batch_size, device=device)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(f"{pairs_file}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  target perplexity "
+               f"{result['perplexity']:.3f} ({result['pairs']} pairs, greedy, sacrebleu)")
+
+
 def _eval_lm(model: str, text_file: str, block_size: int, batch_size: int, device: str, limit: int | None,
              as_json: bool) -> None:
     from pipelines.train.run.lm_eval import evaluate_lm
@@ -267,6 +282,14 @@ def eval_(
                                   "perplexity (token and word level), ECE and next-token accuracy."),
     block_size: int = typer.Option(256, "--block-size", help="--text-file: tokens per scored block (documents "
                                    "packed with EOS between, as a causal-LM store packs them)."),
+    pairs_file: str = typer.Option(None, "--pairs-file", help="A seq2seq model's held-out pairs (a table file; "
+                                   "--text-columns SOURCE,TARGET or its first two columns): BLEU and chrF of its "
+                                   "greedy outputs against the targets, and the targets' perplexity."),
+    text_columns: str = typer.Option(None, help="--pairs-file: its source and target columns, e.g. 'src,tgt'."),
+    prompt: str = typer.Option(None, help="--pairs-file with a decoder-only model: the prompt template its store "
+                               "used ({source} where the source goes; `hsk train` prints it) "
+                               "[default: '{source}\\n']."),
+    max_target: int = typer.Option(64, help="--pairs-file: target tokens scored and generated at most."),
     split: str = typer.Option("dev", help="dev (all dev splits; MNLI: matched and mismatched), or one split."),
     data_dir: str = typer.Option(None, help="glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
     batch_size: int = typer.Option(64, help="Evaluation batch size."),
@@ -280,14 +303,18 @@ def eval_(
     ),
 ) -> None:
     check_threads(threads)
-    if (task is None) == (text_file is None):
-        raise UserError("hsk eval needs --task (a classifier on a task's dev data) or --text-file (a causal LM's "
-                        "perplexity), one of the two")
+    if sum(x is not None for x in (task, text_file, pairs_file)) != 1:
+        raise UserError("hsk eval needs one of --task (a classifier on a task's dev data), --text-file (a causal "
+                        "LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF)")
     from pipelines.core.devices import pick_device
 
     use_threads(threads, "eval")
     if text_file is not None:
         _eval_lm(model, text_file, block_size, batch_size, pick_device(device), limit, as_json)
+        return
+    if pairs_file is not None:
+        _eval_pairs(model, pairs_file, text_columns, prompt, max_length or 128, max_target, min(batch_size, 32),
+                    pick_device(device), limit, as_json)
         return
     from pipelines.train.run.evaluate import evaluate_model
 

@@ -60,6 +60,7 @@ from pipelines.train.data.sources import (
 )
 from pipelines.train.kinds.clm import prepare_clm
 from pipelines.train.kinds.lightpaff_pretrain import prepare_pretraining
+from pipelines.train.kinds.seq2seq import prepare_seq2seq
 from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.run.ddp import Ranks
@@ -455,7 +456,8 @@ def _student_inputs(source: Source, info: StudentInfo, pairs: list[list[LayerPai
     return student_encoding(source, info.tokenizer, data_dir, log)
 
 
-PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining, "clm": prepare_clm}
+PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining, "clm": prepare_clm,
+                                               "seq2seq": prepare_seq2seq}
 
 
 def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:

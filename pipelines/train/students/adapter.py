@@ -99,7 +99,18 @@ def causal_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
     return StudentOutputs(out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
 
 
-ADAPTERS = {"mlm": masked_lm_outputs, "clm": causal_lm_outputs}  # head -> adapter; every other is a classifier's
+def seq2seq_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
+                    outputs: tuple[str, ...]) -> StudentOutputs:
+    """A seq2seq student (encoder-decoder, or decoder-only on prompt + target): its LM head's logits at the
+    target's positions, [B, T, V] (batch["pair"]: pipelines.core.pair_models.PairInputs)."""
+    pair = batch["pair"]
+    out, scores = _call(runner or model, model, pair.kwargs, outputs)
+    return StudentOutputs(pair.target_logits(out.logits), getattr(out, "hidden_states", None),
+                          getattr(out, "attentions", None), scores)
+
+
+# head -> adapter; every other is a classifier's
+ADAPTERS = {"mlm": masked_lm_outputs, "clm": causal_lm_outputs, "s2s": seq2seq_outputs}
 
 
 def adapter_for(head: str):

@@ -1,0 +1,140 @@
+"""Seq2seq distillation runs (`hsk train --method s2s-kd`): their pieces for the one training loop.
+
+A seq2seq store (`hsk dump --objective seq2seq`, hskstore.format.seq2seq) holds pairs, the teacher's output
+and per target token the teacher's distribution on a sparse support. The student reads a pair as the
+store's teacher did (pipelines.core.pair_models): an encoder-decoder, or a decoder-only model on the prompt
+then the target; `first<k>` is the teacher's first k layers (of the encoder and of the decoder), any other
+name a folder with the teacher's vocabulary. The batch aligns the student's logits with the target's
+positions, so that the causal-LM loss terms apply unchanged. There is no dev set: OUT/best is the final
+model; `hsk eval OUT/best --pairs-file F` gives its BLEU, chrF and target perplexity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hskstore import open_store
+from hskstore.format.config import ConfigError
+from hskstore.format.seq2seq import GROUP, Seq2seqSelection, decode
+from pipelines.core.pair_models import PairModel, pair_model
+from pipelines.methods import Context, get_method
+from pipelines.methods.s2s_kd import sequence_of
+from pipelines.registry import Stage
+from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
+from pipelines.train.data.stream import StoreStream
+from pipelines.train.kinds.clm import check_vocabulary
+from pipelines.train.options import TrainOptions
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.loop import RunParts, Student
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
+
+_FIRST = re.compile(r"first(\d+)")
+INPUTS = ("source_ids", "source_length")
+
+
+def seq2seq_student(student: str, teacher: str, arch: PairModel) -> tuple[Any, Any, str]:
+    """(model, tokenizer, how it was made): first<k> = the teacher's first k layers; else that folder, loaded
+    as the store's architecture."""
+    from pipelines.core.models import load_tokenizer, resolve_model
+
+    match = _FIRST.fullmatch(student.strip().lower())
+    if match:
+        model = arch.first_layers(teacher, int(match.group(1)), "cpu")
+        return model, load_tokenizer(teacher), f"first {match.group(1)} layers of {teacher}"
+    source = resolve_model(student)
+    return arch.load(source, "cpu").train(), load_tokenizer(source), f"{arch.name} model {source}"
+
+
+def pair_batch(raw: dict[str, np.ndarray], sel: Seq2seqSelection, on: str, kd: bool, device: str) -> dict:
+    """A batch of pairs for the adapter and the loss terms: the model's inputs (`pair`), the target's ids as
+    labels at its positions with the mask of its real tokens, and (kd) the stored support at the kept ones."""
+    ids_name, length_name = sel.target_arrays(on)
+    target, length = raw[ids_name].astype(np.int64), raw[length_name].astype(np.int64)
+    pair = pair_model(sel.architecture).inputs(raw["source_ids"], raw["source_length"].astype(np.int64), target,
+                                               length, sel, device)
+    t = torch.arange(target.shape[1], device=device)[None, :]
+    batch = {"pair": pair, "input_ids": pair.kwargs["input_ids"],
+             "labels": torch.as_tensor(target, device=device),
+             "ce_mask": t < torch.as_tensor(length, device=device)[:, None]}
+    if kd:
+        targets = decode(raw, sel)
+        kept = targets.kept
+        batch["kd_mask"] = torch.as_tensor(kept, device=device)
+        batch["kd_ids"] = torch.as_tensor(targets.ids[kept], device=device)
+        batch["kd_probs"] = torch.as_tensor(targets.probs[kept], device=device)
+        batch["kd_used"] = torch.as_tensor(targets.used[kept], device=device)
+    return batch
+
+
+def _kd(stage: Stage) -> bool:
+    return any(term.loss != "clm_ce" for term in stage.terms)
+
+
+class _Maker:
+    def __init__(self, sel: Seq2seqSelection, on: str, kd: bool, device: str):
+        self.sel, self.on, self.kd, self.device = sel, on, kd, device
+
+    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, Any]:
+        return pair_batch(raw, self.sel, self.on, self.kd, self.device)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Seq2seqFeed:
+    """A stage that reads "seq2seq" streams the sources, the target it learns and (with KD) the supports."""
+
+    store: Any
+    on: str
+
+    def names(self, stage: Stage, kept: list[int]) -> list[str]:
+        wanted = (*INPUTS, *self.store.s2s.target_arrays(self.on), *((f"{GROUP}/",) if _kd(stage) else ()))
+        return [name for name in self.store.specs if name.startswith(wanted)]
+
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker:
+        return _Maker(self.store.s2s, self.on, _kd(stage), device)
+
+
+def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
+                    log: Callable[[str], Any], **_: Any) -> RunParts:
+    """The plan, student and feed of a seq2seq run, every check done before anything is written."""
+    if store is None:
+        raise ConfigError("--method s2s-kd distils from a seq2seq store: give --store")
+    if ranks.distributed:
+        raise ConfigError("--method s2s-kd runs in one process: start it without torchrun")
+    source = StoreSource(open_store(store))
+    check_expected_store(source, options.expect_store)
+    method = get_method(options.method)
+    method_options = method.make_options(options.method_options)
+    stages = method.stages(method_options, Context(None, None, source.metadata))
+    torch.manual_seed(options.seed)
+    sel = source.store.s2s
+    on = sequence_of(method_options, source.metadata.selection)
+    arch = pair_model(sel.architecture)
+    teacher = store_teacher(source, options.teacher, load=lambda name: arch.load(name, "cpu"))
+    model, tokenizer, init = seq2seq_student(student, teacher, arch)
+    check_vocabulary(model, tokenizer, source.metadata, log)
+    info = StudentInfo(name=student, kind=arch.name, init=init, source=teacher,
+                       num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
+                       projection=None, tokenizer=tokenizer, vocab_hash=source.metadata.tokenizer.vocab_hash,
+                       tokenizer_source=teacher)
+    batch_size = options.batch_size or 8
+    identity = {"student": student, "mode": "offline", "source": source.store.content_address or str(source.store.url),
+                "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
+                "seed": options.seed, "shuffle_window": options.buffer_shards, "max_steps": options.max_steps}
+    learns = "the teacher's output" if on == "teacher" else "the reference"
+    log(f"s2s-kd: {init}; {len(source.store)} pairs, learning {learns}"
+        + (f", KD on {sel.described}" if any(_kd(s) for s in stages) else ", no KD"))
+    prompt = f" --prompt {sel.prompt!r}" if sel.prompt else ""
+    return RunParts(source, method, method_options, stages, Student(model.to(device), info, None, Heads(model, "s2s")),
+                    [[] for _ in stages], Seq2seqFeed(source.store, on), None, batch_size, identity,
+                    done_note=f"its BLEU and chrF: hsk eval OUT/best --pairs-file FILE --max-length {sel.max_source} "
+                              f"--max-target {sel.max_target}{prompt}")
