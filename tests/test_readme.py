@@ -38,8 +38,8 @@ NOT_RUN_PAGES = {
     "docs/guide/sharing-security.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/adding-a-codec.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/zarr-tools.md": "reads the committed vectors; tests/test_zarr_tools.py makes the same reads",
-    "docs/guide/lm-stores.md": "needs a causal-LM teacher folder; tests/test_clm.py runs these commands on a tiny "
-                               "random Llama",
+    "docs/guide/lm-stores.md": "needs a causal-LM teacher folder; tests/test_clm.py and tests/test_seq2seq.py run "
+                               "these commands on tiny random Llama, T5 and BART teachers",
     "docs/guide/adding-a-store-kind.md": "its code shows a registration that hsk itself makes",
 }
 # Every page whose `hsk` commands must parse as written (the generated CLI reference is the CLI itself).

@@ -100,26 +100,10 @@ class Seq2seqSelection:
              prompt: str | None, supports_on: str | None = None, logprob_codec: str = "float16",
              positions: float = 1.0, sample_seed: int = 0) -> Seq2seqSelection:
         check_positions(positions)
-        if support is None and decoding is None:
-            raise ConfigError("a seq2seq store keeps word-level supports (--support), the teacher's output "
-                              "(--decode greedy or beam:N) or both: pass at least one")
-        on = None if support is None else (supports_on or ("teacher" if decoding else "reference"))
-        if on == "teacher" and decoding is None:
-            raise ConfigError("--supports-on teacher: the teacher's output is stored only with --decode greedy or "
-                              "beam:N")
-        if on is not None and on not in TARGETS:
-            raise ConfigError(f"--supports-on {on!r}: pass reference or teacher")
-        topk = support is not None and support.kind == "topk"
-        if topk and not 1 <= support.size <= vocab_size:
-            raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
-        if topk:
-            codecs.get(logprob_codec)
+        on = _supports_on(support, decoding, supports_on)
         return cls(architecture, max_source, max_target, vocab_size, id_bits(vocab_size), eos_id, pad_id,
                    decoder_start_id, prompt, None if decoding is None else asdict(decoding), on,
-                   None if support is None else support.kind, support.size if topk else None,
-                   support.size if support is not None and not topk else None,
-                   0 if support is None else support.slots, logprob_codec if topk else None, float(positions),
-                   "entropy", sample_seed if support is not None and not topk else None)
+                   **_support_fields(support, vocab_size, logprob_codec, sample_seed), positions=float(positions))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Seq2seqSelection:
@@ -168,6 +152,35 @@ class Seq2seqSelection:
         if on == "teacher" and self.decoding is None:
             raise ConfigError("this seq2seq store holds no teacher output (it was dumped without --decode)")
         return f"{on}_ids", f"{on}_length"
+
+
+def _supports_on(support: Support | None, decoding: Decoding | None, asked: str | None) -> str | None:
+    """The target the support sits on (None: no support): as asked, else the teacher's output if decoded."""
+    if support is None and decoding is None:
+        raise ConfigError("a seq2seq store keeps word-level supports (--support), the teacher's output "
+                          "(--decode greedy or beam:N) or both: pass at least one")
+    if support is None:
+        return None
+    on = asked or ("teacher" if decoding else "reference")
+    if on not in TARGETS:
+        raise ConfigError(f"--supports-on {on!r}: pass reference or teacher")
+    if on == "teacher" and decoding is None:
+        raise ConfigError("--supports-on teacher: the teacher's output is stored only with --decode greedy or beam:N")
+    return on
+
+
+def _support_fields(support: Support | None, vocab_size: int, logprob_codec: str, sample_seed: int) -> dict:
+    """The selection's support fields: none, top-K (its codec checked) or sampled."""
+    if support is None:
+        return {"support": None, "k": None, "draws": None, "slots": 0, "logprob_codec": None}
+    if support.kind == "sample":
+        return {"support": "sample", "k": None, "draws": support.size, "slots": support.slots, "logprob_codec": None,
+                "sample_seed": sample_seed}
+    if not 1 <= support.size <= vocab_size:
+        raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
+    codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
+    return {"support": "topk", "k": support.size, "draws": None, "slots": support.slots,
+            "logprob_codec": logprob_codec}
 
 
 def pair_hashes(source_ids: np.ndarray, reference_ids: np.ndarray) -> np.ndarray:
