@@ -81,9 +81,9 @@ def identity(meta: dict) -> str:
 
 
 def inputs_hash(meta: dict) -> str:
-    """`inputs_hash`: the checksum strings of input_ids and token_type_ids (where the store has it: causal-LM
-    stores do not), concatenated."""
-    names = ("input_ids", "token_type_ids")
+    """`inputs_hash`: the checksum strings of input_ids and token_type_ids (where the store has them: causal-LM
+    stores have no token_type_ids), or of source_ids and reference_ids (sequence-to-sequence stores), concatenated."""
+    names = ("source_ids", "reference_ids") if meta.get("objective") == "seq2seq" else ("input_ids", "token_type_ids")
     return sha256("".join(meta["checksums"][n] for n in names if n in meta["checksums"]).encode("ascii"))
 
 
@@ -165,6 +165,8 @@ def data_arrays(meta: dict) -> list[str]:
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
     if meta.get("objective") == "clm":
         return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"])]
+    if meta.get("objective") == "seq2seq":
+        return seq2seq_arrays(meta["selection"])
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
     sel = meta["selection"]
     quantised = sel["value_dtype"] != "float16"
@@ -255,11 +257,12 @@ def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
 
 
 # --- causal-LM stores ("Causal-LM stores") -------------------------------------------------------------
-def clm_weight_arrays(sel: dict) -> list[str]:
-    """What follows clm/ids: the counts (sampled), or the log-probs and, for every codec but float16, their scale."""
+def clm_weight_arrays(sel: dict, group: str = "clm") -> list[str]:
+    """What follows <group>/ids: the counts (sampled), or the log-probs and, for every codec but float16, their scale
+    (causal-LM stores: group clm; sequence-to-sequence stores: s2s)."""
     if sel["support"] == "sample":
-        return ["clm/counts"]
-    return ["clm/values"] + ([] if sel["logprob_codec"] == "float16" else ["clm/scale"])
+        return [f"{group}/counts"]
+    return [f"{group}/values"] + ([] if sel["logprob_codec"] == "float16" else [f"{group}/scale"])
 
 
 def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:
@@ -279,9 +282,9 @@ def kept_mask(packed: np.ndarray, block_size: int) -> np.ndarray:
     return ((packed[..., t // 8] >> (7 - t % 8)) & 1).astype(bool)
 
 
-def clm_logprobs(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:
+def clm_logprobs(arrays: dict[str, np.ndarray], sel: dict, group: str = "clm") -> np.ndarray:
     """Top-K log-probs through the value codec (float16: the stored values; others: as "Format 2" decodes)."""
-    return decode(arrays["clm/values"], arrays.get("clm/scale"), sel["logprob_codec"], sel["k"])
+    return decode(arrays[f"{group}/values"], arrays.get(f"{group}/scale"), sel["logprob_codec"], sel["k"])
 
 
 def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
@@ -303,6 +306,41 @@ def pack_documents(documents: list[list[int]], block_size: int, eos: int) -> tup
     padded = stream + [eos] * (n * block_size - len(stream))
     lengths = [min(block_size, len(stream) - i * block_size) for i in range(n)]
     return np.array(padded, dtype=np.int64).reshape(n, block_size), np.array(lengths)
+
+
+# --- sequence-to-sequence stores ("Sequence-to-sequence stores") -------------------------------------
+def seq2seq_arrays(sel: dict) -> list[str]:
+    """The pairs; the teacher's output when `decoding` is not null; the s2s/ support (as clm/, over max_target
+    positions) when `support` is not null: in digest order."""
+    names = ["row", "text_hash", "source_ids", "source_length", "reference_ids", "reference_length"]
+    if sel["decoding"] is not None:
+        names += ["teacher_ids", "teacher_length"]
+    if sel["support"] is not None:
+        names += ["s2s/kept", "s2s/ids", *clm_weight_arrays(sel, "s2s")]
+    return names
+
+
+def supported_target(arrays: dict[str, np.ndarray], sel: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, length) of the target the support sits on: `<supports_on>_ids` and `<supports_on>_length`."""
+    return arrays[f"{sel['supports_on']}_ids"], arrays[f"{sel['supports_on']}_length"]
+
+
+def padded(ids: list[int], width: int, pad_id: int) -> tuple[list[int], int]:
+    """A sequence cut to its first `width` ids, then padded with pad_id to `width`; and its length."""
+    kept = list(ids[:width])
+    return kept + [pad_id] * (width - len(kept)), len(kept)
+
+
+def with_eos(ids: list[int], eos_id: int) -> list[int]:
+    """A target as stored before the cut: EOS appended unless it already ends with EOS."""
+    return list(ids) if ids[-1:] == [eos_id] else [*ids, eos_id]
+
+
+def pair_hash(source_ids: np.ndarray, reference_ids: np.ndarray) -> int:
+    """A pair's `text_hash`: the first 8 bytes, little-endian, of BLAKE2b-512 over its whole source_ids row then its
+    whole reference_ids row (padding included), each id as int32 LE."""
+    data = b"".join(np.ascontiguousarray(ids, dtype="<i4").tobytes() for ids in (source_ids, reference_ids))
+    return int.from_bytes(hashlib.blake2b(data).digest()[:8], "little")
 
 
 # --- masked-LM masking ("Masked-LM stores") ------------------------------------------------------------

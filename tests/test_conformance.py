@@ -19,8 +19,10 @@ from hskstore import codecs
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
-NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample"]  # a vector per value codec
+# a vector per value codec, then one per other case
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "seq2seq"]
 CLM_NAMES = ("clm", "clm-sample")
+LM_KINDS = ("mlm", "clm", "seq2seq")  # the objectives of stores without layers of kept values
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
 
 
@@ -57,8 +59,9 @@ def test_vectors_regenerate_byte_identically(tmp_path):
     # under 1 MB: format 3's dimension names and attributes in every array's zarr.json, with the source texts,
     # took the eight vectors from 694 kB to 749 kB; the `edges` vector (inner chunks, ties, d = 60) adds 86 kB;
     # the two causal-LM vectors 72 kB, nearly all of it what every bundle has whatever its data (croissant.json,
-    # the card, a zarr.json per array: ~28 kB a bundle)
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 950_000
+    # the card, a zarr.json per array: ~28 kB a bundle); the seq2seq vector 48 kB (954 kB in all), its bundle 42 kB
+    # for 11 data arrays, each with its zarr.json
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_000_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -75,7 +78,7 @@ def test_reader_verifies_and_decodes_every_vector(name):
     for array_name, entry in expected["arrays"].items():
         np.testing.assert_array_equal(arrays[array_name], as_array(entry), err_msg=array_name)
         assert arrays[array_name].dtype == np.dtype(entry["dtype"]), array_name
-    if meta.get("objective") not in ("mlm", "clm"):  # task stores: layers of kept values
+    if meta.get("objective") not in LM_KINDS:  # task stores: layers of kept values
         for i in range(len(meta["selection"]["teacher_layers"])):
             check_layer(arrays, f"layers/{i}", meta, expected["decoded_values"][f"layers/{i}"])
 
@@ -221,9 +224,12 @@ def test_64_bit_integers_are_strings_and_the_source_texts_give_the_dataset_finge
             assert all(isinstance(x, str) for x in entry["data"]), (name, array_name)
         assert max(int(x) for x in vector["arrays"]["text_hash"]["data"]) > 2**53  # would be rounded as a number
         meta = bundle.meta
-        labels = np.full(len(vector["source_texts"]), -1, dtype=np.int64) if meta.get("objective") in ("mlm", "clm") \
+        labels = np.full(len(vector["source_texts"]), -1, dtype=np.int64) if meta.get("objective") in LM_KINDS \
             else as_array(vector["arrays"]["label"]).astype(np.int64)  # labels as loaded: int64
-        assert reader.examples_fingerprint([vector["source_texts"]], labels) == meta["dataset"]["fingerprint"], name
+        texts = vector["source_texts"]  # a seq2seq store's rows are [source, target]: two columns
+        columns = [list(column) for column in zip(*texts, strict=True)] if meta.get("objective") == "seq2seq" \
+            else [texts]
+        assert reader.examples_fingerprint(columns, labels) == meta["dataset"]["fingerprint"], name
 
 
 def test_edges_vector_inner_chunks_mask_padding_and_rounding_ties():
@@ -266,28 +272,28 @@ def test_causal_lm_vectors_decode_from_the_doc(name):
     assert np.array_equal(kept, np.array(decoded["kept"], dtype=bool))
     assert np.array_equal(ids, np.array(decoded["ids"]))
     assert ids.max() < sel["vocab_size"] == meta["teacher"]["vocab_size"] and sel["id_bits"] == 6
-    check_padding_bits(arrays, sel)
+    check_padding_bits(arrays, sel, "clm", sel["block_size"])
     real = np.arange(sel["block_size"])[None, :] < arrays["length"][:, None]
     assert not (kept & ~real).any()  # padding is never kept
     wanted = np.ceil(sel["positions"] * arrays["length"]).astype(int)  # ceil(fraction x length) per block
     assert np.array_equal(kept.sum(-1), np.minimum(wanted, arrays["length"]))
     assert (ids[~kept] == 0).all()
     if sel["support"] == "topk":
-        check_topk(arrays, sel, kept, ids, decoded)
+        check_topk(arrays, sel, kept, ids, decoded, "clm")
     else:
         check_sample(arrays, sel, kept, ids)
     check_blocks(arrays, meta, vector["source_tokens"])
 
 
-def check_padding_bits(arrays: dict, sel: dict) -> None:
-    """The bits after the last slot's id, and after the last position in `clm/kept`, are 0."""
-    id_bits = np.unpackbits(arrays["clm/ids"], axis=-1, bitorder="little")
+def check_padding_bits(arrays: dict, sel: dict, group: str, width: int) -> None:
+    """The bits after the last slot's id, and after the last of the `width` positions in `<group>/kept`, are 0."""
+    id_bits = np.unpackbits(arrays[f"{group}/ids"], axis=-1, bitorder="little")
     assert not id_bits[..., sel["slots"] * sel["id_bits"]:].any()
-    assert not np.unpackbits(arrays["clm/kept"], axis=-1)[..., sel["block_size"]:].any()
+    assert not np.unpackbits(arrays[f"{group}/kept"], axis=-1)[..., width:].any()
 
 
-def check_topk(arrays: dict, sel: dict, kept: np.ndarray, ids: np.ndarray, decoded: dict) -> None:
-    logprobs = reader.clm_logprobs(arrays, sel)
+def check_topk(arrays: dict, sel: dict, kept: np.ndarray, ids: np.ndarray, decoded: dict, group: str) -> None:
+    logprobs = reader.clm_logprobs(arrays, sel, group)
     np.testing.assert_array_equal(logprobs, np.array(decoded["logprobs"], dtype=np.float32))
     tail = reader.clm_tail(logprobs, kept)
     np.testing.assert_allclose(tail, np.array(decoded["tail"]), atol=1e-6)
@@ -326,3 +332,60 @@ def test_causal_lm_arrays_point_at_their_section():
     for path, node in bundle.nodes.items():
         if not path.startswith("_progress"):
             assert node["attributes"]["spec"] == "docs/STORE_FORMAT.md#causal-lm-stores-objective-clm", path
+
+
+def test_seq2seq_vector_decodes_from_the_doc():
+    """The s2s/ support over the teacher's output (its positions, its length), decoded as the causal-LM support is;
+    the pairs rebuilt from their tokens (EOS, the cut at max_target, padding) and text_hash from the two rows."""
+    bundle, vector = load("seq2seq")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel, decoded = meta["selection"], vector["decoded"]
+    assert (sel["architecture"], sel["supports_on"], sel["support"], sel["id_bits"]) == ("decoder-only", "teacher",
+                                                                                         "topk", 6)
+    kept = reader.kept_mask(arrays["s2s/kept"], sel["max_target"])
+    ids = reader.unpack_ids(arrays["s2s/ids"], sel["id_bits"], sel["slots"])
+    assert np.array_equal(kept, np.array(decoded["kept"], dtype=bool))
+    assert np.array_equal(ids, np.array(decoded["ids"]))
+    _, length = reader.supported_target(arrays, sel)
+    assert np.array_equal(kept, np.arange(sel["max_target"])[None, :] < length[:, None])  # positions 1: all real ones
+    assert (ids[~kept] == 0).all() and ids.max() < sel["vocab_size"] == meta["teacher"]["vocab_size"]
+    check_padding_bits(arrays, sel, "s2s", sel["max_target"])
+    check_topk(arrays, sel, kept, ids, decoded, "s2s")
+    check_pairs(arrays, meta, vector["source_tokens"])
+    check_teacher_output(arrays, sel)
+
+
+def check_pairs(arrays: dict, meta: dict, pairs: list) -> None:
+    """source_ids: the prompted source's tokens cut at max_source, padded with pad_id; reference_ids: the target's
+    tokens then EOS, cut at max_target, padded; text_hash over the two whole rows."""
+    sel = meta["selection"]
+    for i, (source, target) in enumerate(pairs):
+        row, n = reader.padded(source, sel["max_source"], sel["pad_id"])
+        assert arrays["source_ids"][i].tolist() == row and arrays["source_length"][i] == n
+        row, n = reader.padded(reader.with_eos(target, sel["eos_id"]), sel["max_target"], sel["pad_id"])
+        assert arrays["reference_ids"][i].tolist() == row and arrays["reference_length"][i] == n
+    hashes = [reader.pair_hash(s, r) for s, r in zip(arrays["source_ids"], arrays["reference_ids"], strict=True)]
+    assert hashes == arrays["text_hash"].tolist()
+    assert arrays["source_ids"].dtype == arrays["reference_ids"].dtype == np.uint16  # vocabularies up to 65,536 ids
+    assert meta["tokenizer"]["pad_id"] == sel["pad_id"] and meta["max_length"] == sel["max_source"]
+    assert meta["layout"]["n_width"] == sel["slots"] and set(meta["checksums"]) == set(reader.data_arrays(meta))
+
+
+def check_teacher_output(arrays: dict, sel: dict) -> None:
+    """The teacher's greedy output: up to and including its first EOS, or max_new_tokens (= max_target) without one;
+    padded with pad_id."""
+    assert sel["decoding"] == {"strategy": "greedy", "beams": 1, "max_new_tokens": sel["max_target"]}
+    for row, n in zip(arrays["teacher_ids"].tolist(), arrays["teacher_length"].tolist(), strict=True):
+        assert 1 <= n <= sel["max_target"] and sel["eos_id"] not in row[: n - 1]
+        assert n == sel["max_target"] or row[n - 1] == sel["eos_id"]
+        assert row[n:] == [sel["pad_id"]] * (len(row) - n)
+
+
+def test_seq2seq_arrays_point_at_their_section():
+    """Every seq2seq array's `spec` attribute names this page's sequence-to-sequence section."""
+    bundle, _ = load("seq2seq")
+    assert '## Sequence-to-sequence stores (`objective: "seq2seq"`)' in DOC
+    for path, node in bundle.nodes.items():
+        if not path.startswith("_progress"):
+            assert node["attributes"]["spec"] == "docs/STORE_FORMAT.md#sequence-to-sequence-stores-objective-seq2seq", \
+                path

@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 from hskstore import open_store
-from hskstore.format import clm, codec, schema
+from hskstore.format import clm, codec, schema, seq2seq
 from hskstore.format.manifest import list_arrays
 from hskstore.format.meta import MLM, TASK
 from hskstore.format.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
@@ -249,6 +249,14 @@ def _texts(text: str, section: str, units: str | None) -> dict:
     return {"description": text, "spec": section, **({"units": units} if units else {})}
 
 
+def lm_texts(kind, group: str, positions: str) -> dict:
+    """A causal-LM or seq2seq kind's texts: its row arrays', then its support's (clm.SUPPORT_DESCRIBED) in `group`."""
+    rows = {name: _texts(text, kind._SECTION, units) for name, (_, text, units) in kind._DESCRIBED.items()}
+    support = {f"{group}/{leaf}": _texts(text.format(positions=positions), kind._SECTION, units)
+               for leaf, (_, text, units) in clm.SUPPORT_DESCRIBED.items()}
+    return {**rows, **support}
+
+
 def test_the_documented_attribute_texts_are_the_codes():
     """A second writer copies the texts from the page: each one must be what the code writes, and none missing."""
     layer = [f"layers/<i>/{leaf}" for leaf in ("positions", "scores", "values", "scale", "masks", "attention")]
@@ -263,12 +271,14 @@ def test_the_documented_attribute_texts_are_the_codes():
         "integrity": schema.INTEGRITY,
         "task": of_kind(TASK, [*schema.TASK_ROW_ARRAYS, *layer]),
         "mlm": of_kind(MLM, [*schema.MLM_ROW_ARRAYS, *mlm]),
-        "clm": {name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm._DESCRIBED.items()},
+        "clm": lm_texts(clm, clm.GROUP, "the block"),
+        # the page writes the target the support sits on as <supports_on>: a store names it (reference, teacher)
+        "seq2seq": lm_texts(seq2seq, seq2seq.GROUP, "the <supports_on> target's positions"),
         "progress": {name: attrs for name, (_, attrs) in PROGRESS_DESCRIBED.items()},
     }
     assert documented_texts() == code
     documented = anchors(SPEC)
-    for kind in ("task", "mlm", "clm", "progress"):  # every spec attribute names a section of the page
+    for kind in ("task", "mlm", "clm", "seq2seq", "progress"):  # every spec attribute names a section of the page
         assert all(entry["spec"].split("#")[1] in documented for entry in code[kind].values()), kind
 
 
@@ -278,11 +288,13 @@ def test_every_conformance_array_carries_the_documented_texts(bundle):
     texts = documented_texts()
     opened = reader.Bundle.open(bundle)
     kind = opened.meta.get("objective") or "task"
+    on = opened.meta["selection"].get("supports_on") or ""  # seq2seq: the target named in s2s/kept's text
     for path, node in opened.nodes.items():
         attrs = dict(node["attributes"])
         if path.startswith("_progress/"):
             assert attrs == texts["progress"][path], path
             continue
         assert attrs.pop("integrity") == texts["integrity"], path
-        expected = texts[kind][re.sub(r"^layers/\d+/", "layers/<i>/", path)]
+        expected = dict(texts[kind][re.sub(r"^layers/\d+/", "layers/<i>/", path)])
+        expected["description"] = expected["description"].replace("<supports_on>", on)
         assert {key: attrs[key] for key in ("description", "spec", "units") if key in attrs} == expected, path

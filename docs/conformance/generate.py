@@ -5,10 +5,11 @@
 
 Every vector is a real store, written by the real commands (`hsk dump`, `hsk derive`, `hsk pack`)
 from a tiny random BERT built here with a fixed seed, a tiny WordPiece vocabulary and a few rows
-of text (the causal-LM vectors: a tiny random Llama over a fixed word list), then packed as a
-bundle `<name>.hsk.zip`. Next to each bundle, `<name>.json` says what
-a reader must find in it: the manifest, the checksums, every shard digest, every array as
-decoded numbers, and the kept values of each layer decoded to float32.
+of text (the causal-LM vectors: a tiny random Llama over a fixed word list; the seq2seq vector: the
+same Llama over a few source/target pairs), then packed as a bundle `<name>.hsk.zip`. Next to each
+bundle, `<name>.json` says what a reader must find in it: the manifest, the checksums, every shard
+digest, every array as decoded numbers, and the kept values of each layer decoded to float32 (the
+causal-LM and seq2seq vectors: their supports decoded).
 
 What depends on where and when the generator runs (the temporary folder the teacher was saved
 in, the creation time, the hsk version) is replaced by fixed values after the dump, and the
@@ -93,6 +94,19 @@ CLM_COMMON = ["dump", "--objective", "clm", "--teacher", "clm-teacher", "--text-
               "--shard-rows", "2", "--device", "cpu", "--no-progress"]
 CLM_TOPK = ["--support", "topk:3", "--logprobs", "float16", "--block-size", "16", "--positions", "0.75"]
 CLM_SAMPLE = ["--support", "sample:5", "--block-size", "12", "--sample-seed", "7"]
+# The sequence-to-sequence vector (`seq2seq`): the same Llama, decoder-only, reads each source in the prompt template
+# (11, 11 and 6 tokens in max_source 12: padded); its greedy output (two run to max_target 6, one ends with EOS)
+# and top-3 on it (18 bits of ids in 3 bytes; `s2s/kept` holds 6 positions in a byte: 2 padding bits). The
+# references end with EOS and are padded (4 and 1 tokens), or are cut at max_target 6 before their EOS (9 tokens).
+S2S_PAIRS = [
+    ("the movie was very good and fun", "a good film ."),
+    ("this plot is too long and slow", "the story is long but the cast is good"),
+    ("not bad", "fun"),
+]
+S2S_PROMPT = "{source} . in short ,"
+S2S_DUMP = ["dump", "--objective", "seq2seq", "--teacher", "clm-teacher", "--data-file", "s2s-pairs.tsv", "--prompt",
+            S2S_PROMPT, "--support", "topk:3", "--logprobs", "float16", "--decode", "greedy", "--max-length", "12",
+            "--max-target", "6", "--shard-rows", "2", "--device", "cpu", "--no-progress"]
 
 
 @contextmanager
@@ -184,6 +198,8 @@ def dump_stores(work: Path) -> list[str]:
     (work / DATA_FILE).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS), encoding="utf-8")
     (work / "corpus.txt").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     (work / "clm-corpus.txt").write_text("\n".join(CLM_CORPUS) + "\n", encoding="utf-8")
+    (work / "s2s-pairs.tsv").write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in S2S_PAIRS),
+                                        encoding="utf-8")
     from hskstore import codecs
 
     task = ["dump", "--task", "sst2", "--teacher", "teacher", "--data-file", DATA_FILE, *COMMON]
@@ -211,7 +227,9 @@ def dump_stores(work: Path) -> list[str]:
         _hsk(*CLM_COMMON, *CLM_SAMPLE, "--out", "clm-sample.zarr")
         pin("clm.zarr")
         pin("clm-sample.zarr")
-    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample"]
+        _hsk(*S2S_DUMP, "--out", "seq2seq.zarr")
+        pin("seq2seq.zarr")
+    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "seq2seq"]
 
 
 # What a new store takes from a store it is rewritten from: all but what its writer records itself.
@@ -268,9 +286,11 @@ def _numbers(array: np.ndarray) -> list:
     return array.tolist() if array.dtype.kind in "iub" else array.astype(np.float64).tolist()
 
 
-def source_texts(name: str) -> list[str]:
+def source_texts(name: str) -> list:
     """The texts a vector's rows were made from, in row order (its `dataset.fingerprint` is computed over them;
-    a causal-LM store's rows are blocks of these documents)."""
+    a causal-LM store's rows are blocks of these documents; a seq2seq store's rows are [source, target] pairs)."""
+    if name == "seq2seq":
+        return [list(pair) for pair in S2S_PAIRS]
     if name.startswith("clm"):
         return list(CLM_CORPUS)
     return list(CORPUS) if name == "mlm" else [text for text, _ in ROWS]
@@ -283,26 +303,70 @@ def source_tokens(work: Path) -> list[list[int]]:
     return AutoTokenizer.from_pretrained(work / "clm-teacher")(CLM_CORPUS, add_special_tokens=False)["input_ids"]
 
 
-def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
-    """What a causal-LM store decodes to: kept positions, unpacked ids and, for top-K, the log-probs through the
-    value codec and the tail 1 - sum(exp) (float32 as hskstore computes it; 0 where a position is not kept)."""
-    from hskstore import codecs
-    from hskstore.format.clm import ClmSelection, decode
+def pair_tokens(work: Path) -> list[list[list[int]]]:
+    """The seq2seq pairs as the teacher's tokenizer gives them, before EOS, cuts and padding: [the source in the
+    prompt template (with the tokenizer's special tokens: none here), the target (without)] per pair."""
+    from transformers import AutoTokenizer
 
-    sel = ClmSelection.from_dict(selection)
-    targets = decode(arrays, sel)
+    tokenizer = AutoTokenizer.from_pretrained(work / "clm-teacher")
+    sources = tokenizer([S2S_PROMPT.replace("{source}", source) for source, _ in S2S_PAIRS])["input_ids"]
+    targets = tokenizer([target for _, target in S2S_PAIRS], add_special_tokens=False)["input_ids"]
+    return [[source, target] for source, target in zip(sources, targets, strict=True)]
+
+
+def support_decoded(targets, arrays: dict[str, np.ndarray], sel, group: str) -> dict:
+    """What a support decodes to: kept positions, unpacked ids and, for top-K, the log-probs through the value codec
+    and the tail 1 - sum(exp) (float32 as hskstore computes it; 0 where a position is not kept)."""
+    from hskstore import codecs
+
     doc = {"kept": _numbers(targets.kept), "ids": _numbers(targets.ids.astype(np.int32))}  # numbers, not strings
     if sel.support == "topk":
-        logprobs = codecs.get(sel.logprob_codec).decode(arrays["clm/values"], arrays.get("clm/scale"), sel.slots)
+        logprobs = codecs.get(sel.logprob_codec).decode(arrays[f"{group}/values"], arrays.get(f"{group}/scale"),
+                                                        sel.slots)
         doc["logprobs"] = _numbers(logprobs.astype(np.float32))
         doc["tail"] = _numbers(np.where(targets.kept, targets.tail, 0).astype(np.float32))
     return doc
 
 
+def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
+    """What a causal-LM store's `clm/` support decodes to, over the blocks' positions."""
+    from hskstore.format.clm import GROUP, ClmSelection, decode
+
+    sel = ClmSelection.from_dict(selection)
+    return support_decoded(decode(arrays, sel), arrays, sel, GROUP)
+
+
+def seq2seq_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
+    """What a seq2seq store's `s2s/` support decodes to, over the positions of the target it sits on."""
+    from hskstore.format.seq2seq import GROUP, Seq2seqSelection, decode
+
+    sel = Seq2seqSelection.from_dict(selection)
+    return support_decoded(decode(arrays, sel), arrays, sel, GROUP)
+
+
+DECODED = {"clm": clm_decoded, "seq2seq": seq2seq_decoded}  # objective -> its support, decoded
+
+
+def decoded(meta: dict, arrays: dict[str, np.ndarray]) -> dict:
+    """What a store's values decode to: an LM store's support (`decoded`), a task store's kept values of each layer
+    decoded to float32 (`decoded_values`); nothing for masked-LM and logits-only stores."""
+    from hskstore.format.codec import decode_values
+
+    if meta.get("objective") in DECODED:
+        return {"decoded": DECODED[meta["objective"]](arrays, meta["selection"])}
+    if meta.get("objective") == "mlm" or not meta["layout"]["n_width"]:
+        return {}
+    n_width, codec = meta["layout"]["n_width"], meta["selection"]["value_dtype"]  # the store's codec, by name
+    return {"decoded_values": {
+        name[: -len("/values")]: _numbers(decode_values(codec, a, arrays.get(name[: -len("values")] + "scale"),
+                                                        n_width))
+        for name, a in arrays.items() if name.endswith("/values")
+    }}
+
+
 def expected(bundle: Path) -> dict:
     """What a reader must decode from a bundle, computed by the reference reader (hskstore)."""
     from hskstore import open_store
-    from hskstore.format.codec import decode_values
     from hskstore.format.schema import PROGRESS_DIGESTS
 
     store = open_store(str(bundle))
@@ -322,16 +386,8 @@ def expected(bundle: Path) -> dict:
         "shard_digests": [[bytes(digests[s, i]).hex() for i in range(len(names))] for s in range(store.n_shards)],
         "arrays": {name: {"dtype": str(a.dtype), "shape": list(a.shape), "data": _numbers(a)}
                    for name, a in arrays.items()},
+        **decoded(meta, arrays),
     }
-    if meta.get("objective") == "clm":
-        doc["decoded"] = clm_decoded(arrays, meta["selection"])
-    elif meta.get("objective") != "mlm" and meta["layout"]["n_width"]:
-        n_width, codec = meta["layout"]["n_width"], meta["selection"]["value_dtype"]  # the store's codec, by name
-        doc["decoded_values"] = {
-            name[: -len("/values")]: _numbers(decode_values(codec, a, arrays.get(name[: -len("values")] + "scale"),
-                                                            n_width))
-            for name, a in arrays.items() if name.endswith("/values")
-        }
     return doc
 
 
@@ -378,6 +434,25 @@ def clm_cases(topk: dict, sample: dict, selections: dict[str, dict]) -> dict[str
     return cases
 
 
+def seq2seq_cases(vector: dict, sel: dict) -> dict[str, bool]:
+    """The seq2seq vector's cases: references cut at max_target (no EOS) and ending with EOS, padded sources, the
+    teacher's output ending with EOS and running to max_target, ids across bytes, `s2s/kept`'s padding bits."""
+    reference, length = _array(vector, "reference_ids"), _array(vector, "reference_length")
+    ends = reference[np.arange(len(reference)), length - 1] == sel["eos_id"]
+    full, output = length == sel["max_target"], _array(vector, "teacher_length")
+    kept, ids = np.array(vector["decoded"]["kept"], dtype=bool), np.array(vector["decoded"]["ids"])
+    return {
+        "seq2seq: a reference cut at max_target": bool((full & ~ends).any()),
+        "seq2seq: a padded reference ending with EOS": bool((~full & ends).any()),
+        "seq2seq: padded sources": bool((_array(vector, "source_length") < sel["max_source"]).any()),
+        "seq2seq: a teacher output ending with EOS": bool((output < sel["max_target"]).any()),
+        "seq2seq: a teacher output cut at max_target": bool((output == sel["max_target"]).any()),
+        "seq2seq: ids straddle byte boundaries": _straddles(ids, np.broadcast_to(kept[..., None], ids.shape),
+                                                            sel["id_bits"]),
+        "seq2seq: kept's byte has padding bits": sel["max_target"] % 8 > 0,
+    }
+
+
 def selection(bundle: Path) -> dict:
     """A bundle's `selection`, from its root zarr.json."""
     with zipfile.ZipFile(bundle) as zf:
@@ -406,6 +481,7 @@ def check_coverage(vectors: dict[str, dict], selections: dict[str, dict]) -> Non
     cases["edges: int8 rounding ties"] = bool((used & (np.abs(ratio - np.trunc(ratio)) == 0.5)).any())
     cases["edges: an all-zero inner chunk (label 0 in row 0)"] = _array(edges, "label")[0] == 0
     cases.update(clm_cases(vectors["clm"], vectors["clm-sample"], selections))
+    cases.update(seq2seq_cases(vectors["seq2seq"], selections["seq2seq"]))
     missing = [case for case, held in cases.items() if not held]
     if missing:
         raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
@@ -430,6 +506,7 @@ def generate(out: Path) -> list[Path]:
         vectors["edges"]["source_values"] = expected(work / "edges-float16.zarr")["decoded_values"]
         for name in ("clm", "clm-sample"):
             vectors[name]["source_tokens"] = source_tokens(work)
+        vectors["seq2seq"]["source_tokens"] = pair_tokens(work)
     check_coverage(vectors, selections)
     written = []
     for name, vector in vectors.items():

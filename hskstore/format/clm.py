@@ -310,16 +310,18 @@ SUPPORT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
 
 
 def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, section: str,
-                      positions: str = "the block") -> ArraySpec:
-    """A support array's dimension names and attributes (its codec, id bits and slots where they apply)."""
+                      positions: str = "the block", axis: str = "tokens") -> ArraySpec:
+    """A support array's dimension names (its position axis called `axis`) and attributes (its codec, id bits
+    and slots where they apply)."""
     dims, text, units = SUPPORT_DESCRIBED[leaf]
+    dims = tuple(axis if dim == "tokens" else dim for dim in dims)
     attributes = {"description": text.format(positions=positions), "spec": section, "integrity": INTEGRITY}
     if leaf == "ids":
         attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
     if leaf in ("values", "scale"):
         attributes["codec"] = sel["logprob_codec"]
         if leaf == "values" and spec.shape[2] != sel["slots"]:
-            dims = ("tokens", "value_bytes")  # a packed codec: bytes of codes, not one value per slot
+            dims = (axis, "value_bytes")  # a packed codec: bytes of codes, not one value per slot
         dims = dims[: len(spec.shape) - 1]  # a scale per position (int8) has no group axis
     if units:
         attributes["units"] = units

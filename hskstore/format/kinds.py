@@ -40,6 +40,8 @@ class StoreKind:
     root_entries: frozenset[str]  # array and group names it may hold at a store's root
     reader: str  # "module:Class": its hskstore.io reader (an HSKStore subclass)
     trains: tuple[str, ...] = ()  # the run kinds (pipelines) that train from it, for `hsk info` and the docs
+    # the token arrays whose checksums make `inputs_hash` (those it has: a causal-LM store has no segment ids)
+    inputs: tuple[str, ...] = ("input_ids", "token_type_ids")
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")

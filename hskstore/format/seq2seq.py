@@ -248,7 +248,8 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     group, _, leaf = spec.name.rpartition("/")
     if group == GROUP:
         sel = meta["selection"]
-        return described_support(spec, sel, leaf, _SECTION, f"the {sel['supports_on']} target's positions")
+        return described_support(spec, sel, leaf, _SECTION, f"the {sel['supports_on']} target's positions",
+                                 "target_tokens")
     dims, text, units = _DESCRIBED[spec.name]
     attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY}
     if units:
@@ -259,4 +260,4 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     SEQ2SEQ, "source/target pairs with the teacher's output and per-target-token distributions on a sparse "
     "support (`hsk dump --objective seq2seq`)", array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}),
-    "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",)))
+    "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",), inputs=("source_ids", "reference_ids")))

@@ -34,6 +34,7 @@ import numpy as np
 import zarr
 
 from ..errors import CorruptStoreError, StoreExistsError, shown
+from ..format import kinds
 from ..format.digest import array_checksum, shard_digest
 from ..format.manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
 from ..format.schema import (
@@ -425,9 +426,9 @@ class StoreWriter:
         meta = dict(self.meta)
         meta.update(extra or {})
         meta["checksums"] = checksums
-        # what identifies the inputs: the token arrays a kind has (a causal-LM store has no segment ids)
+        # what identifies the inputs: the checksums of the token arrays its kind names
         meta["inputs_hash"] = array_checksum(
-            [checksums[name].encode() for name in ("input_ids", "token_type_ids") if name in checksums]
+            [checksums[name].encode() for name in kinds.kind_of(meta).inputs if name in checksums]
         )
         meta["complete"] = True
         # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card

@@ -21,19 +21,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from hskstore import open_store
 from hskstore.format.clm import ClmSelection, decode
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
-from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
-from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
+from pipelines.train.data.sources import StoreSource, store_teacher
 from pipelines.train.data.stream import StoreStream
+from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
-from pipelines.train.run.loop import RunParts, Student
-from pipelines.train.students.build import StudentInfo
-from pipelines.train.students.heads import Heads
+from pipelines.train.run.loop import RunParts
 
 _FIRST = re.compile(r"first(\d+)")
 
@@ -144,35 +141,18 @@ def _teacher(source: StoreSource, override: str | None) -> str:
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
                 log: Callable[[str], Any], **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
-    if store is None:
-        raise ConfigError("--method clm-kd distils from a causal-LM store: give --store (with --set target=live "
-                          "its teacher runs beside the student)")
-    if ranks.distributed:
-        raise ConfigError("--method clm-kd runs in one process: start it without torchrun")
-    source = StoreSource(open_store(store))
-    check_expected_store(source, options.expect_store)
-    method = get_method(options.method)
-    method_options = method.make_options(options.method_options)
-    stages = method.stages(method_options, Context(None, None, source.metadata))
-    torch.manual_seed(options.seed)
+    plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
+                          "beside the student)")
+    source = plan.source
     teacher = _teacher(source, options.teacher)
-    if method_options.target == "live":
+    if plan.method_options.target == "live":
         from pipelines.dump.clm import load_clm_teacher
 
         source.teacher = load_clm_teacher(teacher, device).requires_grad_(False)
     model, tokenizer, init = clm_student(student, teacher)
     check_vocabulary(model, tokenizer, source.metadata, log)
-    info = StudentInfo(name=student, kind="causal_lm", init=init, source=teacher,
-                       num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
-                       projection=None, tokenizer=tokenizer, vocab_hash=source.metadata.tokenizer.vocab_hash,
-                       tokenizer_source=teacher)
-    batch_size = options.batch_size or 8
-    identity = {"student": student, "mode": "offline", "source": source.store.content_address or str(source.store.url),
-                "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
-                "seed": options.seed, "shuffle_window": options.buffer_shards, "max_steps": options.max_steps}
     log(f"clm-kd: {init}; {len(source.store)} blocks of {source.store.clm.block_size} tokens, support "
-        f"{source.store.clm.described}, target {method_options.target}")
-    return RunParts(source, method, method_options, stages, Student(model.to(device), info, None, Heads(model, "clm")),
-                    [[] for _ in stages], ClmFeed(source.store, source.teacher), None, batch_size, identity,
-                    done_note=f"its perplexity: hsk eval OUT/best --text-file FILE --block-size "
-                              f"{source.store.clm.block_size}")
+        f"{source.store.clm.described}, target {plan.method_options.target}")
+    return plan.parts(student, plan.student_info(student, "causal_lm", init, teacher, model, tokenizer), model, "clm",
+                      ClmFeed(source.store, source.teacher), device, 8,
+                      f"its perplexity: hsk eval OUT/best --text-file FILE --block-size {source.store.clm.block_size}")

@@ -22,19 +22,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from hskstore import open_store
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
-from pipelines.methods import Context, get_method
 from pipelines.registry import Stage
-from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
+from pipelines.train.data.sources import store_teacher
 from pipelines.train.data.stream import StoreStream
+from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
-from pipelines.train.run.loop import RunParts, Student
+from pipelines.train.run.loop import RunParts
 from pipelines.train.students.adapter import masked_lm_batch
-from pipelines.train.students.build import StudentInfo
-from pipelines.train.students.heads import Heads
 
 MLM_ARRAYS = ["input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels", "mlm/topk_ids",
               "mlm/topk_logits", "mlm/lse"]
@@ -122,30 +119,12 @@ class MaskedLMFeed:
 def prepare_pretraining(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
                         log: Callable[[str], Any], **_: Any) -> RunParts:
     """The plan, student and feed of a pre-training run, every check done before anything is written."""
-    if store is None:
-        raise ConfigError("--method lightpaff-pretrain distils from a masked-LM store: give --store")
-    if ranks.distributed:
-        raise ConfigError("--method lightpaff-pretrain runs in one process: start it without torchrun")
-    source = StoreSource(open_store(store))
-    check_expected_store(source, options.expect_store)
-    method = get_method(options.method)
-    method_options = method.make_options(options.method_options)
-    stages = method.stages(method_options, Context(None, None, source.metadata))
-    torch.manual_seed(options.seed)
+    plan = plan_store_run(options, store, ranks, "a masked-LM store")
     from pipelines.dump.mlm import load_mlm_teacher
 
-    teacher = store_teacher(source, options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
+    teacher = store_teacher(plan.source, options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
     model, tokenizer, init = mlm_student(student, teacher)
-    _check_student(model, tokenizer, source.metadata)
-    info = StudentInfo(name=student, kind="bert_mlm", init=init, source=teacher,
-                       num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
-                       projection=None, tokenizer=tokenizer, vocab_hash=source.metadata.tokenizer.vocab_hash,
-                       tokenizer_source=teacher)
-    batch_size = options.batch_size or 32
-    identity = {"student": student, "mode": "offline", "source": source.store.content_address or str(source.store.url),
-                "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
-                "seed": options.seed, "shuffle_window": options.buffer_shards, "max_steps": options.max_steps}
-    log(f"lightpaff-pretrain: {init}; {len(source.store)} rows")
-    return RunParts(source, method, method_options, stages, Student(model.to(device), info, None, Heads(model, "mlm")),
-                    [[] for _ in stages], MaskedLMFeed(source.store), None, batch_size, identity,
-                    done_note="use it as --init of --method lightpaff")
+    _check_student(model, tokenizer, plan.source.metadata)
+    log(f"lightpaff-pretrain: {init}; {len(plan.store)} rows")
+    return plan.parts(student, plan.student_info(student, "bert_mlm", init, teacher, model, tokenizer), model, "mlm",
+                      MaskedLMFeed(plan.store), device, 32, "use it as --init of --method lightpaff")

@@ -19,21 +19,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from hskstore import open_store
-from hskstore.format.config import ConfigError
 from hskstore.format.seq2seq import GROUP, Seq2seqSelection, decode
 from pipelines.core.pair_models import PairModel, pair_model
-from pipelines.methods import Context, get_method
 from pipelines.methods.s2s_kd import sequence_of
 from pipelines.registry import Stage
-from pipelines.train.data.sources import StoreSource, check_expected_store, store_teacher
+from pipelines.train.data.sources import store_teacher
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.clm import check_vocabulary
+from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
-from pipelines.train.run.loop import RunParts, Student
-from pipelines.train.students.build import StudentInfo
-from pipelines.train.students.heads import Heads
+from pipelines.train.run.loop import RunParts
 
 _FIRST = re.compile(r"first(\d+)")
 INPUTS = ("source_ids", "source_length")
@@ -106,35 +102,18 @@ class Seq2seqFeed:
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
                     log: Callable[[str], Any], **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
-    if store is None:
-        raise ConfigError("--method s2s-kd distils from a seq2seq store: give --store")
-    if ranks.distributed:
-        raise ConfigError("--method s2s-kd runs in one process: start it without torchrun")
-    source = StoreSource(open_store(store))
-    check_expected_store(source, options.expect_store)
-    method = get_method(options.method)
-    method_options = method.make_options(options.method_options)
-    stages = method.stages(method_options, Context(None, None, source.metadata))
-    torch.manual_seed(options.seed)
-    sel = source.store.s2s
-    on = sequence_of(method_options, source.metadata.selection)
+    plan = plan_store_run(options, store, ranks, "a seq2seq store")
+    sel = plan.store.s2s
+    on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)
-    teacher = store_teacher(source, options.teacher, load=lambda name: arch.load(name, "cpu"))
+    teacher = store_teacher(plan.source, options.teacher, load=lambda name: arch.load(name, "cpu"))
     model, tokenizer, init = seq2seq_student(student, teacher, arch)
-    check_vocabulary(model, tokenizer, source.metadata, log)
-    info = StudentInfo(name=student, kind=arch.name, init=init, source=teacher,
-                       num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
-                       projection=None, tokenizer=tokenizer, vocab_hash=source.metadata.tokenizer.vocab_hash,
-                       tokenizer_source=teacher)
-    batch_size = options.batch_size or 8
-    identity = {"student": student, "mode": "offline", "source": source.store.content_address or str(source.store.url),
-                "method": method.name, "method_options": method.option_dict(method_options), "batch_size": batch_size,
-                "seed": options.seed, "shuffle_window": options.buffer_shards, "max_steps": options.max_steps}
+    check_vocabulary(model, tokenizer, plan.source.metadata, log)
     learns = "the teacher's output" if on == "teacher" else "the reference"
-    log(f"s2s-kd: {init}; {len(source.store)} pairs, learning {learns}"
-        + (f", KD on {sel.described}" if any(_kd(s) for s in stages) else ", no KD"))
+    log(f"s2s-kd: {init}; {len(plan.store)} pairs, learning {learns}"
+        + (f", KD on {sel.described}" if any(_kd(s) for s in plan.stages) else ", no KD"))
     prompt = f" --prompt {sel.prompt!r}" if sel.prompt else ""
-    return RunParts(source, method, method_options, stages, Student(model.to(device), info, None, Heads(model, "s2s")),
-                    [[] for _ in stages], Seq2seqFeed(source.store, on), None, batch_size, identity,
-                    done_note=f"its BLEU and chrF: hsk eval OUT/best --pairs-file FILE --max-length {sel.max_source} "
-                              f"--max-target {sel.max_target}{prompt}")
+    return plan.parts(student, plan.student_info(student, arch.name, init, teacher, model, tokenizer), model, "s2s",
+                      Seq2seqFeed(plan.store, on), device, 8,
+                      f"its BLEU and chrF: hsk eval OUT/best --pairs-file FILE --max-length {sel.max_source} "
+                      f"--max-target {sel.max_target}{prompt}")

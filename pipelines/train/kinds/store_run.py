@@ -1,0 +1,72 @@
+"""What every run from a store without a task settles first (masked-LM, causal-LM and seq2seq runs): the
+source, the method and its stages checked against the store, the seed, and at the end the run's identity and
+parts for the loop. Each run kind (pipelines.train.kinds.lightpaff_pretrain, .clm, .seq2seq) adds its student
+and its feed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hskstore import open_store
+from hskstore.format.config import ConfigError
+from pipelines.methods import Context, get_method
+from pipelines.registry import Method, Stage
+from pipelines.train.data.sources import StoreSource, check_expected_store
+from pipelines.train.options import TrainOptions
+from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.loop import Feed, RunParts, Student
+from pipelines.train.students.build import StudentInfo
+from pipelines.train.students.heads import Heads
+
+
+@dataclass
+class StorePlan:
+    """A store run's source, method and stages, every check against the store done."""
+
+    options: TrainOptions
+    source: StoreSource
+    method: Method
+    method_options: Any
+    stages: list[Stage]
+
+    @property
+    def store(self) -> Any:
+        return self.source.store
+
+    def student_info(self, student: str, kind: str, init: str, teacher: str, model: Any, tokenizer: Any) -> StudentInfo:
+        return StudentInfo(name=student, kind=kind, init=init, source=teacher,
+                           num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
+                           projection=None, tokenizer=tokenizer, vocab_hash=self.source.metadata.tokenizer.vocab_hash,
+                           tokenizer_source=teacher)
+
+    def identity(self, student: str, batch_size: int) -> dict:
+        """What a checkpoint must share with the run that resumes it."""
+        o = self.options
+        return {"student": student, "mode": "offline", "source": self.store.content_address or str(self.store.url),
+                "method": self.method.name, "method_options": self.method.option_dict(self.method_options),
+                "batch_size": batch_size, "seed": o.seed, "shuffle_window": o.buffer_shards, "max_steps": o.max_steps}
+
+    def parts(self, student: str, info: StudentInfo, model: Any, head: str, feed: Feed, device: str,
+              default_batch: int, done_note: str) -> RunParts:
+        batch_size = self.options.batch_size or default_batch
+        return RunParts(self.source, self.method, self.method_options, self.stages,
+                        Student(model.to(device), info, None, Heads(model, head)), [[] for _ in self.stages], feed,
+                        None, batch_size, self.identity(student, batch_size), done_note=done_note)
+
+
+def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str) -> StorePlan:
+    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error."""
+    if store is None:
+        raise ConfigError(f"--method {options.method} distils from {needs}: give --store")
+    if ranks.distributed:
+        raise ConfigError(f"--method {options.method} runs in one process: start it without torchrun")
+    source = StoreSource(open_store(store))
+    check_expected_store(source, options.expect_store)
+    method = get_method(options.method)
+    method_options = method.make_options(options.method_options)
+    stages = method.stages(method_options, Context(None, None, source.metadata))
+    torch.manual_seed(options.seed)
+    return StorePlan(options, source, method, method_options, stages)
