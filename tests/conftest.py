@@ -5,6 +5,7 @@ Heavy imports (transformers) happen inside the helpers, so tests that do not use
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -298,6 +299,41 @@ def save_tiny_seq2seq(out: str | Path, tokenizer_dir: str | Path, arch: str = "t
     AutoModelForSeq2SeqLM.from_config(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return Path(out)
+
+
+def kill_dump_midway(args: list[str], out: Path, shards: int = 2) -> None:
+    """Run `hsk ARGS --out OUT` in a process and kill -9 it once `shards` shards are written (before the last)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import zarr
+
+    from hskstore.format.schema import PROGRESS_DONE
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args, "--out", str(out)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if zarr.open_group(str(out), mode="r")[PROGRESS_DONE][:].sum() >= shards:
+                break
+        except Exception:  # the store is not there yet, or half-created
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = zarr.open_group(str(out), mode="r")[PROGRESS_DONE][:]
+    assert 0 < done.sum() < len(done), "the kill should land mid-dump"
+
+
+def chunk_bytes(url: Path) -> dict[str, bytes]:
+    """Every stored file of a store but its rendered metadata (zarr.json, card, Croissant) and progress."""
+    rendered = ("zarr.json", "README.md", "croissant.json")
+    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
+            if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
 
 
 def corpus_lines(n: int = 300) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import _WORDS, build_tiny_tokenizer
+from conftest import _WORDS, build_tiny_tokenizer, chunk_bytes
 
 from hskstore import open_store
 from pipelines.cli import main
@@ -146,12 +146,6 @@ def dump_args(teacher: Path, glue_dir: Path, out: Path, *extra: str) -> list[str
     return ["dump", "--task", "mrpc", "--teacher", str(teacher), "--config", "2,8,0.2", "--student-layers", "2",
             "--data-dir", str(glue_dir), "--limit", "32", "--max-length", "64", "--shard-rows", "16",
             "--batch-size", "16", "--device", "cpu", "--no-progress", "--out", str(out), *extra]
-
-
-def chunk_bytes(url: Path) -> dict[str, bytes]:
-    metadata = ("zarr.json", "README.md", "croissant.json")  # metadata and what is rendered from it
-    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name not in metadata and "_progress" not in p.parts}
 
 
 # TinyBERT attention rows are q.k/sqrt(d_head) over every key: what ModernBERT's global layers (1, 3) compute,

@@ -4,18 +4,12 @@ log-softmax, resume after kill -9, derive, the RS-KD estimator's unbiasedness, t
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import zarr
-from conftest import build_bpe_tokenizer, corpus_lines, save_tiny_causal_lm
+from conftest import build_bpe_tokenizer, chunk_bytes, corpus_lines, kill_dump_midway, save_tiny_causal_lm
 
 from hskstore import codecs, open_store
 from hskstore.format import kinds
@@ -30,7 +24,6 @@ from hskstore.format.clm import (
     unpack_ids,
 )
 from hskstore.format.config import ConfigError
-from hskstore.format.schema import PROGRESS_DONE
 from pipelines.cli import main
 from pipelines.train.losses import lm
 
@@ -47,12 +40,6 @@ def _dump(tmp_path: Path, teacher: Path, corpus: Path, support: str, name: str, 
     out = tmp_path / name
     assert main(_dump_args(teacher, corpus, support, *extra) + ["--out", str(out)]) == 0
     return out
-
-
-def chunk_bytes(url: Path) -> dict[str, bytes]:
-    rendered = ("zarr.json", "README.md", "croissant.json")
-    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
 
 
 # --- the format's pure functions ------------------------------------------------------------------------------
@@ -240,21 +227,7 @@ def test_selective_positions_keep_the_fraction(clm_teacher, clm_corpus, tmp_path
 def test_kill_9_then_rerun_gives_the_same_bytes(clm_teacher, clm_corpus, tmp_path):
     args = _dump_args(clm_teacher, clm_corpus, "sample:8") + ["--limit", "300", "--shard-rows", "8"]
     assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args, "--out",
-                             str(tmp_path / "k.zarr")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:].sum() >= 2:
-                break
-        except Exception:
-            pass
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:]
-    assert 0 < done.sum() < len(done), "the kill should land mid-dump"
+    kill_dump_midway(args, tmp_path / "k.zarr")
     assert main(["verify", str(tmp_path / "k.zarr")]) == 1
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
     assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(tmp_path / "ref.zarr")

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import save_tiny_teacher
+from conftest import chunk_bytes, kill_dump_midway, save_tiny_teacher
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
@@ -126,13 +121,6 @@ def test_logits_only_int8_and_fsspec(teacher_dir, glue_dir, tmp_path):
     np.testing.assert_allclose(dq, df, atol=np.abs(df).max() / 127)
 
 
-def chunk_bytes(url: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(url)): p.read_bytes()
-        for p in sorted(url.rglob("*"))
-        # metadata documents are not chunks: zarr.json, the card (README.md, it names the store), croissant.json
-        if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json") and "_progress" not in p.parts
-    }
 
 
 def test_interrupted_dump_resumes_to_identical_bytes(teacher_dir, glue_dir, tmp_path, monkeypatch):
@@ -232,32 +220,7 @@ def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path)
         "cpu",
     ]
     assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from pipelines.cli import run; run()",
-            *args,
-            "--out",
-            str(tmp_path / "k.zarr"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:].sum() >= 3:
-                break
-        except Exception:
-            pass
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")[PROGRESS_DONE][:]
-    assert 0 < done.sum() < len(done), "the kill should land mid-dump"
+    kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
     assert main(["verify", str(tmp_path / "k.zarr")]) == 1
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
     assert (

@@ -177,22 +177,31 @@ def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows:
     return arrays
 
 
+def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
+    """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape."""
+    cfg = model.config
+    return TeacherRef(
+        teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
+        architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
+        # the precision recorded only when not fp32, as task stores record it
+        written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
+    )
+
+
+def lm_tokenizer_ref(teacher: str, tokenizer: Any, pad_id: int) -> TokenizerRef:
+    return TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer), pad_id=pad_id,
+                        written=CLM_TOKENIZER_KEYS)
+
+
 def clm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_blocks: int,
                  shard_rows: int, precision: str) -> dict:
-    cfg = model.config
     return StoreMeta(
         objective=CLM,
         task=TaskRef(CLM, "train"),
         dataset=DataRef(corpus.source, corpus.fingerprint, len(corpus)),
-        teacher=TeacherRef(
-            teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
-            architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
-            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
-            # the precision recorded only when not fp32, as task stores record it
-            written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
-        ),
-        tokenizer=TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
-                               pad_id=sel.eos_id, written=CLM_TOKENIZER_KEYS),
+        teacher=lm_teacher_ref(teacher, model, precision),
+        tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.eos_id),
         max_length=sel.block_size,
         selection=sel.to_dict(),
         layout=Layout.of(n_blocks, sel.slots, shard_rows),

@@ -24,14 +24,14 @@ from tqdm.auto import tqdm
 from hskstore import __version__
 from hskstore.format.clm import Support, encode_support, kept_positions
 from hskstore.format.config import ConfigError
-from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
+from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef
 from hskstore.format.seq2seq import GROUP, SEQ2SEQ, Decoding, Seq2seqSelection, pad_rows, pair_hashes
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.data import DataError, Examples, _read_table, load_examples
-from pipelines.core.models import ModelLoadError, load_tokenizer, model_revision, vocab_hash, weights_hash
+from pipelines.core.models import ModelLoadError, load_tokenizer
 from pipelines.core.pair_models import PairModel, architecture_of, pair_model
-from pipelines.core.precision import FP32, forward_precision, resolve_forward
-from pipelines.dump.clm import CLM_TEACHER_KEYS, CLM_TOKENIZER_KEYS, sample_support, top_ids
+from pipelines.core.precision import forward_precision, resolve_forward
+from pipelines.dump.clm import lm_teacher_ref, lm_tokenizer_ref, sample_support, top_ids
 from pipelines.dump.stage import compute_record
 
 DEFAULT_PROMPT = "{source}\n"  # a decoder-only teacher's template when none is given
@@ -184,19 +184,12 @@ def compute_seq2seq_shard(model: Any, pairs: dict[str, np.ndarray], rows: np.nda
 
 def seq2seq_metadata(pairs: Examples, teacher: str, model: Any, tokenizer: Any, sel: Seq2seqSelection,
                      shard_rows: int, precision: str) -> dict:
-    cfg = model.config
     return StoreMeta(
         objective=SEQ2SEQ,
         task=TaskRef(SEQ2SEQ, "train"),
         dataset=DataRef(pairs.source, pairs.fingerprint, len(pairs)),
-        teacher=TeacherRef(
-            teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
-            architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
-            hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
-            written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
-        ),
-        tokenizer=TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
-                               pad_id=sel.pad_id, written=CLM_TOKENIZER_KEYS),
+        teacher=lm_teacher_ref(teacher, model, precision),
+        tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.pad_id),
         max_length=sel.max_source,
         selection=sel.to_dict(),
         layout=Layout.of(len(pairs), max(sel.slots, 1), shard_rows),
