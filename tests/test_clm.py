@@ -84,7 +84,7 @@ def test_the_kind_is_registered_and_its_names_live_in_its_home():
     (no module branches on its name), except the declarations listed in docs/guide/adding-a-store-kind.md."""
     kind = kinds.get("clm")
     assert kind.reader_class().__name__ == "ClmStore" and "clm" in kinds.names()
-    homes = {"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/clm_derive.py",
+    homes = {"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
              "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
              "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py", "pipelines/train/kinds/clm_teacher.py"}
     declarations = {"hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/losses/terms.py",

@@ -96,8 +96,8 @@ class ClmStore(HSKStore):
         raise ConfigError(f"{self.url} is a causal-LM store: train from it with --method clm-kd")
 
     def derive(self, out: str, **options) -> dict:
-        """A smaller store of this one (hskstore.share.clm_derive), without the teacher."""
-        return import_module("hskstore.share.clm_derive").derive_clm(self, out, **options)
+        """A smaller store of this one (hskstore.share.support_derive), without the teacher."""
+        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
 
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:

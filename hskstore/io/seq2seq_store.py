@@ -113,8 +113,8 @@ class Seq2seqStore(HSKStore):
         raise ConfigError(f"{self.url} is a seq2seq store: train from it with --method s2s-kd")
 
     def derive(self, out: str, **options) -> dict:
-        """A store of a smaller support (hskstore.share.clm_derive), without the teacher."""
-        return import_module("hskstore.share.clm_derive").derive_clm(self, out, **options)
+        """A store of a smaller support (hskstore.share.support_derive), without the teacher."""
+        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
 
     @classmethod
     def card_headline(cls, meta: dict) -> tuple[str, str]:

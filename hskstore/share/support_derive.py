@@ -73,7 +73,7 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
     return arrays
 
 
-def derive_clm(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
+def derive_support(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
                progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
                log: Callable[[str], object] | None = None) -> dict:
     """Write at `out` the store of `support` derived from `source`, an opened store with a sparse support
