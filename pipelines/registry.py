@@ -214,6 +214,9 @@ class Method:
     build: Callable[[Any, Context], list[Stage]]
     check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
     objective: str = "task"  # the store kind it distils from (hskstore.format.kinds): "task", "mlm", "clm", "seq2seq"
+    # `hsk sweep` runs it over a grid of configs derived from the source store, with its options `stages` and
+    # `alpha` as the grid's pred-only and no-KD arms (mud); other methods run once per student and seed
+    sweep_grid: bool = False
 
     def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""

@@ -116,5 +116,6 @@ MUD = register(
         options=MudOptions,
         build=_build,
         check=_check,
+        sweep_grid=True,
     )
 )

@@ -70,7 +70,7 @@ def _problems(source, task, run: PlannedRun, options) -> list[str]:
 
 def describe(run: PlannedRun) -> str:
     dtype = f" {run.value_dtype}" if run.value_dtype else ""
-    what = run.config if run.method == "mud" else f"method {run.method}"
+    what = run.config if run.grid else f"method {run.method}"
     return f"run {run.run_id} ({what}{dtype}, {run.student}, seed {run.seed})"
 
 

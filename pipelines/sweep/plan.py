@@ -70,6 +70,11 @@ class PlannedRun:
     method: str = "mud"
 
     @property
+    def grid(self) -> bool:
+        """Whether the run is one of a method's config grid (mud's), labelled by its config."""
+        return get_method(self.method).sweep_grid
+
+    @property
     def store_key(self) -> tuple[str, str | None] | None:
         return None if self.store_config is None else (self.store_config, self.value_dtype)
 
@@ -77,13 +82,13 @@ class PlannedRun:
     def name(self) -> str:
         """The run folder's name: readable, and unique through the run_id."""
         student = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(self.student.rstrip("/")).name or self.student)
-        label = self.config.replace(",", "_") if self.method == "mud" else self.method
+        label = self.config.replace(",", "_") if self.grid else self.method
         return f"{label}-{self.value_dtype or 'logits'}-{student}-seed{self.seed}-{self.run_id[:10]}"
 
     def describe(self) -> str:
         """One line for the sweep's log: what the run trains."""
         dtype = f" {self.value_dtype}" if self.value_dtype else ""
-        what = f"{self.kind} {self.config}" if self.method == "mud" else f"method {self.method}"
+        what = f"{self.kind} {self.config}" if self.grid else f"method {self.method}"
         return f"{what}{dtype} {self.student} seed {self.seed}"
 
 
@@ -167,7 +172,7 @@ def _method_target(spec: SweepSpec, method: str, meta: StoreMeta) -> Target:
 def _targets(spec: SweepSpec, meta: StoreMeta) -> list[Target]:
     out: list[Target] = []
     for method in spec.methods:
-        if method == "mud":
+        if get_method(method).sweep_grid:
             out += expand_configs(spec, meta)
         else:
             out.append(_method_target(spec, method, meta))
@@ -202,8 +207,8 @@ def _amount(target: Target, sel: Selection) -> float:
 
 
 def _stages_alpha(target: Target, spec: SweepSpec) -> tuple[tuple[str, ...], float | None]:
-    """mud's stages and KD weight for a target (other methods: none of either)."""
-    if target.method != "mud":
+    """A grid method's stages and KD weight for a target (other methods: none of either)."""
+    if not get_method(target.method).sweep_grid:
         return (), None
     mud_stages = tuple(split_list(spec.train.get("stages", ("hsk", "pred")), ","))
     stages = mud_stages if target.kind in ("hsk", "full") else ("pred",)

@@ -145,7 +145,7 @@ def run_options(spec: SweepSpec, method: str, seed: int, stages: tuple[str, ...]
     """The TrainOptions of one run: the sweep's settings, the method's own options among them."""
     names = _option_names(method)
     method_options = {k: v for k, v in spec.train.items() if k in names}
-    if method == "mud":
+    if get_method(method).sweep_grid:
         method_options["stages"] = stages
         if alpha is not None:
             method_options["alpha"] = alpha
