@@ -318,3 +318,21 @@ def test_eval_scores_the_teacher_against_its_own_outputs_at_100(stores, teachers
     assert result["pairs"] == len(kept)
     assert result["bleu"] == pytest.approx(100.0) and result["chrf"] == pytest.approx(100.0)
     assert result["perplexity"] > 1.0
+
+
+def test_pack_export_and_croissant_go_through_the_kind(stores, tmp_path):
+    """What every store has: a bundle that unpacks to a verified store, a Parquet export of every array, and
+    croissant.json describing each of them."""
+    import pyarrow.parquet as pq
+
+    store = stores["t5"]
+    assert main(["pack", str(store), str(tmp_path / "t5.hsk.zip")]) == 0
+    assert main(["unpack", str(tmp_path / "t5.hsk.zip"), str(tmp_path / "back.zarr")]) == 0
+    assert main(["verify", str(tmp_path / "back.zarr")]) == 0
+    assert main(["export", str(store), str(tmp_path / "t5.parquet")]) == 0
+    table = pq.read_table(tmp_path / "t5.parquet")
+    names = set(open_store(str(store)).specs)
+    assert table.num_rows == 24 and {name.replace("/", "_") for name in names} == set(table.schema.names)
+    croissant = json.loads((store / "croissant.json").read_text())
+    fields = {f["name"] for record in croissant["recordSet"] for f in record["field"]}
+    assert {"source_ids", "reference_ids", "teacher_ids", "s2s_ids", "s2s_values"} <= fields
