@@ -108,13 +108,21 @@ class Seq2seqSelection:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Seq2seqSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
-        if sel.architecture not in ARCHITECTURES or sel.id_bits != id_bits(sel.vocab_size):
-            raise ValueError(f"architecture {sel.architecture!r}, {sel.id_bits} bits per id")
-        if sel.support is not None and (sel.support not in SUPPORTS or sel.slots < 1 or sel.supports_on not in TARGETS):
-            raise ValueError(f"support {sel.support!r} with {sel.slots} slots on {sel.supports_on!r}")
-        if sel.decoding is not None and sel.decoding.get("strategy") not in STRATEGIES:
-            raise ValueError(f"decoding {sel.decoding!r}")
+        problem = sel._problem()
+        if problem:
+            raise ValueError(problem)
         return sel
+
+    def _problem(self) -> str | None:
+        """What makes a read selection unusable (None: nothing)."""
+        if self.architecture not in ARCHITECTURES or self.id_bits != id_bits(self.vocab_size):
+            return f"architecture {self.architecture!r}, {self.id_bits} bits per id"
+        has_support = self.support in SUPPORTS and self.slots >= 1 and self.supports_on in TARGETS
+        if self.support is not None and not has_support:
+            return f"support {self.support!r} with {self.slots} slots on {self.supports_on!r}"
+        if self.decoding is not None and self.decoding.get("strategy") not in STRATEGIES:
+            return f"decoding {self.decoding!r}"
+        return None
 
     def to_dict(self) -> dict:
         return asdict(self)

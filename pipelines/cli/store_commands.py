@@ -207,9 +207,8 @@ def dump(
     if not task or not config:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.precision import cpu_half_warning
-    from pipelines.core.tasks import default_teacher_dir, get_task
+    from pipelines.core.tasks import get_task
     from pipelines.dump.stage import DumpOptions
-    from pipelines.dump.stage import dump as run_dump
 
     options = DumpOptions(
         config=parsed,
@@ -239,26 +238,43 @@ def dump(
     if note := cpu_half_warning(precision, options.device):
         typer.echo(note, err=True)
     task = get_task(task).name
-    if teacher is None:
-        teacher = default_teacher_dir(task)
-        if not Path(teacher).is_dir():
-            raise ConfigError(
-                f"no --teacher given and no teacher at {Path(teacher).absolute()}: fine-tune one with `hsk teacher "
-                f"--task {task}` (it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
-            )
+    teacher = _task_teacher(task, teacher)
     out = out or f"{task}.zarr"
     data = dict(split=split, data_dir=data_dir, data_file=data_file, limit=limit, label_column=label_column,
                 text_columns=text_columns.split(",") if text_columns else None)
+    _run_task_dump(task, options, teacher, out, workers, scheduler, threads, data)
+    typer.echo(f"done: {out} (see `hsk info {out}`)")
+
+
+def _task_teacher(task: str, teacher: str | None) -> str:
+    """--teacher, or where `hsk teacher --task TASK` saves (refused in one line when nothing is there)."""
+    from pipelines.core.tasks import default_teacher_dir
+
+    if teacher is not None:
+        return teacher
+    teacher = default_teacher_dir(task)
+    if not Path(teacher).is_dir():
+        raise ConfigError(
+            f"no --teacher given and no teacher at {Path(teacher).absolute()}: fine-tune one with `hsk teacher "
+            f"--task {task}` (it saves there), or pass --teacher CHECKPOINT (a hub id or a folder)"
+        )
+    return teacher
+
+
+def _run_task_dump(task: str, options, teacher: str, out: str, workers: int | None, scheduler: str | None,
+                   threads: int | None, data: dict) -> None:
+    """A task dump in this process, or on a dask cluster (--workers/--scheduler)."""
     if workers is not None or scheduler is not None:
         from pipelines.dump.distributed import dump_distributed
 
-        if write_processes:
+        if options.write_processes:
             raise ConfigError("--write-processes and --workers/--scheduler: each dask worker already writes its own "
                               "shards; drop --write-processes")
-
         dump_distributed(task, options, teacher=teacher, out=out, workers=workers, scheduler=scheduler,
                          threads_per_worker=threads, log=typer.echo, **data)
     else:
+        from pipelines.dump.stage import dump as run_dump
+
         use_threads(threads, "dump")  # recorded in the store's compute record (CPU bytes depend on it)
         run_dump(task, options, teacher=teacher, out=out, log=typer.echo, **data)
     typer.echo(f"done: {out} (see `hsk info {out}`)")

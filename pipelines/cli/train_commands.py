@@ -221,6 +221,32 @@ def train(
     typer.echo(f"summary: {out}/summary.json")
 
 
+def _eval_task(model: str, task: str, split: str, data_dir: str | None, batch_size: int, max_length: int | None,
+               device: str, limit: int | None, allow_task_mismatch: bool, as_json: bool) -> None:
+    from pipelines.train.run.evaluate import evaluate_model
+
+    result = evaluate_model(
+        model,
+        task,
+        split=split,
+        data_dir=data_dir,
+        batch_size=batch_size,
+        max_length=max_length,
+        device=device,
+        limit=limit,
+        allow_task_mismatch=allow_task_mismatch,
+        progress=True,  # on a terminal only
+    )
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    if result["task_fit"] == "mismatch allowed":
+        typer.echo(f"WARNING: {model} was made for another task; evaluated on {result['task']} as asked", err=True)
+    for name, metrics in result["splits"].items():
+        shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        typer.echo(f"{result['task']}/{name}: {shown}")
+
+
 def _eval_pairs(model: str, pairs_file: str, text_columns: str | None, prompt: str | None, max_source: int,
                 max_target: int, batch_size: int, device: str, limit: int | None, as_json: bool) -> None:
     from pipelines.dump.seq2seq import load_pairs, typed_prompt
@@ -316,25 +342,5 @@ def eval_(
         _eval_pairs(model, pairs_file, text_columns, prompt, max_length or 128, max_target, min(batch_size, 32),
                     pick_device(device), limit, as_json)
         return
-    from pipelines.train.run.evaluate import evaluate_model
-
-    result = evaluate_model(
-        model,
-        task,
-        split=split,
-        data_dir=data_dir,
-        batch_size=batch_size,
-        max_length=max_length,
-        device=pick_device(device),
-        limit=limit,
-        allow_task_mismatch=allow_task_mismatch,
-        progress=True,  # on a terminal only
-    )
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    if result["task_fit"] == "mismatch allowed":
-        typer.echo(f"WARNING: {model} was made for another task; evaluated on {result['task']} as asked", err=True)
-    for name, metrics in result["splits"].items():
-        shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-        typer.echo(f"{result['task']}/{name}: {shown}")
+    _eval_task(model, task, split, data_dir, batch_size, max_length, pick_device(device), limit, allow_task_mismatch,
+               as_json)

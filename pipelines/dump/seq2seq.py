@@ -78,6 +78,27 @@ def _pair_columns(path: Path, text_columns: str | None) -> tuple[list[str], list
     return [str(v) for v in columns[names[0]]], [str(v) for v in columns[names[1]]]
 
 
+def _file_pairs(data_file: str, text_columns: str | None, limit: int | None) -> Examples:
+    path = Path(data_file).expanduser()
+    if not path.is_file():
+        raise DataError(f"--data-file {data_file}: no such file")
+    sources, targets = _pair_columns(path, text_columns)
+    pairs = Examples(texts=(sources, targets), labels=np.full(len(sources), -1), rows=np.arange(len(sources)),
+                     source=f"table:{path}")
+    return pairs.select(np.arange(min(limit, len(pairs)))) if limit else pairs
+
+
+def _check_pairs(pairs: Examples) -> Examples:
+    """Pairs with both sides non-empty (else the first empty side, by its row)."""
+    for i, (source, target) in enumerate(zip(*pairs.texts)):
+        if not source.strip() or not target.strip():
+            raise DataError(f"{pairs.source}: row {int(pairs.rows[i])} has an empty "
+                            f"{'source' if not source.strip() else 'target'}: remove it or fill it in")
+    if not len(pairs):
+        raise DataError(f"{pairs.source} holds no pairs")
+    return pairs
+
+
 def load_pairs(*, task: str | None = None, split: str = "train", data_dir: str | None = None,
                data_file: str | None = None, text_columns: str | None = None, limit: int | None = None) -> Examples:
     """Source/target pairs: two columns of a table file (--data-file, --text-columns SOURCE,TARGET or its first
@@ -86,24 +107,11 @@ def load_pairs(*, task: str | None = None, split: str = "train", data_dir: str |
         raise ConfigError("a seq2seq dump reads pairs: pass --data-file (a table with a source and a target column) "
                           "or --task (a GLUE pair task: its first sentence to its second)")
     if data_file:
-        path = Path(data_file).expanduser()
-        if not path.is_file():
-            raise DataError(f"--data-file {data_file}: no such file")
-        sources, targets = _pair_columns(path, text_columns)
-        pairs = Examples(texts=(sources, targets), labels=np.full(len(sources), -1), rows=np.arange(len(sources)),
-                         source=f"table:{path}")
-        pairs = pairs.select(np.arange(min(limit, len(pairs)))) if limit else pairs
-    else:
-        pairs = load_examples(task, split, data_dir=data_dir, limit=limit)
-        if len(pairs.texts) != 2:
-            raise DataError(f"--task {task} has one text column: a seq2seq dump needs pairs (mrpc, qqp, stsb, ...)")
-    for i, (source, target) in enumerate(zip(*pairs.texts)):
-        if not source.strip() or not target.strip():
-            raise DataError(f"{pairs.source}: row {int(pairs.rows[i])} has an empty "
-                            f"{'source' if not source.strip() else 'target'}: remove it or fill it in")
-    if not len(pairs):
-        raise DataError(f"{pairs.source} holds no pairs")
-    return pairs
+        return _check_pairs(_file_pairs(data_file, text_columns, limit))
+    pairs = load_examples(task, split, data_dir=data_dir, limit=limit)
+    if len(pairs.texts) != 2:
+        raise DataError(f"--task {task} has one text column: a seq2seq dump needs pairs (mrpc, qqp, stsb, ...)")
+    return _check_pairs(pairs)
 
 
 def tokenize_pairs(tokenizer: Any, pairs: Examples, sel: Seq2seqSelection) -> dict[str, np.ndarray]:
@@ -196,24 +204,34 @@ def seq2seq_metadata(pairs: Examples, teacher: str, model: Any, tokenizer: Any, 
     ).to_dict()
 
 
-def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architecture: str, model: Any,
-                   tokenizer: Any, teacher: str) -> Seq2seqSelection:
-    """The store's selection from the request and what the teacher's config and tokenizer say."""
+def _special_ids(request: Seq2seqRequest, architecture: str, model: Any, tokenizer: Any,
+                 teacher: str) -> tuple[int, int, int | None]:
+    """(EOS, pad, decoder start) of the teacher: pad is EOS where the tokenizer has none; the decoder start of an
+    encoder-decoder from its config."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ModelLoadError(f"the tokenizer of {teacher} has no EOS token, which ends every target")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    start = getattr(model.config, "decoder_start_token_id", None) if architecture == "encoder-decoder" else None
-    if architecture == "encoder-decoder" and start is None:
+    if architecture == "decoder-only":
+        return int(eos), int(pad), None
+    start = getattr(model.config, "decoder_start_token_id", None)
+    if start is None:
         raise ModelLoadError(f"{teacher}'s config has no decoder_start_token_id, which starts its decoder")
-    if architecture == "encoder-decoder" and request.prompt is not None:
+    if request.prompt is not None:
         raise ConfigError("--prompt: an encoder-decoder teacher reads the source as it is (the template is for "
                           "decoder-only teachers)")
+    return int(eos), int(pad), int(start)
+
+
+def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architecture: str, model: Any,
+                   tokenizer: Any, teacher: str) -> Seq2seqSelection:
+    """The store's selection from the request and what the teacher's config and tokenizer say."""
+    eos, pad, start = _special_ids(request, architecture, model, tokenizer, teacher)
     prompt = (request.prompt or DEFAULT_PROMPT) if architecture == "decoder-only" else None
     return Seq2seqSelection.make(
         request.support, decoding, architecture=architecture, vocab_size=model.config.vocab_size,
-        max_source=request.max_source, max_target=request.max_target, eos_id=int(eos), pad_id=int(pad),
-        decoder_start_id=None if start is None else int(start), prompt=prompt, supports_on=request.supports_on,
+        max_source=request.max_source, max_target=request.max_target, eos_id=eos, pad_id=pad,
+        decoder_start_id=start, prompt=prompt, supports_on=request.supports_on,
         logprob_codec=request.logprob_codec, positions=request.positions, sample_seed=request.sample_seed)
 
 

@@ -82,16 +82,21 @@ def _check(o: S2SKDOptions, ctx: Context) -> str | None:
     if ctx.meta.objective != "seq2seq":
         return "needs a seq2seq store (`hsk dump --objective seq2seq`)"
     sel = ctx.meta.selection
-    on, lam = sequence_of(o, sel), lam_of(o, sel)
-    if on == "teacher" and not sel.get("decoding"):
+    if sequence_of(o, sel) == "teacher" and not sel.get("decoding"):
         return "--set on=teacher needs the teacher's output: dump with --decode greedy or beam:N"
+    if o.temperature != 1.0 and (sel.get("support") != "topk" or o.tail):
+        return "a temperature other than 1 needs a top-K store and --set tail=false"
+    return _kd_problem(o, sel)
+
+
+def _kd_problem(o: S2SKDOptions, sel: dict) -> str | None:
+    """What keeps the KD term from reading the store's supports (None: nothing, or no KD term)."""
+    on, lam = sequence_of(o, sel), lam_of(o, sel)
     if lam > 0 and sel.get("support") is None:
         return "KD (lam > 0) needs word-level supports: dump with --support, or train with --set lam=0"
     if lam > 0 and sel.get("supports_on") != on:
         return (f"the store's supports sit on the {sel.get('supports_on')} target, not the {on} one: --set "
                 f"on={sel.get('supports_on')}, or --set lam=0 to learn the {on} target alone")
-    if o.temperature != 1.0 and (sel.get("support") != "topk" or o.tail):
-        return "a temperature other than 1 needs a top-K store and --set tail=false"
     return None
 
 
