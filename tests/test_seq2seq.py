@@ -336,3 +336,19 @@ def test_pack_export_and_croissant_go_through_the_kind(stores, tmp_path):
     croissant = json.loads((store / "croissant.json").read_text())
     fields = {f["name"] for record in croissant["recordSet"] for f in record["field"]}
     assert {"source_ids", "reference_ids", "teacher_ids", "s2s_ids", "s2s_values"} <= fields
+
+
+def test_a_glue_pair_task_gives_its_two_sentences(teachers, glue_dir, tmp_path):
+    """--task mrpc: sentence 1 is the source, sentence 2 the target (the dataset's rows, in order)."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "mrpc.zarr"
+    assert main(["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--task", "mrpc", "--data-dir",
+                 str(glue_dir), "--limit", "6", "--max-length", "200", "--max-target", "200", "--support", "topk:2",
+                 "--no-progress", "--device", "cpu", "--out", str(out)]) == 0
+    rows = open_store(str(out)).read(slice(0, 6))
+    tokenizer = AutoTokenizer.from_pretrained(teachers["t5"])
+    first = (glue_dir / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()[1].split("\t")
+    source = tokenizer.decode(rows["source_ids"][0, : rows["source_length"][0]], skip_special_tokens=True)
+    target = tokenizer.decode(rows["reference_ids"][0, : rows["reference_length"][0]], skip_special_tokens=True)
+    assert (source.strip(), target.strip()) == (first[3].strip(), first[4].strip())
