@@ -21,6 +21,7 @@ from pipelines.train.losses import attention, pairs
 from pipelines.train.losses import terms as losses
 from pipelines.train.run.loop import schedule_factor
 from pipelines.train.students import heads
+from pipelines.train.students.adapter import ADAPTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,14 +84,15 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_every_declared_name_is_implemented_by_train_and_nothing_else_is():
     assert set(losses.LOSS_TERMS) == set(registry.LOSS_TERMS)
-    # "task" is the student's own classifier, "mlm" a masked-LM student's own head, "clm" a causal LM's; the
-    # others are swapped in
-    assert set(heads.HEAD_SIZES) | {"task", "mlm", "clm"} == set(registry.HEADS)
+    # "task" is the student's own classifier; "mlm", "clm" and "s2s" are LM students' own heads, each read by its
+    # adapter; the others are swapped in
+    assert set(heads.HEAD_SIZES) | {"task"} | set(ADAPTERS) == set(registry.HEADS)
     assert set(pairs.RULES) == set(registry.PAIR_RULES)
     assert set(attention.HEAD_MAPS) == set(registry.HEAD_MAPS)
     # "mlm": the masked-LM arrays, read by lightpaff-pretrain's run (pipelines/train/kinds/lightpaff_pretrain.py);
-    # "clm": a causal-LM store's, read by clm-kd's (pipelines/train/kinds/clm.py)
-    assert set(sources.STORE_READS) | {"mlm", "clm"} == set(registry.STORE_READS)
+    # "clm": a causal-LM store's, read by clm-kd's (pipelines/train/kinds/clm.py); "seq2seq": a seq2seq store's,
+    # read by s2s-kd's (pipelines/train/kinds/seq2seq.py)
+    assert set(sources.STORE_READS) | {"mlm", "clm", "seq2seq"} == set(registry.STORE_READS)
     factors = {name: schedule_factor(name, 100, 0.1) for name in registry.SCHEDULES}
     assert [round(f(5), 3) for f in factors.values()] == [1.0, 0.95, 0.5]  # constant, linear, warmup-linear
     for vocabulary in (registry.LOSS_TERMS, registry.HEADS, registry.STORE_READS, registry.PAIR_RULES,

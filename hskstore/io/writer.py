@@ -419,6 +419,8 @@ class StoreWriter:
         pending = self.pending_shards()
         if pending:
             raise CorruptStoreError(f"cannot finalize {self.url}: shards {pending[:10]} not written yet")
+        # a worker killed mid-write (a dask dump whose shard another worker redid) leaves zarr temporaries
+        remove_partials(self.url)
         digests = self.group[PROGRESS_DIGESTS][:]
         checksums = {
             spec.name: array_checksum([bytes(d) for d in digests[:, i]]) for i, spec in enumerate(self.specs)
