@@ -150,6 +150,13 @@ def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: 
     blocks, on the teacher's device: weights are float16 log-probs (top-K) or counts (sampled)."""
     with forward_precision(precision, str(input_ids.device)):
         logits = model(input_ids=input_ids).logits
+    return support_of(logits, rows, sel)
+
+
+def support_of(logits: torch.Tensor, rows: np.ndarray, sel: Any) -> tuple[torch.Tensor, torch.Tensor,
+                                                                             torch.Tensor | None]:
+    """A batch's [b, T, V] logits -> (ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every
+    position is kept), on their device: the support `sel` names (causal-LM and seq2seq stores alike)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1) if sel.positions < 1.0 else None
     if sel.support == "topk":

@@ -31,7 +31,7 @@ from pipelines.core.data import DataError, Examples, _read_table, load_examples
 from pipelines.core.models import ModelLoadError, load_tokenizer
 from pipelines.core.pair_models import PairModel, architecture_of, pair_model
 from pipelines.core.precision import forward_precision, resolve_forward
-from pipelines.dump.clm import lm_teacher_ref, lm_tokenizer_ref, sample_support, top_ids
+from pipelines.dump.clm import lm_teacher_ref, lm_tokenizer_ref, support_of
 from pipelines.dump.stage import compute_record
 
 DEFAULT_PROMPT = "{source}\n"  # a decoder-only teacher's template when none is given
@@ -138,17 +138,10 @@ def _support_batch(model: Any, arch: PairModel, source: np.ndarray, source_lengt
                    precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(ids [b, T, S], weights [b, T, S], entropy [b, T] or None) of a batch of pairs, on the device."""
     inputs = arch.inputs(source, source_length, target, target_length, sel, device)
-    with torch.no_grad(), forward_precision(precision, device):
-        logits = inputs.target_logits(model(**inputs.kwargs).logits)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logprobs.exp() * logprobs).sum(-1) if sel.positions < 1.0 else None
-    if sel.support == "topk":
-        ids = top_ids(logprobs, sel.k)
-        weights = logprobs.gather(-1, ids).half()
-    else:
-        pairs = [sample_support(logprobs[i], sel.draws, sel.sample_seed, int(row)) for i, row in enumerate(rows)]
-        ids, weights = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]).to(torch.int16)
-    return ids.to(torch.int32), weights, entropy
+    with torch.no_grad():
+        with forward_precision(precision, device):
+            logits = inputs.target_logits(model(**inputs.kwargs).logits)
+        return support_of(logits, rows, sel)
 
 
 def _decode_shard(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection,

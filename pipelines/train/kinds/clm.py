@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hskstore.format.clm import ClmSelection, decode
+from hskstore.format.clm import ClmSelection, LMTargets, decode
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.registry import Stage
@@ -96,13 +96,18 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, 
         return batch
     if sel is None:
         return batch
-    targets = decode(raw, sel)
-    kept = targets.kept
-    batch["kd_mask"] = torch.as_tensor(kept, device=device)
-    batch["kd_ids"] = torch.as_tensor(targets.ids[kept], device=device)
-    batch["kd_probs"] = torch.as_tensor(targets.probs[kept], device=device)
-    batch["kd_used"] = torch.as_tensor(targets.used[kept], device=device)
+    batch.update(support_batch(decode(raw, sel), device))
     return batch
+
+
+def support_batch(targets: LMTargets, device: str) -> dict[str, torch.Tensor]:
+    """The stored support of a batch for the KD terms: the kept positions' mask [B, T] and their ids,
+    probabilities and used slots [N kept, S]."""
+    kept = targets.kept
+    return {"kd_mask": torch.as_tensor(kept, device=device),
+            "kd_ids": torch.as_tensor(targets.ids[kept], device=device),
+            "kd_probs": torch.as_tensor(targets.probs[kept], device=device),
+            "kd_used": torch.as_tensor(targets.used[kept], device=device)}
 
 
 class _Maker:

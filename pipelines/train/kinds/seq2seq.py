@@ -25,7 +25,7 @@ from pipelines.methods.s2s_kd import sequence_of
 from pipelines.registry import Stage
 from pipelines.train.data.sources import store_teacher
 from pipelines.train.data.stream import StoreStream
-from pipelines.train.kinds.clm import check_vocabulary
+from pipelines.train.kinds.clm import check_vocabulary, support_batch
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
@@ -60,12 +60,7 @@ def pair_batch(raw: dict[str, np.ndarray], sel: Seq2seqSelection, on: str, kd: b
              "labels": torch.as_tensor(target, device=device),
              "ce_mask": t < torch.as_tensor(length, device=device)[:, None]}
     if kd:
-        targets = decode(raw, sel)
-        kept = targets.kept
-        batch["kd_mask"] = torch.as_tensor(kept, device=device)
-        batch["kd_ids"] = torch.as_tensor(targets.ids[kept], device=device)
-        batch["kd_probs"] = torch.as_tensor(targets.probs[kept], device=device)
-        batch["kd_used"] = torch.as_tensor(targets.used[kept], device=device)
+        batch.update(support_batch(decode(raw, sel), device))
     return batch
 
 
