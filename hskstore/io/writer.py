@@ -55,7 +55,7 @@ from .card import CARD_NAME, read_card, store_name, stored_bytes, write_card
 from .croissant import CROISSANT_NAME, read_croissant, write_croissant
 from .lease import Lease, LeaseHeldError
 from .lineage import data_origin
-from .location import location, zarr_location
+from .location import is_local, location, zarr_location
 from .outputs import (
     LEASE_NAME,
     PARTIAL_FILE,
@@ -200,7 +200,10 @@ def _resume_notes(url: str, existing: dict, meta: dict) -> list[str]:
 
 
 def remove_partials(url: str) -> list[str]:
-    """Delete zarr's `*.<uuid>.partial` temporaries of interrupted writes under a store (that pattern only)."""
+    """Delete zarr's `*.<uuid>.partial` temporaries of interrupted writes under a store (that pattern only).
+    Only zarr's local store writes them: an object store's put is whole, so it is not listed for nothing."""
+    if not is_local(url):
+        return []
     return location(url).remove_files(lambda name: bool(PARTIAL_FILE.search(name)))
 
 
