@@ -1,7 +1,10 @@
-"""Where a training run's batches and targets come from: a store (offline) or a live teacher (online).
+"""Where a training run's batches and targets come from, one class per kind of source.
 
-Opening a source, mapping the student's layers onto the stored ones, checking tokenizer provenance, and
-turning raw stream batches into device tensors (`BatchMaker`).
+`StoreTaskSource` (a task store: the targets are stored), `OnlineTaskSource` (a live teacher computes each
+batch's targets), `MemorySource` (labelled rows only, for `hsk teacher`) and `StoreSource` (the LM stores)
+all answer what the loop and the run read (`TrainingSource`); what differs between them is a method of
+each, never a branch on a mode name. Also here: the stage's stream arrays, tokenizer provenance, and turning
+raw stream batches into device tensors (`BatchMaker`).
 """
 
 from __future__ import annotations
@@ -9,18 +12,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from hskstore.errors import ProvenanceError
-from hskstore.format.config import ConfigError, HSKConfig
+from hskstore.format.config import ConfigError, HSKConfig, Selection
 from hskstore.format.meta import StoreMeta
 from hskstore.format.schema import array_specs
-from hskstore.io.reader import open_store
+from hskstore.io.reader import HSKStore, open_store
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task, get_task
 from pipelines.train.data.stream import PinnedStaging, decode_batch
@@ -30,26 +33,84 @@ from pipelines.train.students.build import StudentInfo
 logger = logging.getLogger("hsk.train")
 
 INPUT_NAMES = ["row", "text_hash", "label", "input_ids", "token_type_ids", "length"]
+INPUT_ARRAYS = ["label", "input_ids", "token_type_ids", "length", "text_hash"]
 
 
 # --------------------------------------------------------------------------------------------------
-# Sources of training rows
+# What the loop reads of a source
 
 
-@dataclass
-class StoreSource:
-    """What a run trains from when its store has no task (masked-LM, causal-LM): the store, and the live teacher
-    of a run that computes its targets beside the student (none: every target comes from the store)."""
+class RowSource(Protocol):
+    """What a StoreStream reads: an HSKStore, or rows in memory laid out as one (`ShardedRows`)."""
 
-    store: Any
-    teacher: Any = None
-    mode: str = "offline"
-    task: None = None
-    selection: None = None
+    url: str
+    metadata: Any  # StoreMeta-like: `complete` and `layout` (rows, shard rows)
+    specs: dict
 
     @property
-    def meta(self) -> dict:
-        return self.store.meta
+    def n_shards(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]: ...
+
+    def read_shard(self, shard: int, *, verify: bool = True, names: list[str] | None = None) -> dict: ...
+
+
+class TrainingSource(Protocol):
+    """What a run trains from, as the loop, the run's checks and its summary read it."""
+
+    mode: ClassVar[str]  # reported in summary.json and the checkpoint identity: "offline" | "online" | "memory"
+    store: Any  # a RowSource (an HSKStore, or rows in memory laid out as one)
+    task: Task | None
+    teacher: nn.Module | None  # a live teacher (online; a causal-LM store's live target), else None
+
+    @property
+    def metadata(self) -> StoreMeta: ...
+
+    @property
+    def selection(self) -> Selection | None: ...
+
+    @property
+    def content_address(self) -> str | None: ...
+
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str: ...
+
+    def stores_read(self) -> list[dict]: ...
+
+    def bytes_read(self, names: list[str]) -> dict: ...
+
+
+def _store_bytes(store: HSKStore, names: list[str]) -> dict:
+    sizes = {n: int(store.group[n].nbytes_stored()) for n in store.specs}
+    return {"total": sum(sizes.values()), "read": sum(sizes[n] for n in names if n in sizes)}
+
+
+def store_teacher(metadata: StoreMeta, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+    """Where a store's teacher is now (bert<k> init, tokenizer fallback): `override` (--teacher), else the
+    recorded path or hub id (core.models.resolve_teacher). Its weights are checked against the store's hash
+    whichever way it was found (loaded with `load`, default as a classifier): a teacher retrained in place
+    is refused, not silently used."""
+    from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
+
+    recorded = metadata.teacher.record
+    if override:
+        found = resolve_teacher(recorded, override)
+    else:
+        try:
+            found = resolve_teacher(recorded)
+        except ModelLoadError:
+            # Not every student needs the teacher (tinybert4, hub encoders): bert<k> says where it looked.
+            return recorded.get("path") or metadata.teacher.name
+    check_weights(load(found) if load else found, recorded.get("weights_hash"), override or found)
+    return found
+
+
+class _StoredTargets:
+    """What a source whose targets a store holds shares: the store's address, teacher and bytes."""
+
+    mode: ClassVar[str] = "offline"
+    store: HSKStore
 
     @property
     def metadata(self) -> StoreMeta:
@@ -58,6 +119,34 @@ class StoreSource:
     @property
     def teacher_name(self) -> str:
         return self.store.metadata.teacher.name
+
+    @property
+    def content_address(self) -> str | None:
+        return getattr(self.store, "content_address", None)
+
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+        return store_teacher(self.store.metadata, override, load=load)
+
+    def stores_read(self) -> list[dict]:
+        return [{"url": str(self.store.url), "content_address": self.store.content_address}]
+
+    def bytes_read(self, names: list[str]) -> dict:
+        return _store_bytes(self.store, names)
+
+
+@dataclass
+class StoreSource(_StoredTargets):
+    """What a run trains from when its store has no task (masked-LM, causal-LM): the store, and the live teacher
+    of a run that computes its targets beside the student (none: every target comes from the store)."""
+
+    store: HSKStore
+    teacher: nn.Module | None = None
+    task: ClassVar[None] = None
+    selection: ClassVar[None] = None
+
+    @property
+    def meta(self) -> dict:
+        return self.store.meta
 
 
 class ShardedRows:
@@ -97,39 +186,145 @@ class OnlineSource(ShardedRows):
         super().__init__(StoreMeta.parse(meta), arrays, url)
 
 
-@dataclass
-class Source:
-    """What a run trains from: a store, or a teacher + data that stand in for one."""
+# --------------------------------------------------------------------------------------------------
+# Task sources: a store, a live teacher, labelled rows
 
-    mode: str  # "offline" (a store) | "online" (a teacher computes targets) | "memory" (labelled rows only)
-    store: Any  # HSKStore or OnlineSource
-    meta: dict
+
+# Stage.reads -> the store arrays it needs: fn(store specs, kept layer indices of the stage's pairs).
+def _layer_arrays(specs: dict, kept: list[int]) -> list[str]:
+    names = []
+    for i in kept:
+        names += [n for n in specs if n.startswith(f"layers/{i}/") and not n.endswith(("scores", "attention"))]
+    return names
+
+
+STORE_READS: dict[str, Callable[[dict, list[int]], list[str]]] = {
+    "logits": lambda specs, kept: ["logits"],
+    "labels": lambda specs, kept: [],  # gold labels are always read
+    "layers": _layer_arrays,
+    "attention": lambda specs, kept: [f"layers/{i}/attention" for i in kept if f"layers/{i}/attention" in specs],
+}
+
+
+@dataclass
+class StoreTaskSource(_StoredTargets):
+    """A task store: every target is read from it."""
+
+    store: HSKStore
     task: Task
-    teacher_name: str
-    teacher: nn.Module | None = None
-    teacher_tokenizer: Any = None
-    examples: Examples | None = None  # online: the training texts
-    selection_engine: str = "torch"  # online: where the targets are selected (as `hsk dump --selection-engine`)
+    teacher: ClassVar[None] = None
 
     @property
-    def selection(self):
-        return self.store.selection if self.mode == "offline" else self._selection
+    def selection(self) -> Selection:
+        return self.store.selection
+
+    def stream_names(self, reads: tuple[str, ...], kept: list[int]) -> list[str]:
+        """The inputs, plus the stored targets the stage reads."""
+        names = list(INPUT_ARRAYS)
+        for what in reads:
+            if what not in STORE_READS:
+                raise ConfigError(f"a stage reads {what!r}, which no reader knows; known: {', '.join(STORE_READS)}")
+            names += [n for n in STORE_READS[what](self.store.specs, kept) if n not in names]
+        return names
+
+    def stored_targets(self) -> Callable[[], tuple[Any, Any]] | None:
+        """The store's logits and gold labels, read only when a method asks (PEA-KD checks its PTP labels)."""
+        if self.task.is_regression:
+            return None
+
+        def read() -> tuple[Any, Any]:
+            data = self.store.read(slice(None), ["logits", "label"])
+            return data["logits"], data["label"]
+
+        return read
+
+    def training_examples(self, data_dir: str | None, log: Callable) -> Examples:
+        """The store's training texts, loaded from the data they were dumped from (re-tokenizing)."""
+        rows = self.store.read(slice(None), ["row"])["row"]
+        task, split = self.task, self.metadata.task.split
+        examples = load_examples(task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0)
+        log(f"re-tokenizing {len(examples)} {task.name}/{split} texts with the student's tokenizer")
+        return examples
+
+    def live_targets(self, layers: list, device: str) -> None:
+        return None  # the store holds them
+
+
+@dataclass
+class _RowsSource:
+    """Tokenized rows in memory, laid out as the store a dump of them would write (`OnlineSource`)."""
+
+    store: OnlineSource
+    task: Task
+    teacher_name: str
+    selection: Selection
+    examples: Examples
 
     @property
     def metadata(self) -> StoreMeta:
-        """The typed metadata of the store (or of the store an online source stands in for)."""
         return self.store.metadata
 
-    _selection: Any = None
+    @property
+    def content_address(self) -> None:
+        return None  # nothing was written
+
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+        return self.metadata.teacher.record.get("path") or self.teacher_name
+
+    def stream_names(self, reads: tuple[str, ...], kept: list[int]) -> list[str]:
+        return list(INPUT_ARRAYS)  # the targets (if any) are computed per batch
+
+    def stores_read(self) -> list[dict]:
+        return []
+
+    def bytes_read(self, names: list[str]) -> dict:
+        return {"total": 0, "read": 0}
+
+    def stored_targets(self) -> None:
+        return None
+
+    def training_examples(self, data_dir: str | None, log: Callable) -> Examples:
+        return self.examples
 
 
-def open_offline(url: str, task: str | None) -> Source:
+@dataclass
+class OnlineTaskSource(_RowsSource):
+    """A live teacher standing in for a store: it computes each batch's targets with the dump's own code."""
+
+    mode: ClassVar[str] = "online"
+    teacher: nn.Module | None = None
+    selection_engine: str = "torch"  # where the targets are selected (as `hsk dump --selection-engine`)
+
+    def live_targets(self, layers: list, device: str) -> LiveTargets:
+        return LiveTargets(self, layers, device)
+
+
+@dataclass
+class MemorySource(_RowsSource):
+    """Labelled rows only, no teacher (`hsk teacher` fine-tunes from them)."""
+
+    mode: ClassVar[str] = "memory"
+    teacher: ClassVar[None] = None
+
+    def live_targets(self, layers: list, device: str) -> None:
+        return None
+
+
+TaskSource = StoreTaskSource | OnlineTaskSource | MemorySource
+
+
+def open_offline(url: str, task: str | None) -> StoreTaskSource:
     store = open_store(url)  # refuses incomplete stores; damaged shards fail their digests when read
     store.refuse_task_training()  # a masked-LM store names the method that trains from it
     store_task = get_task(store.metadata.task.name)
     if task is not None and get_task(task) != store_task:
         raise ConfigError(f"--task {task} but the store {url} holds task {store_task.name}")
-    return Source("offline", store, store.meta, store_task, store.metadata.teacher.name)
+    return StoreTaskSource(store, store_task)
+
+
+def _rows_in_memory(meta: dict, enc: dict, examples: Examples, url: str) -> OnlineSource:
+    inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
+    return OnlineSource(dict(meta, complete=True), inputs, url)  # it stands in for a finished store
 
 
 def open_online(
@@ -139,7 +334,7 @@ def open_online(
     options: TrainOptions,
     data_dir: str | None,
     log: Callable,
-) -> Source:
+) -> OnlineTaskSource:
     from pipelines.core.models import load_classifier, load_tokenizer
     from pipelines.core.tokenize import encode
     from pipelines.dump.stage import DumpOptions, build_selection, store_metadata, teacher_heads
@@ -156,31 +351,18 @@ def open_online(
                                 teacher_heads(model))
     meta = store_metadata(task, options.train_split, examples, teacher, model, tokenizer, selection, max_length,
                           dump_options.shard_rows)
-    meta = dict(meta, complete=True)  # it stands in for a finished store
-    enc = encode(tokenizer, examples.texts, max_length)
-    inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
+    rows = _rows_in_memory(meta, encode(tokenizer, examples.texts, max_length), examples, f"online:{teacher}")
     log(
         f"online: teacher {teacher} computes the targets of each batch "
         f"({len(examples)} examples, config {selection.config})"
     )
-    source = Source(
-        "online",
-        OnlineSource(meta, inputs, f"online:{teacher}"),
-        meta,
-        task,
-        teacher,
-        model,
-        tokenizer,
-        examples,
-        selection_engine=dump_options.selection_engine,
-    )
-    source._selection = selection
-    return source
+    return OnlineTaskSource(rows, task, teacher, selection, examples, teacher=model,
+                            selection_engine=dump_options.selection_engine)
 
 
 def memory_source(task: Task, examples: Examples, name: str, model: nn.Module, tokenizer, max_length: int,
-                  shard_rows: int = 1024) -> Source:
-    """Labelled examples in memory, laid out as a logits-only store would be (mode "memory": no teacher).
+                  shard_rows: int = 1024) -> MemorySource:
+    """Labelled examples in memory, laid out as a logits-only store would be (no teacher).
 
     `hsk teacher` fine-tunes through the one training loop with this source: the same stream, batches,
     schedule, evaluation and checkpoints as distillation.
@@ -191,42 +373,15 @@ def memory_source(task: Task, examples: Examples, name: str, model: nn.Module, t
     cfg = model.config
     selection = build_selection(DumpOptions(config=HSKConfig.parse("0,0,0")), cfg.num_hidden_layers, cfg.hidden_size)
     meta = store_metadata(task, "train", examples, name, model, tokenizer, selection, max_length, shard_rows)
-    meta = dict(meta, complete=True)  # it stands in for a finished store
-    enc = encode(tokenizer, examples.texts, max_length)
-    inputs = dict(enc, row=examples.rows, text_hash=examples.text_hashes(), label=examples.labels)
-    source = Source("memory", OnlineSource(meta, inputs, f"memory:{examples.source}"), meta, task, name,
-                    examples=examples)
-    source._selection = selection
-    return source
+    rows = _rows_in_memory(meta, encode(tokenizer, examples.texts, max_length), examples, f"memory:{examples.source}")
+    return MemorySource(rows, task, name, selection, examples)
 
 
-def store_teacher(source: Source, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
-    """Where the store's teacher is now (bert<k> init, tokenizer fallback): `override` (--teacher), else the
-    recorded path or hub id (core.models.resolve_teacher). Its weights are checked against the store's hash
-    whichever way it was found (loaded with `load`, default as a classifier): a teacher retrained in place
-    is refused, not silently used."""
-    from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
-
-    recorded = source.metadata.teacher.record
-    if source.mode != "offline":
-        return recorded.get("path") or source.teacher_name
-    if override:
-        found = resolve_teacher(recorded, override)
-    else:
-        try:
-            found = resolve_teacher(recorded)
-        except ModelLoadError:
-            # Not every student needs the teacher (tinybert4, hub encoders): bert<k> says where it looked.
-            return recorded.get("path") or source.teacher_name
-    check_weights(load(found) if load else found, recorded.get("weights_hash"), override or found)
-    return found
-
-
-def check_expected_store(source: Source, expected: str | None) -> None:
+def check_expected_store(source: TrainingSource, expected: str | None) -> None:
     """--expect-store: refuse a store whose content address is not the one the user pinned."""
     if expected is None:
         return
-    found = getattr(source.store, "content_address", None)
+    found = source.content_address
     if found is None:
         raise ConfigError(
             f"--expect-store {expected}: the store {source.store.url} has no content address (no manifest covers "
@@ -245,39 +400,13 @@ def run_device(options: TrainOptions) -> str:
 # --------------------------------------------------------------------------------------------------
 # What a stage reads, and provenance
 
-INPUT_ARRAYS = ["label", "input_ids", "token_type_ids", "length", "text_hash"]
+
+def stream_names(source: TaskSource, reads: tuple[str, ...], kept: list[int]) -> list[str]:
+    """The arrays a stage streams: the inputs, plus the stored targets it reads (a live teacher's come per batch)."""
+    return source.stream_names(reads, kept)
 
 
-def _layer_arrays(specs: dict, kept: list[int]) -> list[str]:
-    names = []
-    for i in kept:
-        names += [n for n in specs if n.startswith(f"layers/{i}/") and not n.endswith(("scores", "attention"))]
-    return names
-
-
-# Stage.reads -> the store arrays it needs: fn(store specs, kept layer indices of the stage's pairs).
-STORE_READS: dict[str, Callable[[dict, list[int]], list[str]]] = {
-    "logits": lambda specs, kept: ["logits"],
-    "labels": lambda specs, kept: [],  # gold labels are always read
-    "layers": _layer_arrays,
-    "attention": lambda specs, kept: [f"layers/{i}/attention" for i in kept if f"layers/{i}/attention" in specs],
-}
-
-
-def stream_names(source: Source, reads: tuple[str, ...], kept: list[int]) -> list[str]:
-    """The arrays a stage streams: the inputs, plus (offline) what it reads; online targets come per batch."""
-    names = list(INPUT_ARRAYS)
-    if source.mode != "offline":
-        return names
-    for what in reads:
-        if what not in STORE_READS:
-            raise ConfigError(f"a stage reads {what!r}, which no reader knows; known: {', '.join(STORE_READS)}")
-        names += [n for n in STORE_READS[what](source.store.specs, kept) if n not in names]
-    return names
-
-
-
-def check_provenance(source: Source, info: StudentInfo, token_level: bool, log: Callable) -> bool:
+def check_provenance(source: TaskSource, info: StudentInfo, token_level: bool, log: Callable) -> bool:
     """True when the student shares the store's tokenizer; raises when token-level HSK needs it."""
     stored = source.metadata.tokenizer.vocab_hash
     if info.vocab_hash == stored:
@@ -302,12 +431,56 @@ def check_provenance(source: Source, info: StudentInfo, token_level: bool, log: 
 # Batches
 
 
+@dataclass
+class LiveTargets:
+    """An online source's teacher on each batch: the dump's own computation, cast to the store's dtypes."""
+
+    source: OnlineTaskSource
+    layers: list
+    device: str
+    probe: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        from pipelines.dump.probe import TeacherProbe
+        from pipelines.dump.stage import attention_probe_layers
+
+        ranking = list(self.source.selection.ranking_layers) if self.layers else []
+        attention = attention_probe_layers(self.source.selection) if self.layers else []
+        self.probe = TeacherProbe(self.source.teacher, ranking, attention)
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> None:
+        from pipelines.dump.select_torch import encode_batch_on_device
+        from pipelines.dump.targets import encode_batch
+
+        source, sel, dev = self.source, self.source.selection, self.device
+        ids = batch["input_ids"].astype(np.int64)
+        lengths = batch["length"].astype(np.int64)
+        mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
+        out = self.probe(
+            torch.from_numpy(ids).to(dev),
+            torch.from_numpy(batch["token_type_ids"].astype(np.int64)).to(dev),
+            torch.from_numpy(mask).to(dev),
+            hidden_layers=sorted(set(sel.teacher_layers)) if self.layers else [],
+        )
+        if self.layers:
+            encode = encode_batch if source.selection_engine == "numpy" else encode_batch_on_device
+            arrays = encode(out, ids, lengths, sel, source.metadata.tokenizer.sep_id, source.metadata.max_length)
+        else:
+            arrays = {"logits": out.logits.float().cpu().numpy()}
+        specs = source.store.specs
+        for name, value in arrays.items():
+            batch[name] = np.asarray(value).astype(specs[name].dtype, copy=False)
+
+
 class BatchMaker:
     """Raw stream batch (numpy) -> dict of tensors on the device, with the teacher targets decoded."""
 
     def __init__(
         self,
-        source: Source,
+        source: TaskSource,
         layers: list,
         device: str,
         pad_to: int | None,
@@ -322,18 +495,11 @@ class BatchMaker:
         self.pad_id = pad_id
         # on CUDA the targets go through reused pinned buffers (one per batch in flight), not pinned afresh
         self.staging = PinnedStaging(device) if torch.device(device).type == "cuda" else None
-        self.probe = None
-        if source.mode == "online":
-            from pipelines.dump.probe import TeacherProbe
-            from pipelines.dump.stage import attention_probe_layers
-
-            ranking = list(source.selection.ranking_layers) if layers else []
-            attention = attention_probe_layers(source.selection) if layers else []
-            self.probe = TeacherProbe(source.teacher, ranking, attention)
+        self.live = source.live_targets(layers, device)  # None: the store holds the targets (or there are none)
 
     def close(self) -> None:
-        if self.probe is not None:
-            self.probe.close()
+        if self.live is not None:
+            self.live.close()
 
     def _pad(self, batch: dict[str, np.ndarray], pad_to: int) -> None:
         for name, fill in (("input_ids", self.pad_id), ("token_type_ids", 0)):
@@ -341,32 +507,6 @@ class BatchMaker:
             if arr.shape[1] < pad_to:
                 extra = np.full((arr.shape[0], pad_to - arr.shape[1]), fill, dtype=arr.dtype)
                 batch[name] = np.concatenate([arr, extra], axis=1)
-
-    def _teacher_targets(self, batch: dict[str, np.ndarray]) -> None:
-        """Online: the dump's own computation on this batch, cast to the store's dtypes."""
-        from pipelines.dump.select_torch import encode_batch_on_device
-        from pipelines.dump.targets import encode_batch
-
-        sel = self.source.selection
-        ids = batch["input_ids"].astype(np.int64)
-        lengths = batch["length"].astype(np.int64)
-        mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
-        dev = self.device
-        out = self.probe(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(batch["token_type_ids"].astype(np.int64)).to(dev),
-            torch.from_numpy(mask).to(dev),
-            hidden_layers=sorted(set(sel.teacher_layers)) if self.layers else [],
-        )
-        if self.layers:
-            encode = encode_batch if self.source.selection_engine == "numpy" else encode_batch_on_device
-            arrays = encode(out, ids, lengths, sel, self.source.metadata.tokenizer.sep_id,
-                            self.source.metadata.max_length)
-        else:
-            arrays = {"logits": out.logits.float().cpu().numpy()}
-        specs = self.source.store.specs
-        for name, value in arrays.items():
-            batch[name] = np.asarray(value).astype(specs[name].dtype, copy=False)
 
     def _restudent(self, batch: dict[str, np.ndarray]) -> None:
         """Swap in the student's own token ids for these rows (logits-only KD, other tokenizer)."""
@@ -387,25 +527,19 @@ class BatchMaker:
         batch = dict(raw)
         if self.pad_to:
             self._pad(batch, self.pad_to)
-        if self.probe is not None:
-            self._teacher_targets(batch)
+        if self.live is not None:
+            self.live(batch)
         if self.student_inputs is not None:
             self._restudent(batch)
         return decode_batch(batch, self.layers, self.source.selection.hidden_size, self.device,
                             self.source.selection.value_dtype, self.staging)
 
 
-def student_encoding(source: Source, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:
+def student_encoding(source: TaskSource, tokenizer, data_dir: str | None, log: Callable) -> dict[str, np.ndarray]:
     """Row-indexed student token ids of the store's training texts (for another tokenizer)."""
     from pipelines.core.tokenize import encode
 
-    if source.examples is not None:
-        examples = source.examples
-    else:
-        rows = source.store.read(slice(None), ["row"])["row"]
-        task, split = source.task, source.metadata.task.split
-        examples = load_examples(task, split, data_dir=data_dir, limit=int(rows.max()) + 1 if len(rows) else 0)
-        log(f"re-tokenizing {len(examples)} {task.name}/{split} texts with the student's tokenizer")
+    examples = source.training_examples(data_dir, log)
     if not np.array_equal(examples.rows, np.arange(len(examples))):
         raise DataError("re-tokenizing needs the split's rows in source order")
     enc = encode(tokenizer, examples.texts, source.metadata.max_length)

@@ -25,7 +25,7 @@ from hskstore.format.clm import ClmSelection, LMTargets, decode
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.registry import Stage
-from pipelines.train.data.sources import StoreSource, store_teacher
+from pipelines.train.data.sources import StoreSource
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
@@ -140,7 +140,7 @@ def _teacher(source: StoreSource, override: str | None) -> str:
     """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
     from pipelines.dump.clm import load_clm_teacher
 
-    return store_teacher(source, override, load=lambda name: load_clm_teacher(name, "cpu"))
+    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"))
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,

@@ -49,13 +49,12 @@ from pipelines.methods import Context, get_method
 from pipelines.registry import MethodError, Stage
 from pipelines.train.data.dev import find_dev
 from pipelines.train.data.sources import (
-    Source,
+    TaskSource,
     check_expected_store,
     check_provenance,
     open_offline,
     open_online,
     run_device,
-    store_teacher,
     student_encoding,
 )
 from pipelines.train.kinds.clm import prepare_clm
@@ -90,25 +89,13 @@ class _Notes:
         self.items.append(msg)
 
 
-def _stored_targets(source: Source) -> Callable[[], tuple[Any, Any]] | None:
-    """The store's logits and gold labels, read only when a method asks (PEA-KD checks its PTP labels)."""
-    if source.mode != "offline" or source.task.is_regression:
-        return None
-
-    def read() -> tuple[Any, Any]:
-        data = source.store.read(slice(None), ["logits", "label"])
-        return data["logits"], data["label"]
-
-    return read
-
-
-def _plan(options: TrainOptions, source: Source, notes: _Notes, student: str) -> tuple[Any, Any, list[Stage]]:
+def _plan(options: TrainOptions, source: TaskSource, notes: _Notes, student: str) -> tuple[Any, Any, list[Stage]]:
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
     ctx = Context(source.task, source.selection, source.metadata, student=student,
                   student_layers=_depth(student, options.student_weights),
-                  stored_targets=_stored_targets(source))
+                  stored_targets=source.stored_targets())
     stages = method.stages(method_options, ctx)
     for msg in ctx.warnings:
         notes(msg)
@@ -149,7 +136,7 @@ def _depth(student: str, weights: str | None) -> int | None:
         return None  # building the student says why, in its own words
 
 
-def _check_run(student: str, options: TrainOptions, source: Source) -> None:
+def _check_run(student: str, options: TrainOptions, source: TaskSource) -> None:
     """Refuse a run its store cannot serve, every problem in one line, before the student is built."""
     try:
         problems = run_problems(source.task, source.selection, source.metadata, student=student, method=options.method,
@@ -163,14 +150,14 @@ def _check_run(student: str, options: TrainOptions, source: Source) -> None:
                                                                        enumerate(problems, 1)))
 
 
-def _student(student: str, options: TrainOptions, source: Source, stages: list[Stage], notes: _Notes):
+def _student(student: str, options: TrainOptions, source: TaskSource, stages: list[Stage], notes: _Notes):
     """Build the student (seeded: the same student offline and online) and check it against the store."""
     torch.manual_seed(options.seed)
     np.random.seed(options.seed)
     random.seed(options.seed)
     task, sel = source.task, source.selection
     with_pairs = any(s.pairs for s in stages) and not sel.config.logits_only
-    teacher = store_teacher(source, options.teacher)
+    teacher = source.teacher_path(options.teacher)
     model, info = _build(student, options, teacher, task.num_labels, sel.hidden_size if with_pairs else None)
     for msg in info.warnings:
         notes.log(f"WARNING: {msg}")
@@ -203,7 +190,7 @@ def _build(student: str, options: TrainOptions, teacher: str, num_labels: int, t
         ) from exc
 
 
-def _pairs(stages: list[Stage], source: Source, info: StudentInfo, log: Callable) -> list[list[LayerPair]]:
+def _pairs(stages: list[Stage], source: TaskSource, info: StudentInfo, log: Callable) -> list[list[LayerPair]]:
     return [
         layer_pairs(stage.pairs, source.selection, info.num_layers, loss=stage.pair_loss or "",
                     projection=info.projection is not None and "projection" in stage.trains, log=log)
@@ -211,14 +198,14 @@ def _pairs(stages: list[Stage], source: Source, info: StudentInfo, log: Callable
     ]
 
 
-def _identity(options: TrainOptions, student: str, source: Source, batch_size: int, method, method_options) -> dict:
+def _identity(options: TrainOptions, student: str, source: TaskSource, batch_size: int, method, method_options) -> dict:
     """What a checkpoint must share with the run that resumes it. Not the number of ranks: the data order
     is one global order that every rank count slices (stream.global_plan). Not the store's path either:
     the order follows the store's content address, so a store copied elsewhere (or to S3) resumes."""
     return {
         "student": student,
         "mode": source.mode,
-        "source": getattr(source.store, "content_address", None) or str(source.store.url),
+        "source": source.content_address or str(source.store.url),
         "inputs": source.metadata.inputs,
         "selection": source.metadata.selection,
         "method": method.name,
@@ -304,7 +291,7 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> Ru
     return summary
 
 
-def _same_finished(out: Path, student: str, source: Source, method, method_options, options: TrainOptions,
+def _same_finished(out: Path, student: str, source: TaskSource, method, method_options, options: TrainOptions,
                    precision: str) -> bool:
     """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
     names the same student, store, method, method options, run options and precision (a summary written
@@ -351,7 +338,7 @@ def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> N
 
 
 def _open_source(options: TrainOptions, store: str | None, teacher: str | None, task: str | None,
-                 config: str | None, data_dir: str | None, log: Callable[[str], Any]) -> Source:
+                 config: str | None, data_dir: str | None, log: Callable[[str], Any]) -> TaskSource:
     """The store to train from (checked against --expect-store), or the live teacher (online)."""
     if store is None:
         return open_online(teacher, task, config, options, data_dir, log)
@@ -446,7 +433,7 @@ def _prepare_task(options: TrainOptions, *, student: str, store: str | None, tea
                     _identity(options, student, source, batch_size, method, method_options), dev)
 
 
-def _student_inputs(source: Source, info: StudentInfo, pairs: list[list[LayerPair]], data_dir: str | None,
+def _student_inputs(source: TaskSource, info: StudentInfo, pairs: list[list[LayerPair]], data_dir: str | None,
                     notes: _Notes, log: Callable[[str], Any]) -> dict | None:
     """The student's own encoding of the rows when its tokenizer is not the store's (logits-only KD)."""
     token_level = any(p.feature == "tokens" for stage_pairs in pairs for p in stage_pairs)
@@ -460,7 +447,7 @@ PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": pre
                                                "seq2seq": prepare_seq2seq}
 
 
-def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:
+def _check_ranks(ranks: Ranks, batch_size: int, source: TaskSource) -> None:
     """Refuse a global batch or a store that cannot be split over the ranks, before anything is written."""
     ranks.local_batch(batch_size)
     if ranks.world_size > source.store.n_shards:
@@ -468,27 +455,17 @@ def _check_ranks(ranks: Ranks, batch_size: int, source: Source) -> None:
                           f"{ranks.world_size} ranks: dump it with smaller --shard-rows, or use fewer ranks")
 
 
-def _store_bytes(source: Any, names: list[str]) -> dict:
-    if source.mode != "offline":
-        return {"total": 0, "read": 0}
-    sizes = {n: int(source.store.group[n].nbytes_stored()) for n in source.store.specs}
-    return {"total": sum(sizes.values()), "read": sum(sizes[n] for n in names if n in sizes)}
-
-
 def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSummary:
     pos, source = run.position, parts.source
-    offline = source.mode == "offline"
     return RunSummary(
         mode=source.mode, source=str(source.store.url),
-        store_content_address=getattr(source.store, "content_address", None),
-        stores_read=[{"url": str(source.store.url), "content_address": source.store.content_address}] if offline
-        else [],
+        store_content_address=source.content_address, stores_read=source.stores_read(),
         method=parts.method.name, method_options=asdict(parts.method_options), options=run_options(run.options),
         plan=[stage.describe() for stage in run.stages], student=run.student.info.describe(),
         student_init=run.student.info.init, stages=run.stage_results, steps=pos.global_step, examples=pos.examples_seen,
         train_seconds=pos.train_seconds,
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
-        model_dir=str(out / "best"), store_bytes=_store_bytes(source, run.names_read()), batch_size=run.batch_size,
+        model_dir=str(out / "best"), store_bytes=source.bytes_read(run.names_read()), batch_size=run.batch_size,
         world_size=run.ranks.world_size, torch_threads=run.options.threads, precision=run.precision.name,
         compile=run.options.compile, warnings=warnings, **_task_fields(run, parts),
     )

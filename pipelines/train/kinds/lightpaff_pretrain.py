@@ -25,7 +25,6 @@ from torch import nn
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from pipelines.registry import Stage
-from pipelines.train.data.sources import store_teacher
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
@@ -122,7 +121,7 @@ def prepare_pretraining(options: TrainOptions, *, student: str, store: str | Non
     plan = plan_store_run(options, store, ranks, "a masked-LM store")
     from pipelines.dump.mlm import load_mlm_teacher
 
-    teacher = store_teacher(plan.source, options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
+    teacher = plan.source.teacher_path(options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))
     model, tokenizer, init = mlm_student(student, teacher)
     _check_student(model, tokenizer, plan.source.metadata)
     log(f"lightpaff-pretrain: {init}; {len(plan.store)} rows")

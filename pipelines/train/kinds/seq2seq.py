@@ -23,7 +23,6 @@ from hskstore.format.seq2seq import GROUP, Seq2seqSelection, decode
 from pipelines.core.pair_models import PairModel, pair_model
 from pipelines.methods.s2s_kd import sequence_of
 from pipelines.registry import Stage
-from pipelines.train.data.sources import store_teacher
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.clm import check_vocabulary, support_batch
 from pipelines.train.kinds.store_run import plan_store_run
@@ -101,7 +100,7 @@ def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, r
     sel = plan.store.s2s
     on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)
-    teacher = store_teacher(plan.source, options.teacher, load=lambda name: arch.load(name, "cpu"))
+    teacher = plan.source.teacher_path(options.teacher, load=lambda name: arch.load(name, "cpu"))
     model, tokenizer, init = seq2seq_student(student, teacher, arch)
     check_vocabulary(model, tokenizer, plan.source.metadata, log)
     learns = "the teacher's output" if on == "teacher" else "the reference"

@@ -44,8 +44,8 @@ class StorePlan:
 
     def identity(self, student: str, batch_size: int) -> dict:
         """What a checkpoint must share with the run that resumes it."""
-        o = self.options
-        return {"student": student, "mode": "offline", "source": self.store.content_address or str(self.store.url),
+        o, source = self.options, self.store.content_address or str(self.store.url)
+        return {"student": student, "mode": self.source.mode, "source": source,
                 "method": self.method.name, "method_options": self.method.option_dict(self.method_options),
                 "batch_size": batch_size, "seed": o.seed, "shuffle_window": o.buffer_shards, "max_steps": o.max_steps}
 

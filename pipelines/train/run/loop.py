@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -42,8 +42,8 @@ from pipelines.core.run_state import (
     set_rng_state,
 )
 from pipelines.core.tasks import Task
-from pipelines.registry import Stage
-from pipelines.train.data.sources import BatchMaker, Source, stream_names
+from pipelines.registry import Method, Stage
+from pipelines.train.data.sources import BatchMaker, RowSource, TaskSource, TrainingSource
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
@@ -53,6 +53,9 @@ from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:  # the dev data of a task run (only its type is named here)
+    from pipelines.train.data.dev import DevData
 
 # 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
 # "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
@@ -351,7 +354,7 @@ class Feed(Protocol):
     """What differs between kinds of training data: the arrays a stage streams and how its batches are made.
     `store` is what the StoreStream reads (a store, or rows in memory laid out as one)."""
 
-    store: Any
+    store: RowSource
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]: ...
 
@@ -362,16 +365,16 @@ class Feed(Protocol):
 class TaskFeed:
     """A task store, a live teacher standing in for one (online), or labelled rows in memory (`hsk teacher`)."""
 
-    source: Source
+    source: TaskSource
     pad_to_max_length: bool = False  # pad every batch to the store's max length (benchmarks)
     student_inputs: dict | None = None  # the student's own encoding of the rows (another tokenizer)
 
     @property
-    def store(self) -> Any:
+    def store(self) -> RowSource:
         return self.source.store
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
-        return stream_names(self.source, stage.reads, kept)
+        return self.source.stream_names(stage.reads, kept)
 
     def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> Maker:
         meta = self.source.metadata
@@ -463,9 +466,9 @@ class RunParts:
     """What one kind of training prepares for the loop (distill's task runs; LightPAFF pre-training), every
     check done: the rest of a run (its folder, checkpoints, resume, summary) is the same for all."""
 
-    source: Any  # a sources.Source (a task store, an online teacher) or a sources.StoreSource (LM stores)
-    method: Any  # pipelines.registry.Method
-    method_options: Any
+    source: TrainingSource  # a task source (store, live teacher) or a StoreSource (LM stores)
+    method: Method
+    method_options: Any  # an instance of `method.options` (each method has its own dataclass)
     stages: list[Stage]
     student: Student
     pairs: list[list[LayerPair]]  # per stage
@@ -473,7 +476,7 @@ class RunParts:
     evaluator: Evaluator | None  # None: no dev evaluation (the last model is kept)
     batch_size: int
     identity: dict  # what a checkpoint must share with the run that resumes it
-    dev: Any = None  # pipelines.train.data.dev.DevData of a task run
+    dev: DevData | None = None  # the dev data of a task run
     done_note: str = ""  # said after the run's last line
 
 
@@ -491,7 +494,7 @@ class _StageRun:
     steps_per_epoch: int
     modules: list[nn.Module]
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: StoreStream
     maker: BatchMaker
     compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
