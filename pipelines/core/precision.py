@@ -92,6 +92,7 @@ def forward_precision(precision: str, device: str) -> Iterator[None]:
 # --- a training step ------------------------------------------------------------------------------------------
 # name -> the autocast dtype (None: no autocast)
 STEP_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, **_AUTOCAST}
+STEP_PRECISIONS = (AUTO, *STEP_DTYPES)  # what `--precision` of a training step takes
 
 
 def resolve_step(name: str | None, device: str) -> str:
@@ -99,8 +100,8 @@ def resolve_step(name: str | None, device: str) -> str:
     refused in one line where this device cannot run it."""
     kind = torch.device(device).type
     name = (name or "auto").lower()
-    if name != AUTO and name not in STEP_DTYPES:
-        raise ConfigError(f"--precision {name}: choose one of {', '.join((AUTO, *STEP_DTYPES))}")
+    if name not in STEP_PRECISIONS:
+        raise ConfigError(f"--precision {name}: choose one of {', '.join(STEP_PRECISIONS)}")
     if name == "auto":
         return "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     if name != "fp32" and kind not in ("cuda", "cpu"):
@@ -119,6 +120,11 @@ class StepPrecision:
     name: str = "fp32"
     device_type: str = "cpu"
     scaler: Any = field(default=None, repr=False)
+
+    @classmethod
+    def resolve(cls, requested: str | None, device: str) -> StepPrecision:
+        """The step precision `requested` means on `device` (resolve_step), once for the whole run."""
+        return cls.make(resolve_step(requested, device), device)
 
     @classmethod
     def make(cls, name: str, device: str) -> StepPrecision:

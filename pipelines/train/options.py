@@ -28,7 +28,6 @@ def cli_flag(name: str) -> str:
     return f"--{CLI_FLAGS.get(name, name.replace('_', '-'))}"
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision (pipelines.core.precision)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (--compile-mode)
 REPORT_TO = ("none", "tensorboard")  # --report-to: where metrics go besides metrics.jsonl (pipelines.core.run_state)
 _NO = {"result": False}  # does not change what the run computes (where it runs, how it reports, ...)
@@ -36,7 +35,9 @@ _NO = {"result": False}  # does not change what the run computes (where it runs,
 
 @dataclass
 class TrainOptions:
-    method: str = "mud"  # pipelines.methods registry name (`hsk methods`)
+    # pipelines.methods registry name (`hsk methods`); None: a run that builds its own stage rather than a method's
+    # (the masked-LM and causal-LM teachers of `hsk teacher`)
+    method: str | None = "mud"
     method_options: dict[str, Any] = field(default_factory=dict)  # fields of the method's options dataclass
     batch_size: int | None = None  # None: the task's (32; 64 for QNLI, MNLI, QQP)
     weight_decay: float = 0.01  # not on bias / LayerNorm
@@ -99,8 +100,10 @@ class TrainOptions:
     def _check_choices(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ConfigError(f"--compile-mode {self.compile}: choose one of {', '.join(COMPILE_MODES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(PRECISIONS)}")
+        from pipelines.core.precision import STEP_PRECISIONS  # torch's side: imported when options are made
+
+        if self.precision not in STEP_PRECISIONS:
+            raise ConfigError(f"--precision {self.precision}: choose one of {', '.join(STEP_PRECISIONS)}")
 
 
 def check_report_to(value: str) -> None:

@@ -25,7 +25,7 @@ from hskstore.format.clm import block_hashes
 from pipelines.core.data import Examples
 from pipelines.core.models import load_tokenizer, resolve_model, vocab_hash, weights_hash
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.precision import resolve_step
+from pipelines.core.precision import StepPrecision
 from pipelines.dump.clm import eos_of, tokenize_corpus
 from pipelines.registry import Stage, Term
 from pipelines.train.data.stream import StoreStream
@@ -33,8 +33,8 @@ from pipelines.train.kinds.clm import clm_student, lm_batch
 from pipelines.train.kinds.mlm_teacher import RowsInMemory
 from pipelines.train.kinds.teacher import check_numbers, publish_teacher, work_dir
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.loop import Keeper, Student, run_stages
-from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.run.loop import Keeper, Student
+from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
 
@@ -117,7 +117,7 @@ def train_clm_teacher(base: str, corpus: Examples, out: str | Path, *, block_siz
                       progress: bool = True, log: Callable[[str], Any] = print) -> dict:
     """Fine-tune the causal LM `base` on `corpus` (next-token CE); save it at `out` (hsk teacher's output rule)."""
     out = Path(out)
-    resolve_step(precision, str(device))
+    step_precision = StepPrecision.resolve(precision, str(device))  # refused before anything is written
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=block_size)
     TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()
@@ -131,20 +131,16 @@ def train_clm_teacher(base: str, corpus: Examples, out: str | Path, *, block_siz
                 "blocks": str(block_hashes(blocks[:1])[0]) if len(blocks) else None}
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    folder = RunFolder(work, identity, STATE_FILE, own=True)
-    options = TrainOptions(method="clm-teacher", batch_size=batch_size, weight_decay=0.01, seed=seed, workers=0,
+    options = TrainOptions(method=None, batch_size=batch_size, weight_decay=0.01, seed=seed, workers=0,
                            log_every=1, checkpoint_every=checkpoint_every, progress=progress, precision=precision)
-    checkpoints, state = open_run(folder, options, str(device), log)
-    info = StudentInfo(name=base, kind="causal_lm", init=init, source=base, num_layers=model.config.num_hidden_layers,
-                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
-                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
+    info = StudentInfo.of_model(base, model, tokenizer, kind="causal_lm", init=init)
     memory = RowsInMemory(rows, f"memory:{corpus.source}", shard_rows=batch_size)
-    run = build_run(folder, checkpoints, state, options=options, feed=BlocksFeed(memory), task=None,
-                    student=Student(model.to(device), info, None, Heads(model, "clm")), stages=[_stage(epochs, lr)],
-                    pairs=[[]], device=str(device), batch_size=batch_size,
-                    evaluator=HeldOutPerplexity(dev_blocks, dev_lengths, batch_size, str(device)),
-                    keeper=Keeper(folder.path, None, memory.url), log=log)
-    run_stages(run, state)
+    run = train_in_own_folder(
+        work, identity, step_precision, state_file=STATE_FILE, log=log, options=options, feed=BlocksFeed(memory),
+        task=None, student=Student(model.to(device), info, None, Heads(model, "clm")), stages=[_stage(epochs, lr)],
+        pairs=[[]], device=str(device), batch_size=batch_size,
+        evaluator=HeldOutPerplexity(dev_blocks, dev_lengths, batch_size, str(device)),
+        keeper=Keeper(work, None, memory.url))
     summary = {"format": "hsk-teacher/1", "objective": "clm", "base": base, "base_resolved": resolve_model(base),
                "epochs": epochs, "lr": lr, "batch_size": batch_size, "block_size": block_size, "seed": seed,
                "precision": run.precision.name, "train_blocks": len(rows["row"]), "held_out_blocks": len(dev_blocks),

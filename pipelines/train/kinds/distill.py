@@ -42,7 +42,7 @@ from hskstore.io.location import location
 from hskstore.io.outputs import OutputError, claim_output, mark_output, staged_replace
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
-from pipelines.core.precision import resolve_step
+from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
@@ -368,11 +368,11 @@ def _train(
     out = Path(out_dir)
     notes = _Notes(log)
     device = ranks.device(run_device(options))
-    resolve_step(options.precision, device)  # a precision this device cannot run is refused before anything loads
+    precision = StepPrecision.resolve(options.precision, device)  # refused here, before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
     folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
-    checkpoints, _ = open_run(folder, options, device, log)
+    checkpoints, _ = open_run(folder, precision, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
         out, student, parts.source, parts.method, parts.method_options, options, checkpoints.precision.name),
         len(parts.stages))

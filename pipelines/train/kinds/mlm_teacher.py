@@ -38,7 +38,7 @@ from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
 from pipelines.core.models import ModelLoadError, load_tokenizer, resolve_model, vocab_hash, weights_hash
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.precision import resolve_step
+from pipelines.core.precision import StepPrecision
 from pipelines.core.tokenize import encode
 from pipelines.dump.mlm import Masking, mask_rows
 from pipelines.registry import Stage, Term
@@ -46,8 +46,8 @@ from pipelines.train.data.sources import ShardedRows
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.teacher import check_numbers, publish_teacher, work_dir
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.loop import Checkpoints, Keeper, Run, Student, first_split_score, run_stages
-from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.run.loop import Keeper, Run, Student, first_split_score
+from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
@@ -254,7 +254,7 @@ def train_mlm_teacher(
     `on_step(step)` is called after every optimizer step. `precision`: as `hsk train --precision`.
     """
     out = Path(out)
-    resolve_step(precision, str(device))  # a precision this device cannot run is refused before anything is written
+    step_precision = StepPrecision.resolve(precision, str(device))  # refused here, before anything is written
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length)
     TEACHER.claim(str(out), overwrite=overwrite)
     started = time.perf_counter()
@@ -267,12 +267,9 @@ def train_mlm_teacher(
                 "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": max_length, "seed": seed}
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    folder = RunFolder(work, identity, STATE_FILE, own=True)  # the command's own: another run's is started over
     options = _options(batch_size, seed, checkpoint_every, progress, precision)
-    checkpoints, state = open_run(folder, options, str(device), log)
-    run = _run(model, tokenizer, data, (folder, checkpoints, state), options, base, corpus, epochs, lr, device, log,
+    run = _run(model, tokenizer, data, (work, identity, step_precision), options, base, corpus, epochs, lr, device, log,
                on_step)
-    run_stages(run, state)
     history = _history(work / "metrics.jsonl")
     for h in history:
         log(f"epoch {h['epoch']}: train loss {h['train_loss']}; held-out masked tokens {h['dev']}")
@@ -296,25 +293,24 @@ def train_mlm_teacher(
 
 
 def _options(batch_size: int, seed: int, checkpoint_every: int, progress: bool, precision: str) -> TrainOptions:
-    return TrainOptions(method="mlm-teacher", batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
+    return TrainOptions(method=None, batch_size=batch_size, weight_decay=0.01, max_grad_norm=None,
                         seed=seed, workers=0, log_every=1, checkpoint_every=checkpoint_every, progress=progress,
                         buffer_shards=1, precision=precision)  # a shard is a batch of similar lengths (`bucketed`)
 
 
-def _run(model: Any, tokenizer: Any, data: _Data, records: tuple[RunFolder, Checkpoints, dict | None],
-         options: TrainOptions, base: str, corpus: Examples, epochs: float, lr: float, device: str,
-         log: Callable[[str], Any], on_step: Callable[[int], Any] | None) -> Run:
-    """The loop's run (restored from its checkpoint): the whole model is the student (only the unfrozen
-    parameters train), head mlm."""
-    folder, checkpoints, state = records
+def _run(model: Any, tokenizer: Any, data: _Data, folder: tuple[Path, dict, StepPrecision], options: TrainOptions,
+         base: str, corpus: Examples, epochs: float, lr: float, device: str, log: Callable[[str], Any],
+         on_step: Callable[[int], Any] | None) -> Run:
+    """Train in the work folder (resuming its checkpoint when it is this run's): the whole model is the student
+    (only the unfrozen parameters train), head mlm."""
+    work, identity, precision = folder
     batch_size, seed = options.batch_size, options.seed
-    info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
-                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
-                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
     rows = bucketed(data, batch_size, seed, f"memory:{corpus.source}")
-    return build_run(folder, checkpoints, state, options=options, feed=MaskingFeed(rows, tokenizer, seed), task=None,
-                     student=Student(model, info, None, Heads(model, "mlm")), stages=[_stage(epochs, lr)],
-                     pairs=[[]], device=str(device), batch_size=batch_size,
-                     evaluator=HeldOut(data.dev, data.dev_arrays, batch_size, str(device)),
-                     keeper=Keeper(folder.path, None, rows.url), log=log,
-                     on_step=(lambda record: on_step(record["step"])) if on_step else None)
+    return train_in_own_folder(
+        work, identity, precision, state_file=STATE_FILE, log=log, options=options,
+        feed=MaskingFeed(rows, tokenizer, seed), task=None,
+        student=Student(model, StudentInfo.of_model(base, model, tokenizer), None,
+                        Heads(model, "mlm")),
+        stages=[_stage(epochs, lr)], pairs=[[]], device=str(device), batch_size=batch_size,
+        evaluator=HeldOut(data.dev, data.dev_arrays, batch_size, str(device)), keeper=Keeper(work, None, rows.url),
+        on_step=(lambda record: on_step(record["step"])) if on_step else None)

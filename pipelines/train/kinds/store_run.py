@@ -37,10 +37,8 @@ class StorePlan:
         return self.source.store
 
     def student_info(self, student: str, kind: str, init: str, teacher: str, model: Any, tokenizer: Any) -> StudentInfo:
-        return StudentInfo(name=student, kind=kind, init=init, source=teacher,
-                           num_layers=model.config.num_hidden_layers, hidden_size=model.config.hidden_size,
-                           projection=None, tokenizer=tokenizer, vocab_hash=self.source.metadata.tokenizer.vocab_hash,
-                           tokenizer_source=teacher)
+        return StudentInfo.of_model(student, model, tokenizer, kind=kind, init=init, source=teacher,
+                                    vocab=self.source.metadata.tokenizer.vocab_hash)
 
     def identity(self, student: str, batch_size: int) -> dict:
         """What a checkpoint must share with the run that resumes it."""

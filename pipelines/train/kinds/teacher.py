@@ -40,13 +40,13 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.output_kinds import TEACHER
-from pipelines.core.precision import resolve_step
+from pipelines.core.precision import StepPrecision
 from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
-from pipelines.train.data.sources import memory_source
+from pipelines.train.data.sources import MemorySource, memory_source
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed, run_stages
-from pipelines.train.run.setup import RunFolder, build_run, open_run
+from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed
+from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
 
@@ -180,22 +180,18 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
     shutil.rmtree(work)
 
 
-def _run(work: Path, identity: dict, options: TrainOptions, source: Any, stages: list, base: str, model: Any,
-         tokenizer: Any, dev_sets: dict, max_length: int, device: str, log: Callable[[str], Any]) -> Run:
+def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPrecision, source: MemorySource,
+         stages: list, base: str, model: Any, tokenizer: Any, dev_sets: dict, max_length: int, device: str,
+         log: Callable[[str], Any]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
-    info = StudentInfo(name=base, kind="hf", init="pretrained", source=base, num_layers=model.config.num_hidden_layers,
-                       hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
-                       vocab_hash=vocab_hash(tokenizer), tokenizer_source=base)
-    folder = RunFolder(work, identity, own=True)  # the command's hidden sibling: another run's is started over
-    checkpoints, state = open_run(folder, options, device, log)
-    run = build_run(folder, checkpoints, state, options=options, feed=TaskFeed(source), task=task,
-                    student=Student(model, info, None, Heads(model)), stages=stages, pairs=[[]], device=device,
-                    batch_size=options.batch_size,
-                    evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
-                    keeper=Keeper(work, task, source.store.url), log=log)
-    run_stages(run, state)
-    return run
+    info = StudentInfo.of_model(base, model, tokenizer)
+    return train_in_own_folder(
+        work, identity, precision, log=log, options=options, feed=TaskFeed(source), task=task,
+        student=Student(model, info, None, Heads(model)), stages=stages, pairs=[[]], device=device,
+        batch_size=options.batch_size,
+        evaluator=Evaluator(task, dev_sets, tokenizer, max_length, options.eval_batch_size, device),
+        keeper=Keeper(work, task, source.store.url))
 
 
 def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work: Path, train: Examples,
@@ -283,7 +279,7 @@ def fine_tune_teacher(
     task = get_task(task)
     check_numbers(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                    limit=train_limit, eval_limit=eval_limit)  # named as the CLI names them
-    resolve_step(precision, str(device))  # a precision this device cannot run is refused before anything is written
+    step_precision = StepPrecision.resolve(precision, str(device))  # refused here, before anything is written
     TEACHER.claim(str(out_dir), overwrite=overwrite)
     method = get_method("finetune")
     method_options = method.make_options({"epochs": epochs, "lr": lr, "warmup_ratio": warmup_ratio})
@@ -304,7 +300,8 @@ def fine_tune_teacher(
     work.mkdir(parents=True, exist_ok=True)
     identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
                 "batch_size": batch_size, "seed": seed, "max_length": max_length}
-    run = _run(work, identity, options, source, stages, base, model, tokenizer, dev_sets, max_length, str(device), log)
+    run = _run(work, identity, options, step_precision, source, stages, base, model, tokenizer, dev_sets, max_length,
+               str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,
                 "weight_decay": weight_decay, "max_grad_norm": max_grad_norm, "seed": seed, "device": str(device),
                 "max_length": max_length, "precision": run.precision.name, **_cpu_threads(device)}

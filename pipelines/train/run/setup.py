@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.precision import StepPrecision, resolve_step
+from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import MetricsLog, report_sinks
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks, SilentLog
-from pipelines.train.run.loop import Checkpoints, Run, work_state
+from pipelines.train.run.loop import Checkpoints, Run, run_stages, work_state
 
 
 @dataclass
@@ -36,18 +36,17 @@ class RunFolder:
     state_file: str = "checkpoint/state.pt"
     own: bool = False  # the command's own work folder: another run's checkpoint is started over, not refused
 
-    def checkpoints(self, options: TrainOptions, device: str) -> Checkpoints:
-        """The run's checkpoints, with its precision resolved for `device` (auto: bf16 on a GPU that has it)."""
-        precision = StepPrecision.make(resolve_step(options.precision, device), device)
+    def checkpoints(self, precision: StepPrecision) -> Checkpoints:
+        """The run's checkpoints, in the precision the run resolved at its start."""
         return Checkpoints(self.path / self.state_file, self.identity, precision)
 
 
-def open_run(folder: RunFolder, options: TrainOptions, device: str,
+def open_run(folder: RunFolder, precision: StepPrecision,
              log: Callable[[str], Any]) -> tuple[Checkpoints, dict | None]:
     """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
     run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.kinds.distill
     calls that itself, as it also judges finished runs)."""
-    checkpoints = folder.checkpoints(options, device)
+    checkpoints = folder.checkpoints(precision)
     if folder.own:
         return checkpoints, work_state(checkpoints, log)
     return checkpoints, None
@@ -67,4 +66,16 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
               metrics_log=metrics_log, log=log, on_step=on_step, ranks=ranks)
     if state is not None:
         run.restore(state)
+    return run
+
+
+def train_in_own_folder(work: Path, identity: dict, precision: StepPrecision, *,
+                        state_file: str = RunFolder.state_file, log: Callable[[str], Any], **parts: Any) -> Run:
+    """A command's run in its own work folder (`hsk teacher`'s hidden sibling), start to end: the checkpoint there
+    is resumed when it is this run's (another run's is started over), then the loop runs every stage left.
+    `parts`: build_run's (options, feed, task, student, stages, ...)."""
+    folder = RunFolder(work, identity, state_file, own=True)
+    checkpoints, state = open_run(folder, precision, log)
+    run = build_run(folder, checkpoints, state, log=log, **parts)
+    run_stages(run, state)
     return run

@@ -88,6 +88,16 @@ class StudentInfo:
             "warnings": list(self.warnings),
         }
 
+    @classmethod
+    def of_model(cls, name: str, model: nn.Module, tokenizer: Any, *, kind: str = "hf", init: str = "pretrained",
+                 source: str | None = None, vocab: str | None = None) -> StudentInfo:
+        """A model trained as it is (no projection): its depth and width read from its config. `source` (default
+        `name`) is where its weights and tokenizer came from; `vocab` the vocab hash (default: the tokenizer's)."""
+        source = source or name
+        return cls(name=name, kind=kind, init=init, source=source, num_layers=model.config.num_hidden_layers,
+                   hidden_size=model.config.hidden_size, projection=None, tokenizer=tokenizer,
+                   vocab_hash=vocab or vocab_hash(tokenizer), tokenizer_source=source)
+
 
 def student_names() -> list[str]:
     """The registry's names (besides any hub id or folder)."""
