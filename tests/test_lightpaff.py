@@ -248,7 +248,7 @@ def test_an_older_checkpoint_is_refused_in_one_line_then_started_over(mlm_store,
     command says what to do in one line and leaves the folder as it was; --no-resume starts over."""
     from pipelines.train.kinds.distill import train
     from pipelines.train.options import TrainOptions
-    from pipelines.train.run.loop import CHECKPOINT_VERSION
+    from pipelines.train.run.checkpoints import CHECKPOINT_VERSION
 
     out = tmp_path / "run"
 

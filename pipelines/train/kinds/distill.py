@@ -62,8 +62,9 @@ from pipelines.train.kinds.lightpaff_pretrain import prepare_pretraining
 from pipelines.train.kinds.seq2seq import prepare_seq2seq
 from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.options import TrainOptions, run_options
+from pipelines.train.run.checkpoints import Checkpoints
 from pipelines.train.run.ddp import Ranks
-from pipelines.train.run.loop import Checkpoints, Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
+from pipelines.train.run.loop import Evaluator, Keeper, Run, RunParts, Student, TaskFeed, run_stages
 from pipelines.train.run.setup import RunFolder, build_run, open_run
 from pipelines.train.run.summary import RunSummary
 from pipelines.train.students.build import StudentInfo, build_student, student_depth

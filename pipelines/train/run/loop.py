@@ -6,7 +6,7 @@ it trains, its LR schedule, a stream of batches (a `Feed` says which arrays the 
 how its batches are made: a task store, a live teacher online, rows in memory, a masked-LM store),
 the student's forward through an adapter with fixed output keys (pipelines.train.students.adapter), the
 weighted sum of its loss terms (each logged in metrics.jsonl), evaluation and best-checkpoint
-selection when the stage asks for it. A checkpoint (one layout, CHECKPOINT_VERSION) records the
+selection when the stage asks for it. A checkpoint (pipelines.train.run.checkpoints) records the
 stage index and the step inside the stage explicitly, with the stream's position and the RNG
 state, so a rerun resumes mid-stage and computes the very same losses as an uninterrupted run; an
 older layout is refused in one line. A step reads nothing back from the device: its loss and terms stay
@@ -31,13 +31,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hskstore.format.config import ConfigError
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import (
     MetricsLog,
-    atomic_save,
     json_default,
-    rng_state,
     save_model_folder,
     set_rng_state,
 )
@@ -47,7 +44,8 @@ from pipelines.train.data.sources import BatchMaker, RowSource, TaskSource, Trai
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
-from pipelines.train.options import TrainOptions, cli_flag
+from pipelines.train.options import TrainOptions
+from pipelines.train.run.checkpoints import Checkpoints
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
@@ -57,9 +55,6 @@ from pipelines.train.students.heads import Heads
 if TYPE_CHECKING:  # the dev data of a task run (only its type is named here)
     from pipelines.train.data.dev import DevData
 
-# 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
-# "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
-CHECKPOINT_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,103 +240,6 @@ class Keeper:
         return {"best": self.best, "last_eval": self.last_eval}
 
 
-@dataclass
-class Checkpoints:
-    """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's.
-    The run's precision is part of its identity (a checkpoint without one was trained in fp32)."""
-
-    path: Path
-    identity: dict
-    precision: StepPrecision = field(default_factory=StepPrecision)
-
-    @property
-    def full_identity(self) -> dict:
-        return {**self.identity, "precision": self.precision.name}
-
-    def save(self, position: Position, student: Student, keeper: Keeper, stage_results: dict,
-             optimizer=None, scheduler=None, stream=None) -> None:
-        state = {
-            "version": CHECKPOINT_VERSION,
-            "identity": self.full_identity,
-            "scaler": self.precision.state_dict(),
-            **position.to_state(),
-            **student.state_dict(),
-            **keeper.state(),
-            "stage_results": stage_results,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "stream": stream.state_dict() if stream is not None else None,
-            "rng": rng_state(),
-        }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_save(state, self.path)
-
-    def load(self) -> dict | None:
-        if not self.path.exists():
-            return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state.get("version") != CHECKPOINT_VERSION:
-            return {"foreign": True, "older": state.get("version", 1)}
-        found = {"precision": "fp32", **(state.get("identity") or {})}
-        if found != self.full_identity:
-            same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
-            return {"foreign": True, "precision": found["precision"] if same_but_precision else None,
-                    "differ": identity_differences(found, self.full_identity)}
-        return state
-
-    def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
-        """The state to continue from (None: start); another run's checkpoint is refused in one line
-        (an unfinished one can be restarted with --no-resume, a finished one replaced with --overwrite)."""
-        if not resume:
-            if self.path.exists() and not finished:
-                log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
-            return None
-        state = self.load()
-        if state is not None and state.get("older") is not None:
-            if finished:  # a finished run is judged by its summary (distill: the same run, or refused)
-                return None
-            raise ConfigError(
-                f"{out} holds a checkpoint of an older hsk (checkpoint version {state['older']}; this hsk "
-                f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
-                "to start over"
-            )
-        if state is not None and state.get("precision"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(
-                f"{out} holds a checkpoint trained in {state['precision']} and this run asks for "
-                f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
-        if state is not None and state.get("foreign"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(f"{out} holds a checkpoint of another run ({state['differ']}): use another --out, or "
-                              f"{fix}")
-        return state
-
-
-# Identity keys as the user knows them (the rest are option names: --max-steps for max_steps)
-_IDENTITY_NAMES = {"source": "store", "inputs": "store inputs", "selection": "store selection", "mode": "mode",
-                   "student": "--student", "method": "--method"}
-
-
-def identity_differences(found: dict, wanted: dict, depth: int = 0) -> str:
-    """What differs between a checkpoint's identity and this run's, as `--max-steps 3 there, 5 here`."""
-    shown = []
-    for key in sorted(set(found) | set(wanted), key=str):
-        there, here = found.get(key), wanted.get(key)
-        if there == here:
-            continue
-        if depth == 0 and isinstance(there, dict) and isinstance(here, dict) and key.endswith("options"):
-            shown.append(identity_differences(there, here, depth + 1))  # a method's or the run's option
-            continue
-        name = _IDENTITY_NAMES.get(key) or cli_flag(str(key))
-        shown.append(f"{name} {_short(there)} there, {_short(here)} here")
-    return "; ".join(shown) or "its identity differs"
-
-
-def _short(value) -> str:
-    text = json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
-
-
 class Maker(Protocol):
     """Raw stream batch (numpy) -> the dict of device tensors the student and the loss terms read."""
 
@@ -381,16 +279,6 @@ class TaskFeed:
         pad_to = meta.max_length if self.pad_to_max_length else None
         return BatchMaker(self.source, [f"layers/{i}" for i in kept], device, pad_to, self.student_inputs,
                           meta.tokenizer.pad_id or 0)
-
-
-def work_state(checkpoints: Checkpoints, log: Callable[[str], Any]) -> dict | None:
-    """The checkpoint of a work folder (`hsk teacher`'s hidden sibling): resumed when it is this run's;
-    another run's (or an older hsk's) is started over, as the folder is the command's own."""
-    state = checkpoints.load()
-    if state is not None and state.get("foreign"):
-        log(f"{checkpoints.path} is another run's checkpoint: starting over")
-        return None
-    return state
 
 
 @dataclass

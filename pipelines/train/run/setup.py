@@ -22,8 +22,9 @@ from typing import Any
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import MetricsLog, report_sinks
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.checkpoints import Checkpoints, work_state
 from pipelines.train.run.ddp import Ranks, SilentLog
-from pipelines.train.run.loop import Checkpoints, Run, run_stages, work_state
+from pipelines.train.run.loop import Run, run_stages
 
 
 @dataclass
