@@ -22,7 +22,7 @@ _EXPORTS = {
     "CorruptStoreError": "errors", "IncompleteStoreError": "errors", "ProvenanceError": "errors",
     "StoreError": "errors", "StoreExistsError": "errors", "UnverifiedStoreError": "errors", "UserError": "errors",
     "LeaseHeldError": "io.lease", "OutputError": "io.outputs",
-    "HSKStore": "io.reader", "KeptLayer": "io.reader", "MLMStore": "io.reader", "TaskStore": "io.reader",
+    "HSKStore": "io.reader", "KeptLayer": "io.reader", "MLMStore": "io.mlm_store", "TaskStore": "io.reader",
     "open_store": "io.reader", "StoreMeta": "format.meta",
 }
 
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from .format.config import ConfigError, HSKConfig, Selection
     from .format.meta import StoreMeta
     from .io.lease import LeaseHeldError
+    from .io.mlm_store import MLMStore
     from .io.outputs import OutputError
-    from .io.reader import HSKStore, KeptLayer, MLMStore, TaskStore, open_store
+    from .io.reader import HSKStore, KeptLayer, TaskStore, open_store
 
 
 def __getattr__(name: str) -> object:

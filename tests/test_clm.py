@@ -12,7 +12,6 @@ import torch
 from conftest import build_bpe_tokenizer, chunk_bytes, corpus_lines, kill_dump_midway, save_tiny_causal_lm
 
 from hskstore import codecs, open_store
-from hskstore.format import kinds
 from hskstore.format.clm import (
     ClmSelection,
     Support,
@@ -26,8 +25,6 @@ from hskstore.format.clm import (
 from hskstore.format.config import ConfigError
 from pipelines.cli import main
 from pipelines.train.losses import lm
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _dump_args(teacher: Path, corpus: Path, support: str, *extra: str) -> list[str]:
@@ -77,24 +74,6 @@ def test_kept_positions_take_the_highest_entropy_first():
 def test_a_bad_support_is_one_line_naming_it(text):
     with pytest.raises(ConfigError, match="--support"):
         Support.parse(text)
-
-
-def test_the_kind_is_registered_and_its_names_live_in_its_home():
-    """The causal-LM kind is found by name; outside the modules that are its home, the generic code looks it up
-    (no module branches on its name), except the declarations listed in docs/guide/adding-a-store-kind.md."""
-    kind = kinds.get("clm")
-    assert kind.reader_class().__name__ == "ClmStore" and "clm" in kinds.names()
-    homes = {"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
-             "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
-             "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py", "pipelines/train/kinds/clm_teacher.py"}
-    declarations = {"hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/losses/terms.py",
-                    "pipelines/train/students/adapter.py", "pipelines/train/kinds/distill.py",
-                    "pipelines/cli/store_commands.py", "pipelines/cli/teacher_commands.py",
-                    # seq2seq runs train with the causal-LM loss terms (clm_ce, ...) on the target's positions
-                    "pipelines/methods/s2s_kd.py", "pipelines/train/kinds/seq2seq.py"}
-    naming = {str(p.relative_to(ROOT)) for folder in ("hskstore", "pipelines") for p in (ROOT / folder).rglob("*.py")
-              if '"clm"' in p.read_text() or "'clm'" in p.read_text() or "clm_" in p.read_text().replace("clm_kd", "")}
-    assert naming - homes <= declarations, sorted(naming - homes - declarations)
 
 
 # --- the dump --------------------------------------------------------------------------------------------------

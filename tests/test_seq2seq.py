@@ -21,12 +21,10 @@ from conftest import (
 )
 
 from hskstore import open_store
-from hskstore.format import kinds
 from hskstore.format.seq2seq import Decoding, Seq2seqSelection
 from pipelines.cli import main
 from pipelines.core.pair_models import decoder_only_inputs
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "Paraphrase: {source}\\nAnswer:"
 
 
@@ -96,19 +94,6 @@ def _teacher_logprobs(teacher: Path, row: dict, i: int, on: str) -> torch.Tensor
 
 
 # --- the format ------------------------------------------------------------------------------------------------
-
-
-def test_the_kind_is_registered_and_its_names_live_in_its_home():
-    kind = kinds.get("seq2seq")
-    assert kind.reader_class().__name__ == "Seq2seqStore" and "seq2seq" in kinds.names()
-    homes = {"hskstore/format/seq2seq.py", "hskstore/io/seq2seq_store.py", "pipelines/dump/seq2seq.py",
-             "pipelines/train/kinds/seq2seq.py", "pipelines/methods/s2s_kd.py", "pipelines/train/run/s2s_eval.py",
-             "pipelines/core/pair_models.py"}
-    declarations = {"hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/kinds/distill.py",
-                    "pipelines/cli/store_commands.py"}
-    naming = {str(p.relative_to(ROOT)) for folder in ("hskstore", "pipelines") for p in (ROOT / folder).rglob("*.py")
-              if '"seq2seq"' in p.read_text() or "'seq2seq'" in p.read_text()}
-    assert naming - homes <= declarations, sorted(naming - homes - declarations)
 
 
 @pytest.mark.parametrize("text", ["beam", "beam:1", "beam:65", "sample", "greedy:2", "top"])

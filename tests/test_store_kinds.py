@@ -1,21 +1,29 @@
-"""Store kinds as types and typed metadata (issue 20): open_store gives a TaskStore or an MLMStore, each
-parsing its metadata once into hskstore.format.meta records; the entry list comes from the schema."""
+"""Store kinds as types and typed metadata: open_store gives each kind's class (a TaskStore, an MLMStore, ...),
+each parsing its metadata once into hskstore.format.meta records; the entry list comes from the schema; and
+every kind lives in its own modules, which no generic module branches on by name."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import tokenize
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from hskstore import open_store
+from hskstore.format import kinds
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.format.schema import array_specs, make_layout
+from hskstore.io.mlm_store import MLMStore
 from hskstore.io.outputs import STORE_ENTRIES
-from hskstore.io.reader import HSKStore, MLMStore, TaskStore, render_card, store_type
+from hskstore.io.reader import HSKStore, TaskStore, render_card, store_type
 
-VECTORS = Path(__file__).resolve().parent.parent / "docs" / "conformance"
+ROOT = Path(__file__).resolve().parent.parent
+VECTORS = ROOT / "docs" / "conformance"
 
 
 def _stored_meta(bundle: Path) -> dict:
@@ -138,3 +146,76 @@ def test_store_meta_reads_and_writes_every_conformance_store_as_it_is(bundle):
     assert json.dumps(again) == json.dumps(meta)
     typed = StoreMeta.parse(meta)
     assert typed.data_origin == meta.get("data_origin") and typed.compute == meta.get("compute")
+
+
+# --- where each kind lives ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Home:
+    """A kind's place in the code: its reader, what in a module's code names it, the modules that are its home,
+    and the declarations elsewhere (registry tables looked up by name: the kinds, the vocabularies of
+    pipelines/registry.py, distill.PREPARE, the student adapters, the `hsk dump` and `hsk teacher` tables)."""
+
+    reader: str
+    naming: str  # a regex over a module's code (comments left out)
+    homes: frozenset[str] = frozenset()
+    declarations: frozenset[str] = frozenset()
+
+
+_KINDS_PY, _REGISTRY, _PREPARE = "hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/kinds/distill.py"
+_DUMPS, _TEACHERS = "pipelines/cli/store_commands.py", "pipelines/cli/teacher_commands.py"
+HOMES = {
+    # the first kind, the generic base: its name is the default objective, so what names it is a comparison of an
+    # objective with it (its constant TASK or the string)
+    "task": Home("TaskStore", r"""objective[^\n=!]*[!=]=\s*["']task["']|["']task["']\s*[!=]=[^\n]*objective"""
+                 r"|[!=]=\s*TASK\b|\bTASK\s*[!=]=",
+                 # (its arrays are declared in the generic schema, which compares no objective)
+                 frozenset({"hskstore/io/reader.py", "pipelines/dump/stage.py", "pipelines/train/kinds/teacher.py"}),
+                 frozenset({_KINDS_PY})),  # the default objective, and that new metadata records none for it
+    "mlm": Home("MLMStore", r"""["']mlm["']""",
+                frozenset({"hskstore/format/mlm.py", "hskstore/io/mlm_store.py", "pipelines/dump/mlm.py",
+                           "pipelines/methods/lightpaff.py", "pipelines/train/kinds/lightpaff_pretrain.py",
+                           "pipelines/train/kinds/mlm_teacher.py"}),
+                # its head and store read are named "mlm" too: the student adapters are keyed by head
+                frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS, _TEACHERS, "pipelines/train/students/adapter.py"})),
+    "clm": Home("ClmStore", r"""["']clm["']|clm_(?!kd)""",
+                frozenset({"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
+                           "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
+                           "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py",
+                           "pipelines/train/kinds/clm_teacher.py"}),
+                frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS, _TEACHERS, "pipelines/train/losses/terms.py",
+                           "pipelines/train/students/adapter.py",
+                           # seq2seq runs train with the causal-LM loss terms (clm_ce, ...) on the target's positions
+                           "pipelines/methods/s2s_kd.py", "pipelines/train/kinds/seq2seq.py"})),
+    "seq2seq": Home("Seq2seqStore", r"""["']seq2seq["']""",
+                    frozenset({"hskstore/format/seq2seq.py", "hskstore/io/seq2seq_store.py",
+                               "pipelines/dump/seq2seq.py", "pipelines/train/kinds/seq2seq.py",
+                               "pipelines/methods/s2s_kd.py", "pipelines/train/run/s2s_eval.py",
+                               "pipelines/core/pair_models.py"}),
+                    frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS})),
+}
+
+
+def _code(path: Path) -> str:
+    """A module's text without its comments (what it does, not what it says about it)."""
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return tokenize.untokenize((t.type, t.string) for t in tokens if t.type != tokenize.COMMENT)
+
+
+def _naming(home: Home) -> set[str]:
+    """The modules under hskstore/ and pipelines/ whose code names the kind."""
+    modules = (path for folder in ("hskstore", "pipelines") for path in (ROOT / folder).rglob("*.py"))
+    return {str(path.relative_to(ROOT)) for path in modules if re.search(home.naming, _code(path))}
+
+
+@pytest.mark.parametrize("name", kinds.names())
+def test_each_kind_is_found_by_name_and_named_only_in_its_home(name):
+    """Outside the modules that are a kind's home, the generic code looks it up (no module branches on its name),
+    except the declarations listed here and in docs/guide/adding-a-store-kind.md. A kind a package adds has no
+    home here: nothing in hsk names it."""
+    home = HOMES.get(name, Home(kinds.get(name).reader.rpartition(":")[2], f"""["']{re.escape(name)}["']"""))
+    assert kinds.get(name).reader_class().__name__ == home.reader
+    naming = _naming(home)
+    assert naming - home.homes <= home.declarations, sorted(naming - home.homes - home.declarations)
+

@@ -19,9 +19,8 @@ import pytest
 import zarr
 
 from hskstore import open_store
-from hskstore.format import clm, codec, schema, seq2seq
+from hskstore.format import clm, codec, mlm, schema, seq2seq
 from hskstore.format.manifest import list_arrays
-from hskstore.format.meta import MLM, TASK
 from hskstore.format.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
 from hskstore.io.view import DIMS, dense_dataset, dense_view
 from pipelines.cli import main
@@ -260,17 +259,16 @@ def lm_texts(kind, group: str, positions: str) -> dict:
 def test_the_documented_attribute_texts_are_the_codes():
     """A second writer copies the texts from the page: each one must be what the code writes, and none missing."""
     layer = [f"layers/<i>/{leaf}" for leaf in ("positions", "scores", "values", "scale", "masks", "attention")]
-    mlm = [name for name in schema._DESCRIBED if name.startswith("mlm/")]
 
-    def of_kind(kind: str, names: list[str]) -> dict:
-        entries = {name: schema._entry(name.removeprefix("layers/<i>/"), kind) for name in names}
+    def of_kind(entry, names: list[str]) -> dict:
+        entries = {name: entry(name.removeprefix("layers/<i>/")) for name in names}
         return {name: _texts(text, schema.SPEC_DOC + section, units)
                 for name, (_, text, section, units) in entries.items()}
 
     code = {
         "integrity": schema.INTEGRITY,
-        "task": of_kind(TASK, [*schema.TASK_ROW_ARRAYS, *layer]),
-        "mlm": of_kind(MLM, [*schema.MLM_ROW_ARRAYS, *mlm]),
+        "task": of_kind(schema.task_entry, [*schema.TASK_ROW_ARRAYS, *layer]),
+        "mlm": of_kind(mlm.entry, list(mlm._DESCRIBED)),
         "clm": lm_texts(clm, clm.GROUP, "the block"),
         # the page writes the target the support sits on as <supports_on>: a store names it (reference, teacher)
         "seq2seq": lm_texts(seq2seq, seq2seq.GROUP, "the <supports_on> target's positions"),

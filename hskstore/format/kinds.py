@@ -42,6 +42,8 @@ class StoreKind:
     trains: tuple[str, ...] = ()  # the run kinds (pipelines) that train from it, for `hsk info` and the docs
     # the token arrays whose checksums make `inputs_hash` (those it has: a causal-LM store has no segment ids)
     inputs: tuple[str, ...] = ("input_ids", "token_type_ids")
+    # its groups whose arrays croissant.json lists as a record set of their own, named after the group
+    record_groups: frozenset[str] = frozenset()
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")
@@ -49,7 +51,7 @@ class StoreKind:
 
 
 # name -> the module whose import registers it (the built-in kinds)
-_DECLARED = {TASK: "hskstore.format.schema", "mlm": "hskstore.format.schema", "clm": "hskstore.format.clm",
+_DECLARED = {TASK: "hskstore.format.schema", "mlm": "hskstore.format.mlm", "clm": "hskstore.format.clm",
              "seq2seq": "hskstore.format.seq2seq"}
 _KINDS: dict[str, StoreKind] = {}
 _plugins_loaded = False
@@ -85,16 +87,22 @@ def get(name: str) -> StoreKind:
 
 
 def names() -> list[str]:
-    """Every kind's name: the built-in ones first, then the installed packages'."""
+    """Every kind's name: the built-in ones first (in their declared order, whichever was imported first), then
+    the installed packages'."""
     for name in _DECLARED:
         get(name)
     _load_plugins()
-    return list(_KINDS)
+    return [*_DECLARED, *(name for name in _KINDS if name not in _DECLARED)]
 
 
 def objective_of(meta: Mapping[str, Any]) -> str:
     """The kind a metadata dict describes: `task` unless it says otherwise."""
     return meta.get("objective", TASK)
+
+
+def records_objective(objective: str) -> bool:
+    """Whether new metadata records its `objective`: every kind's but the task kind's (no key reads as task)."""
+    return objective != TASK
 
 
 def kind_of(meta: Mapping[str, Any]) -> StoreKind:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .config import PRECISION
-from .kinds import TASK, objective_of
-
-MLM = "mlm"  # meta["objective"] of a masked-LM store
+from .kinds import TASK as TASK  # re-exported: the task dump takes it with the records below
+from .kinds import objective_of, records_objective
 
 
 def _serialise(record: Any, written: tuple[str, ...] | None, extra: Mapping[str, Any]) -> dict:
@@ -105,11 +104,9 @@ class DataRef:
 TASK_TEACHER_KEYS = ("name", "path", "hub_id", "revision", "weights_hash", "architecture", "num_layers",
                      "hidden_size", "num_labels", "max_positions", "task", "labels", "problem_type", "identity_from",
                      "task_fit")
-MLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "num_layers", "hidden_size", "vocab_size")
 FORWARD_PRECISIONS = tuple(name for name in PRECISION.values if name != "auto")  # what a store can record
 TASK_TOKENIZER_KEYS = ("name", "path", "hub_id", "revision", "vocab_hash", "vocab_size", "cls_id", "sep_id",
                        "pad_id")
-MLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "cls_id", "sep_id", "pad_id", "mask_id")
 
 
 class _NamedRecord:
@@ -198,24 +195,6 @@ class TokenizerRef(_NamedRecord):
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
-class MaskedLMSelection:
-    """A masked-LM store's selection: BERT's masking of the inputs and the teacher's top-k per position."""
-
-    mask_rate: float
-    mask_token_rate: float
-    random_token_rate: float
-    keep_rate: float
-    mask_seed: int
-    max_masked: int
-    top_k: int
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
-        return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
-                   d["max_masked"], d["top_k"])
-
-
 # StoreMeta fields after the description, as the writer adds them (hskstore.io.writer)
 _BOOKKEEPING = ("compute", "sharing", "derived_from", "format_version", "complete", "identity", "created",
                 "software_version", "inputs_hash", "checksums", "stored_bytes", "data_origin", "upgraded", "manifest")
@@ -226,8 +205,8 @@ _DESCRIPTION = ("objective", "task", "dataset", "teacher", "tokenizer", "max_len
 class StoreMeta:
     """Everything a store's metadata says, typed; `raw` is the dict itself (the serialised form).
 
-    `selection` is kind-specific and stays a mapping here: a task store parses it as config.Selection,
-    a masked-LM store as MaskedLMSelection (hskstore.io.reader's store classes).
+    `selection` is kind-specific and stays a mapping here: each kind's reader parses it (a task store as
+    config.Selection, the other kinds as the record of their hskstore.format module).
     """
 
     objective: str
@@ -284,7 +263,7 @@ class StoreMeta:
         values = {"task": self.task.to_dict(), "dataset": self.dataset.to_dict(), "teacher": self.teacher.to_dict(),
                   "tokenizer": self.tokenizer.to_dict(), "max_length": self.max_length,
                   "selection": dict(self.selection), "layout": self.layout.to_dict()}
-        if self.objective != TASK or "objective" in self.raw:
+        if records_objective(self.objective) or "objective" in self.raw:
             values["objective"] = self.objective
         return values
 

@@ -14,7 +14,7 @@ from zarr.codecs import BloscCodec, BloscShuffle
 from .. import codecs
 from . import kinds
 from .config import HSKConfig
-from .meta import MLM, TASK, Layout, objective_of
+from .meta import TASK, Layout
 
 FORMAT_VERSION = 3  # what this hsk writes (docs/STORE_FORMAT.md)
 # What it reads: version 1 has no manifest (metadata not covered) and no 4-bit values, version 2 no
@@ -28,10 +28,9 @@ PROGRESS_DIGESTS = "_progress/digests"
 DIGEST_BYTES = 16
 MASK_CLEVEL = 5  # zstd level of task stores' masks (level 9 until the dump had to keep up with a GPU)
 
-# The per-row arrays of each store kind, and the groups below the root: the one list of a store's names.
+# The per-row arrays of a task store, and the groups below the root (each other kind lists its own).
 TASK_ROW_ARRAYS = ("row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length")
-MLM_ROW_ARRAYS = ("row", "text_hash", "input_ids", "token_type_ids", "length")
-LAYERS_GROUP, MLM_GROUP, PROGRESS_GROUP = "layers", "mlm", "_progress"
+LAYERS_GROUP, PROGRESS_GROUP = "layers", "_progress"
 
 
 def top_level_entries() -> frozenset[str]:
@@ -96,13 +95,12 @@ def array_specs(meta: dict) -> list[ArraySpec]:
 
 
 # --- what generic Zarr tools show: dimension names and attributes -----------------------------------------
-# Axis names shared by every array that has the axis (xarray aligns arrays of a group by them): per array,
-# by its name's last part (and its group for the masked-LM arrays), the names of the axes after `rows`,
-# a one-line description, the section of docs/STORE_FORMAT.md that says how to read it, and units.
+# Axis names shared by every array that has the axis (xarray aligns arrays of a group by them): per array of a
+# task store, by its name's last part, the names of the axes after `rows`, a one-line description, the section
+# of docs/STORE_FORMAT.md that says how to read it, and units. Each other kind declares its own.
 SPEC_DOC = "docs/STORE_FORMAT.md"
 ROWS = "rows"
-_ARRAYS, _CODECS, _ATTENTION, _MLM = "#arrays", "#codecs", "#optional-attention-rows-hsk-dump-attention-rows", \
-    "#masked-lm-stores-objective-mlm"
+_ARRAYS, _CODECS, _ATTENTION = "#arrays", "#codecs", "#optional-attention-rows-hsk-dump-attention-rows"
 _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
     "row": ((), "row index in the source split", _ARRAYS, None),
     "text_hash": ((), "first 8 bytes (little-endian) of BLAKE2b-512 over the row's text fields joined by a tab",
@@ -123,15 +121,7 @@ _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
               "big-endian bit order; all zero in unused slots", _ARRAYS, None),
     "attention": (("heads", "kept_tokens", "tokens"), "pre-softmax attention scores of each kept token over "
                   "every key position; 0 for padded keys and unused slots", _ATTENTION, "pre-softmax score"),
-    "mlm/positions": (("masked",), "masked positions, increasing; -1 = unused slot", _MLM, "token index"),
-    "mlm/labels": (("masked",), "the original token id at each masked position", _MLM, None),
-    "mlm/kind": (("masked",), "1 = replaced by [MASK], 2 = by a random id, 3 = kept; 0 = unused slot", _MLM, None),
-    "mlm/topk_ids": (("masked", "top_k"), "the teacher's k highest-scoring vocabulary ids, by descending logit",
-                     _MLM, None),
-    "mlm/topk_logits": (("masked", "top_k"), "the logits of those ids", _MLM, "logit"),
-    "mlm/lse": (("masked",), "log-sum-exp of the teacher's logits over the whole vocabulary", _MLM, "logit"),
 }
-_MLM_INPUTS = "the masked inputs, exactly as the teacher saw them"
 # What a plain-Zarr reader cannot see: zarr reads a lost chunk as the fill value, silently.
 INTEGRITY = "a missing chunk reads as 0 in plain Zarr: check with `hsk verify` or the shard digests"
 # A codec whose values array does not hold one element per kept value packs codes into bytes.
@@ -139,12 +129,21 @@ _PACKED_AXIS, _GROUP_AXIS = "value_bytes", "scale_groups"
 _PROBE_WIDTH = 64
 
 
-def _entry(name: str, kind: str) -> tuple[tuple[str, ...], str, str, str | None]:
-    leaf = name if name.startswith("mlm/") else name.rsplit("/", 1)[-1]
-    dims, text, section, units = _DESCRIBED[leaf]
-    if kind == MLM and leaf == "input_ids":
-        return dims, _MLM_INPUTS, _MLM, units
-    return dims, text, section, units
+def task_entry(name: str) -> tuple[tuple[str, ...], str, str, str | None]:
+    """(axes after rows, description, section, units) of a task store's array `name` (a kept layer's by its
+    last part)."""
+    return _DESCRIBED[name.rsplit("/", 1)[-1]]
+
+
+def described_as(spec: ArraySpec, entry: tuple[tuple[str, ...], str, str, str | None],
+                 codec: dict | None = None) -> ArraySpec:
+    """`spec` with the dimension names and attributes of its `entry` (axes after rows, description, section,
+    units); `codec`: how to decode it, attributes between the integrity line and the units."""
+    dims, text, section, units = entry
+    attributes = {"description": text, "spec": SPEC_DOC + section, "integrity": INTEGRITY, **(codec or {})}
+    if units:
+        attributes["units"] = units
+    return replace(spec, dims=(ROWS, *dims), attributes=attributes)
 
 
 def _codec_axes(leaf: str, value_dtype: str, dims: tuple[str, ...]) -> tuple[str, ...]:
@@ -159,21 +158,17 @@ def _codec_axes(leaf: str, value_dtype: str, dims: tuple[str, ...]) -> tuple[str
     return dims
 
 
-def described(spec: ArraySpec, meta: dict, kind: str | None = None) -> ArraySpec:
-    """`spec` with its dimension names and attributes (description, codec, spec section, units)."""
-    kind = kind or objective_of(meta)
+def described(spec: ArraySpec, meta: dict) -> ArraySpec:
+    """A task store's `spec` with its dimension names and attributes (description, codec, spec section, units)."""
     leaf = spec.name.rsplit("/", 1)[-1]
-    dims, text, section, units = _entry(spec.name, kind)
-    attributes = {"description": text, "spec": SPEC_DOC + section, "integrity": INTEGRITY}
-    if kind != MLM and leaf in ("values", "scale"):
+    dims, text, section, units = task_entry(spec.name)
+    codec = {}
+    if leaf in ("values", "scale"):
         dims = _codec_axes(leaf, meta["selection"]["value_dtype"], dims)
-        attributes["codec"] = meta["selection"]["value_dtype"]  # hskstore.codecs.get(codec).decode
-    if kind != MLM and leaf == "masks":
-        attributes["codec"] = "packbits"
-        attributes["hidden_size"] = meta["selection"]["hidden_size"]
-    if units:
-        attributes["units"] = units
-    return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+        codec["codec"] = meta["selection"]["value_dtype"]  # hskstore.codecs.get(codec).decode
+    if leaf == "masks":
+        codec = {"codec": "packbits", "hidden_size": meta["selection"]["hidden_size"]}
+    return described_as(spec, (dims, text, section, units), codec)
 
 
 # The progress arrays (the writer's bookkeeping, outside array_specs): dimension names and attributes.
@@ -229,42 +224,9 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
     return specs
 
 
-def mlm_array_specs(meta: dict) -> list[ArraySpec]:
-    """A masked-LM store: the masked inputs and, per masked position, the teacher's top-k and log-sum-exp.
-
-    meta["selection"] holds the masking (seed, rates), `top_k` (k) and `max_masked` (M, masked
-    positions per row; unused slots have position -1 and zeros elsewhere).
-    """
-    layout, sel = meta["layout"], meta["selection"]
-    n, rows, chunk = layout["n_rows"], layout["shard_rows"], layout["chunk_rows"]
-    ids = ids_dtype(meta["tokenizer"]["vocab_size"])
-    m, k = sel["max_masked"], sel["top_k"]
-
-    def spec(name: str, tail: tuple[int, ...], dtype: str) -> ArraySpec:
-        return ArraySpec(name, (n, *tail), dtype, rows, chunk)
-
-    return [
-        spec("row", (), "int64"),
-        spec("text_hash", (), "uint64"),
-        spec("input_ids", (meta["max_length"],), ids),  # as the teacher saw them: masked
-        spec("token_type_ids", (meta["max_length"],), "uint8"),
-        spec("length", (), "int16"),
-        spec("mlm/positions", (m,), "int16"),
-        spec("mlm/labels", (m,), ids),  # the original token at each masked position
-        spec("mlm/kind", (m,), "uint8"),  # 1 [MASK], 2 random token, 3 kept; 0 unused slot
-        spec("mlm/topk_ids", (m, k), ids),
-        spec("mlm/topk_logits", (m, k), "float32"),
-        spec("mlm/lse", (m,), "float32"),
-    ]
-
-
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
     described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",)))
-kinds.register(kinds.StoreKind(
-    MLM, "a masked-LM teacher's top-k per masked position (`hsk dump --objective mlm`, LightPAFF)",
-    mlm_array_specs, described, frozenset({*MLM_ROW_ARRAYS, MLM_GROUP}), "hskstore.io.reader:MLMStore",
-    trains=("mlm",)))
 
 
 def n_shards(meta: dict) -> int:

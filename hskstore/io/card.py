@@ -170,26 +170,6 @@ logits, meta = group["logits"][:], group.attrs["hsk"]
     return body
 
 
-def mlm_body(meta: dict, fields: dict, name: str) -> str:
-    """A masked-LM store's card below its front matter."""
-    sel = meta["selection"]
-    return f"""
-# {fields['pretty_name']}
-
-A masked-LM store written by hsk (LightPAFF's pre-training distillation): the teacher
-`{meta['teacher']['name']}` ran once over {fields['rows']} rows of raw text masked as BERT does
-({sel['mask_rate']:.0%} of tokens, seed {sel['mask_seed']}); per masked position it keeps the top
-{sel['top_k']} vocabulary ids and logits and the log-sum-exp of the full distribution. The metadata
-in `zarr.json` (attribute `hsk`) is the authority; `hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-shard = store.read_shard(0)   # mlm/topk_ids, mlm/topk_logits, mlm/lse, input_ids, ...
-```
-"""
-
-
 def stored_bytes(group: zarr.Group, names: list[str]) -> int:
     """Bytes the named arrays take on their storage (compressed shards; metadata not counted)."""
     return int(sum(group[name].nbytes_stored() for name in names))

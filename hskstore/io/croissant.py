@@ -28,6 +28,7 @@ from pathlib import Path
 
 import zarr
 
+from ..format import kinds
 from ..format.digest import fingerprint
 from ..format.schema import ArraySpec, array_specs
 from .card import front_matter, shareable, store_name, stored_bytes
@@ -93,10 +94,12 @@ class BundleFile:
     size: int
 
 
-def family(name: str) -> str:
-    """The record set an array belongs to: per-row inputs, logits, one per kept layer, attention, mlm."""
-    if name.startswith("mlm/"):
-        return "mlm"
+def family(name: str, groups: frozenset[str] = frozenset()) -> str:
+    """The record set an array belongs to: per-row inputs, logits, one per kept layer, attention, or one of
+    the `groups` its kind lists as record sets of their own (StoreKind.record_groups: the masked-LM arrays)."""
+    group, nested, _ = name.partition("/")
+    if nested and group in groups:
+        return group
     if name.endswith("/attention"):
         return "attention_rows"
     if name.startswith("layers/"):
@@ -123,8 +126,9 @@ def _field(spec: ArraySpec, meta: dict) -> dict:
 def record_sets(meta: dict) -> list[dict]:
     """One record set per array family, each field with its dtype and per-row shape."""
     sets: dict[str, list[dict]] = {}
+    groups = kinds.kind_of(meta).record_groups
     for spec in array_specs(meta):
-        sets.setdefault(family(spec.name), []).append(_field(spec, meta))
+        sets.setdefault(family(spec.name, groups), []).append(_field(spec, meta))
     rows = meta["layout"]["n_rows"]
     return [{"@type": "cr:RecordSet", "@id": key, "name": key.replace("/", "_"),
              "description": f"{key}: {len(fields)} array(s) over {rows} rows (one record per example)",

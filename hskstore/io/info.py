@@ -13,7 +13,7 @@ from ..errors import CorruptStoreError, printable
 
 if TYPE_CHECKING:  # the store classes call in here for their reports (hskstore.io.reader)
     from ..format.meta import StoreMeta
-    from .reader import HSKStore, MLMStore, TaskStore
+    from .reader import HSKStore, TaskStore
 
 
 def count_kept_vectors(store: HSKStore) -> int:
@@ -49,63 +49,6 @@ def array_bytes(store: HSKStore) -> dict:
                                     "it or pack it again") from None
         arrays[name] = {"stored": stored, "raw": int(arr.nbytes), "dtype": spec.dtype}
     return arrays
-
-
-# Top-k logit caches of LLM distillation, bytes per token before compression: Megatron's top-128
-# fp16 format (~528 B), DistillKit's (114-300 B depending on k and encoding).
-MEGATRON_TOPK_BYTES = 528
-DISTILLKIT_BYTES = (114, 300)
-
-
-def mlm_storage_report(store: MLMStore) -> dict:
-    """What a masked-LM store costs per masked token (its teacher knowledge is the mlm/ arrays)."""
-    arrays = array_bytes(store)
-    masked = 0
-    for shard in range(store.n_shards):
-        start, stop = store.shard_bounds(shard)
-        masked += int((store.read(slice(start, stop), ["mlm/positions"])["mlm/positions"] >= 0).sum())
-    total = sum(a["stored"] for a in arrays.values())
-    knowledge = sum(a["stored"] for name, a in arrays.items() if name.startswith("mlm/"))
-    raw = sum(a["raw"] for name, a in arrays.items() if name.startswith("mlm/"))
-    per_token = knowledge / masked if masked else float("nan")
-    return {
-        "rows": len(store),
-        "arrays": arrays,
-        "total_bytes": total,
-        "bytes_per_example": total / max(len(store), 1),
-        "masked_tokens": masked,
-        "top_k": store.masking.top_k,
-        "mlm_bytes": knowledge,
-        "bytes_per_masked_token": per_token,
-        "raw_bytes_per_masked_slot": raw / max(len(store) * store.masking.max_masked, 1),
-        "ratio_vs_megatron": MEGATRON_TOPK_BYTES / per_token if masked else float("nan"),
-    }
-
-
-def format_mlm_report(store: MLMStore, report: dict) -> str:
-    meta, sel = store.metadata, store.masking
-    lines = [
-        f"store      {store.url}",
-        status_line(meta, "   objective mlm"),
-        *upgrade_lines(store.meta),
-        f"corpus     rows {report['rows']}   source {meta.dataset.source}",
-        f"teacher    {meta.teacher.name} ({meta.teacher.architecture})   weights {meta.teacher.weights_hash[:19]}",
-        tokenizer_line(meta),
-        f"masking    {sel.mask_rate:.0%} of tokens (seed {sel.mask_seed}): {sel.mask_token_rate:.0%} [MASK],"
-        f" {sel.random_token_rate:.0%} random, {sel.keep_rate:.0%} kept; at most {sel.max_masked} per row",
-        f"teacher    top-{sel.top_k} ids and logits + log-sum-exp per masked position",
-        "",
-        *array_lines(report["arrays"]),
-    ]
-    low, high = DISTILLKIT_BYTES
-    lines += [
-        "",
-        f"total          {human_bytes(report['total_bytes'])}  ({report['bytes_per_example']:.1f} B/example)",
-        f"per masked token {report['bytes_per_masked_token']:.1f} B stored ({report['masked_tokens']} masked tokens;"
-        f" mlm/ arrays only)   vs Megatron top-128 fp16 ~{MEGATRON_TOPK_BYTES} B"
-        f" ({report['ratio_vs_megatron']:.1f}x smaller), DistillKit {low}-{high} B",
-    ]
-    return join_report(lines)
 
 
 def storage_report(store: HSKStore) -> dict:

@@ -14,7 +14,7 @@ from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
 from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
-from ..format.meta import MLM, TASK, MaskedLMSelection, StoreMeta, objective_of
+from ..format.meta import TASK, StoreMeta, objective_of
 from ..format.schema import (
     DIGEST_BYTES,
     DIMENSIONS_SINCE,
@@ -163,9 +163,10 @@ class KeptLayer:
 class HSKStore:
     """A read-only, verified view of an hsk store (local path or fsspec URL): integrity, shards, digests.
 
-    `open_store` gives one of its kinds, TaskStore or MLMStore; each owns what differs between them (its
-    selection, `hsk info` report, card, what derive accepts, what a trainer may read). `meta` is the
-    metadata dict as stored, `metadata` its typed view (hskstore.format.meta.StoreMeta).
+    `open_store` gives it as its kind's class (hskstore.format.kinds): TaskStore, or the reader each other kind
+    declares (MLMStore, ClmStore, ...); each owns what differs between them (its selection, `hsk info` report,
+    card, what derive accepts, what a trainer may read). `meta` is the metadata dict as stored, `metadata` its
+    typed view (hskstore.format.meta.StoreMeta).
     """
 
     objective = ""  # the kind's name in meta["objective"] (hskstore.format.meta)
@@ -574,53 +575,6 @@ class TaskStore(HSKStore):
         return selection.get("config"), selection.get("value_dtype")
 
 
-class MLMStore(HSKStore):
-    """A masked-LM store (LightPAFF pre-training): masked inputs and the teacher's top-k per masked position.
-
-    It has no HSK selection (`selection` is None); `masking` holds its masking and top-k.
-    """
-
-    objective = MLM
-    reads = frozenset({"mlm"})
-
-    def _parse_selection(self) -> None:
-        try:
-            self.masking = MaskedLMSelection.from_dict(self.meta["selection"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._damaged_selection(exc) from None
-
-    def storage_report(self) -> dict:
-        return info.mlm_storage_report(self)
-
-    def format_report(self, report: dict) -> str:
-        return info.format_mlm_report(self, report)
-
-    def refuse_derive(self) -> None:
-        raise ConfigError(f"{self.url} is a masked-LM store: derive makes smaller task stores (ND,NL,W)")
-
-    def refuse_task_training(self) -> None:
-        raise ConfigError(f"{self.url} is a masked-LM store (LightPAFF pre-training): train from it with --method "
-                          "lightpaff-pretrain; the other methods distil from task stores")
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return f"top-{meta['selection'].get('top_k')} masked-LM logits", "fill-mask"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        return card.mlm_body(meta, fields, name)
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        return (f"masked as BERT does ({sel.get('mask_rate')} of tokens, seed {sel.get('mask_seed')}); top-"
-                f"{sel.get('top_k')} logits and log-sum-exp kept per masked position")
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        return f"top-{selection.get('top_k')}", None
-
-
 def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
     """The store class that metadata (typed, or the stored dict) describes: its kind's reader
     (hskstore.format.kinds)."""
@@ -641,5 +595,5 @@ def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.
 
 
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:
-    """The store at url, verified (HSKStore), as its kind: a TaskStore or an MLMStore."""
+    """The store at url, verified (HSKStore), as its kind: a TaskStore, or its kind's reader (an MLMStore, ...)."""
     return HSKStore(url, allow_incomplete=allow_incomplete, allow_unverified=allow_unverified)

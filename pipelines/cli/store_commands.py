@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -82,10 +83,6 @@ ids and counts). `hsk derive --support` makes smaller ones; `hsk train --method 
   hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support topk:32 --out lm.zarr
   hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support sample:50 --out lm-s50.zarr
 """
-
-
-def _task_config(config: str | None, objective: str) -> HSKConfig | None:
-    return HSKConfig.parse(config) if config and objective == "task" else None
 
 
 def _int_list(text: str | None) -> list[int] | None:
@@ -191,20 +188,30 @@ def dump(
     creator: str = typer.Option(
         None, "--creator", help="Who made the store (a person or team; several separated by ';'); in croissant.json."),
 ) -> None:
-    given = dict(locals())  # the options as typed, for the dumps of LM_DUMPS
+    given = dict(locals())  # the options as typed: each objective's dump (DUMPS) reads those it takes
     # Arguments are checked before torch is imported: a typo costs a second, not the import (up to a minute).
-    parsed = _task_config(config, objective)
-    explicit_layers = _int_list(layers)
+    given["layers"] = _int_list(layers)
     check_threads(threads)
+    sharing = _sharing(license, creator)
+    _dump_of(objective)(given, sharing)
+
+
+def _dump_of(objective: str) -> Callable[[dict, dict], None]:
+    if objective not in DUMPS:
+        raise ConfigError(f"unknown --objective {objective!r}: pass {', '.join(DUMPS)}")
+    return DUMPS[objective]
+
+
+def _pick_device(o: dict) -> str:
     from pipelines.core.devices import pick_device
 
-    sharing = _sharing(license, creator)
-    if objective in LM_DUMPS:  # stores of other kinds: each takes the options it reads from the command's
-        LM_DUMPS[objective](given, pick_device(device), sharing)
-        return
-    if objective != "task":
-        raise ConfigError(f"unknown --objective {objective!r}: pass task, {', '.join(LM_DUMPS)}")
-    if not task or not config:
+    return pick_device(o["device"])
+
+
+def _dump_task(o: dict, sharing: dict) -> None:
+    """A task store: a fine-tuned classifier's logits and the HSK of --config."""
+    parsed = HSKConfig.parse(o["config"]) if o["config"] else None
+    if not o["task"] or not o["config"]:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
     from pipelines.core.precision import cpu_half_warning
     from pipelines.core.tasks import get_task
@@ -212,37 +219,38 @@ def dump(
 
     options = DumpOptions(
         config=parsed,
-        ref_student_layers=student_layers,
-        l_top=l_top,
-        layers=explicit_layers,
-        token_strategy=tokens,
-        ranking_map=ranking,
-        attention_scores=scores,
-        width_strategy=width,
-        width_seed=width_seed,
-        value_dtype=values,
-        attention_rows=attention_rows,
-        max_length=max_length,
-        batch_size=batch_size,
-        shard_rows=shard_rows,
-        device=pick_device(device),
-        selection_engine=selection_engine,
-        precision=precision,
-        overwrite=overwrite,
-        progress=progress,
-        allow_task_mismatch=allow_task_mismatch,
-        write_processes=write_processes,
+        ref_student_layers=o["student_layers"],
+        l_top=o["l_top"],
+        layers=o["layers"],
+        token_strategy=o["tokens"],
+        ranking_map=o["ranking"],
+        attention_scores=o["scores"],
+        width_strategy=o["width"],
+        width_seed=o["width_seed"],
+        value_dtype=o["values"],
+        attention_rows=o["attention_rows"],
+        max_length=o["max_length"],
+        batch_size=o["batch_size"],
+        shard_rows=o["shard_rows"],
+        device=_pick_device(o),
+        selection_engine=o["selection_engine"],
+        precision=o["precision"],
+        overwrite=o["overwrite"],
+        progress=o["progress"],
+        allow_task_mismatch=o["allow_task_mismatch"],
+        write_processes=o["write_processes"],
         extra_meta=sharing,
     )
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
-    if note := cpu_half_warning(precision, options.device):
+    if note := cpu_half_warning(o["precision"], options.device):
         typer.echo(note, err=True)
-    task = get_task(task).name
-    teacher = _task_teacher(task, teacher)
-    out = out or f"{task}.zarr"
-    data = dict(split=split, data_dir=data_dir, data_file=data_file, limit=limit, label_column=label_column,
-                text_columns=text_columns.split(",") if text_columns else None)
-    _run_task_dump(task, options, teacher, out, workers, scheduler, threads, data)
+    task = get_task(o["task"]).name
+    teacher = _task_teacher(task, o["teacher"])
+    out = o["out"] or f"{task}.zarr"
+    data = dict(split=o["split"], data_dir=o["data_dir"], data_file=o["data_file"], limit=o["limit"],
+                label_column=o["label_column"],
+                text_columns=o["text_columns"].split(",") if o["text_columns"] else None)
+    _run_task_dump(task, options, teacher, out, o["workers"], o["scheduler"], o["threads"], data)
     typer.echo(f"done: {out} (see `hsk info {out}`)")
 
 
@@ -290,9 +298,10 @@ def _sharing(license: str | None, creator: str | None) -> dict:
     return {"sharing": {"license": license.strip() if license else None, "creators": creators}}
 
 
-def _dump_mlm(o: dict, device: str, sharing: dict) -> None:
+def _dump_mlm(o: dict, sharing: dict) -> None:
     from pipelines.dump.mlm import Masking, dump_mlm, load_corpus
 
+    device = _pick_device(o)
     if o["precision"] not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
         raise ConfigError(f"--precision {o['precision']}: a masked-LM dump (--objective mlm) runs its teacher in fp32")
     for bound in MLM_BOUNDS:  # before the teacher loads, as for a task dump
@@ -320,11 +329,12 @@ def _support(text: str, optional: bool = False):
     return None if optional and text.strip() == "none" else Support.parse(text)
 
 
-def _dump_clm(o: dict, device: str, sharing: dict) -> None:
+def _dump_clm(o: dict, sharing: dict) -> None:
     from hskstore.format.clm import check_positions
     from pipelines.dump.clm import ClmRequest, dump_clm
     from pipelines.dump.mlm import load_corpus
 
+    device = _pick_device(o)
     request = ClmRequest(_support(o["support"]), o["logprobs"], o["block_size"], o["positions"], o["sample_seed"],
                          o["limit_tokens"], *_lm_sizes(o, 8, 64), o["precision"])
     check_positions(request.positions)
@@ -338,9 +348,10 @@ def _dump_clm(o: dict, device: str, sharing: dict) -> None:
     typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")
 
 
-def _dump_seq2seq(o: dict, device: str, sharing: dict) -> None:
+def _dump_seq2seq(o: dict, sharing: dict) -> None:
     from pipelines.dump.seq2seq import Seq2seqRequest, dump_seq2seq, load_pairs, typed_prompt
 
+    device = _pick_device(o)
     request = Seq2seqRequest(_support(o["support"], optional=True), o["decode"], o["supports_on"], o["logprobs"],
                              o["max_length"] or 128, o["max_target"], typed_prompt(o["prompt"]), o["positions"],
                              o["sample_seed"],
@@ -356,8 +367,8 @@ def _dump_seq2seq(o: dict, device: str, sharing: dict) -> None:
     typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")
 
 
-# --objective -> its dump (the task dump is the command's own body)
-LM_DUMPS = {"mlm": _dump_mlm, "clm": _dump_clm, "seq2seq": _dump_seq2seq}
+# --objective -> its dump: (the options as typed, the sharing metadata) -> None
+DUMPS = {"task": _dump_task, "mlm": _dump_mlm, "clm": _dump_clm, "seq2seq": _dump_seq2seq}
 
 
 @app.command()

@@ -63,75 +63,81 @@ def teacher(
     train_layers: int = typer.Option(0, help="--objective mlm: also train the top N encoder layers."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
 ) -> None:
+    given = dict(locals())  # the options as typed: each objective's teacher (TEACHERS) reads those it takes
     check_threads(threads)
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
+
+    use_threads(threads, "teacher")
+    device = pick_device(device)
+    if note := cpu_half_warning(precision, device):
+        typer.echo(note, err=True)
+    if objective not in TEACHERS:
+        *others, last = TEACHERS
+        raise ConfigError(f"unknown --objective {objective!r}: pass {', '.join(others)} or {last}")
+    TEACHERS[objective](given, device)
+
+
+def _task_teacher(o: dict, device: str) -> None:
     from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.train.kinds.teacher import fine_tune_teacher
 
-    use_threads(threads, "teacher")
-    if note := cpu_half_warning(precision, pick_device(device)):
-        typer.echo(note, err=True)
-    if objective == "mlm":
-        _mlm_teacher(base, out, text_file, data_file, train_limit, train_layers, epochs, lr, batch_size, max_length,
-                     seed, pick_device(device), progress, overwrite, precision)
-        return
-    if objective == "clm":
-        _clm_teacher(base, out, text_file, data_file, train_limit, epochs, lr, batch_size, max_length, seed,
-                     pick_device(device), progress, overwrite, precision)
-        return
-    if objective != "task":
-        raise ConfigError(f"unknown --objective {objective!r}: pass task, mlm or clm")
-    if not task:
+    if not o["task"]:
         raise ConfigError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
-    out = out or default_teacher_dir(task)
+    out = o["out"] or default_teacher_dir(o["task"])
     fine_tune_teacher(  # it says "teacher saved to OUT (best epoch N: dev ...)"
-        get_task(task),
-        base,
+        get_task(o["task"]),
+        o["base"],
         out,
-        data_dir=data_dir,
-        data_file=data_file,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        max_length=max_length,
-        train_limit=train_limit,
-        eval_limit=eval_limit,
-        seed=seed,
-        device=pick_device(device),
-        precision=precision,
-        overwrite=overwrite,
-        progress=progress,
+        data_dir=o["data_dir"],
+        data_file=o["data_file"],
+        epochs=o["epochs"],
+        lr=o["lr"],
+        batch_size=o["batch_size"],
+        max_length=o["max_length"],
+        train_limit=o["train_limit"],
+        eval_limit=o["eval_limit"],
+        seed=o["seed"],
+        device=device,
+        precision=o["precision"],
+        overwrite=o["overwrite"],
+        progress=o["progress"],
         log=typer.echo,
     )
 
 
-def _mlm_teacher(base, out, text_file, data_file, limit, train_layers, epochs, lr, batch_size, max_length, seed,
-                 device, progress, overwrite, precision) -> None:
+def _mlm_teacher(o: dict, device: str) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.kinds.mlm_teacher import train_mlm_teacher
 
+    out = o["out"]
     if not out:
         raise ConfigError("an MLM teacher needs --out (the folder for its BertForMaskedLM checkpoint)")
-    corpus = load_corpus(text_file, data_file, None, limit)
-    summary = train_mlm_teacher(base, corpus, out, train_layers=train_layers, epochs=epochs, lr=lr,
-                                batch_size=batch_size, max_length=max_length or 128, seed=seed, device=device,
-                                precision=precision, overwrite=overwrite, progress=progress, log=typer.echo)
+    corpus = load_corpus(o["text_file"], o["data_file"], None, o["train_limit"])
+    summary = train_mlm_teacher(o["base"], corpus, out, train_layers=o["train_layers"], epochs=o["epochs"],
+                                lr=o["lr"], batch_size=o["batch_size"], max_length=o["max_length"] or 128,
+                                seed=o["seed"], device=device, precision=o["precision"], overwrite=o["overwrite"],
+                                progress=o["progress"], log=typer.echo)
     typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
 
 
-def _clm_teacher(base, out, text_file, data_file, limit, epochs, lr, batch_size, max_length, seed, device, progress,
-                 overwrite, precision) -> None:
+def _clm_teacher(o: dict, device: str) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.kinds.clm_teacher import train_clm_teacher
 
+    out = o["out"]
     if not out:
         raise ConfigError("a causal-LM teacher needs --out (the folder for its checkpoint)")
-    corpus = load_corpus(text_file, data_file, None, limit)
-    summary = train_clm_teacher(base, corpus, out, block_size=max_length or 256, epochs=epochs, lr=lr,
-                                batch_size=batch_size, seed=seed, device=device, precision=precision,
-                                overwrite=overwrite, progress=progress, log=typer.echo)
+    corpus = load_corpus(o["text_file"], o["data_file"], None, o["train_limit"])
+    summary = train_clm_teacher(o["base"], corpus, out, block_size=o["max_length"] or 256, epochs=o["epochs"],
+                                lr=o["lr"], batch_size=o["batch_size"], seed=o["seed"], device=device,
+                                precision=o["precision"], overwrite=o["overwrite"], progress=o["progress"],
+                                log=typer.echo)
     typer.echo(f"causal-LM teacher saved to {out}: held-out {summary['dev_metrics']}")
+
+
+# --objective -> its teacher: (the options as typed, the torch device) -> None
+TEACHERS = {"task": _task_teacher, "mlm": _mlm_teacher, "clm": _clm_teacher}
 
 
 @app.command()

@@ -8,7 +8,7 @@ top-k vocabulary ids and logits and the log-sum-exp over the whole vocabulary, s
 p(id) = exp(logit - lse) for a kept id and the mass outside the top-k is 1 - sum of those.
 
 Same guarantees as a task store (hskstore.io.writer): whole shards, digests, resumable bit-identically,
-provenance in the metadata; the arrays are `hskstore.format.schema.mlm_array_specs`.
+provenance in the metadata; the arrays are `hskstore.format.mlm.array_specs`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ from tqdm.auto import tqdm
 from hskstore import __version__
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import (
-    MLM,
-    MLM_TEACHER_KEYS,
-    MLM_TOKENIZER_KEYS,
     DataRef,
     Layout,
     StoreMeta,
@@ -36,6 +33,7 @@ from hskstore.format.meta import (
     TeacherRef,
     TokenizerRef,
 )
+from hskstore.format.mlm import MLM, MLM_TEACHER_KEYS, MLM_TOKENIZER_KEYS
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, _read_table
