@@ -251,7 +251,6 @@ def _dump_task(o: dict, sharing: dict) -> None:
                 label_column=o["label_column"],
                 text_columns=o["text_columns"].split(",") if o["text_columns"] else None)
     _run_task_dump(task, options, teacher, out, o["workers"], o["scheduler"], o["threads"], data)
-    typer.echo(f"done: {out} (see `hsk info {out}`)")
 
 
 def _task_teacher(task: str, teacher: str | None) -> str:
