@@ -10,7 +10,7 @@ written through them are byte-identical. numpy-free and torch-free.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .config import PRECISION
@@ -195,9 +195,11 @@ class TokenizerRef(_NamedRecord):
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
 
-# StoreMeta fields after the description, as the writer adds them (hskstore.io.writer)
-_BOOKKEEPING = ("compute", "sharing", "derived_from", "format_version", "complete", "identity", "created",
-                "software_version", "inputs_hash", "checksums", "stored_bytes", "data_origin", "upgraded", "manifest")
+# StoreMeta fields after the description, in the order the writer adds them (hskstore.io.writer): what the dump
+# records (compute, sharing), then creation, then what finalize and `hsk upgrade` record; the manifest is last.
+MANIFEST = "manifest"
+_BOOKKEEPING = ("compute", "sharing", "derived_from", "format_version", "complete", "identity", "software_version",
+                "created", "checksums", "inputs_hash", "stored_bytes", "data_origin", "upgraded", MANIFEST)
 _DESCRIPTION = ("objective", "task", "dataset", "teacher", "tokenizer", "max_length", "selection", "layout")
 
 
@@ -244,7 +246,7 @@ class StoreMeta:
             format_version=meta.get("format_version"), complete=bool(meta.get("complete")),
             identity=meta.get("identity"), created=meta.get("created"),
             software_version=meta.get("software_version"), inputs_hash=meta.get("inputs_hash"),
-            manifest=meta.get("manifest"), stored_bytes=meta.get("stored_bytes"),
+            manifest=meta.get(MANIFEST), stored_bytes=meta.get("stored_bytes"),
             checksums=meta.get("checksums") or {}, derived_from=meta.get("derived_from"),
             sharing=meta.get("sharing"), compute=meta.get("compute"), data_origin=meta.get("data_origin"),
             upgraded=meta.get("upgraded"), raw=meta,
@@ -256,8 +258,21 @@ class StoreMeta:
         than `task`), then the bookkeeping fields that are set, in the writer's order."""
         values = self._described()
         values.update(self._bookkeeping())
-        order = list(self.raw) or [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values]
-        return {name: values[name] if name in values else self.raw[name] for name in order}
+        return {name: values[name] if name in values else self.raw[name] for name in self._order(values)}
+
+    def _order(self, values: Mapping[str, Any]) -> list[str]:
+        """The keys as read, then those set since in the writer's order; the manifest, which covers the rest, stays
+        last when a key is added (an unchanged record keeps its keys exactly as read)."""
+        added = [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values and name not in self.raw]
+        if not added:
+            return list(self.raw)
+        kept = [name for name in self.raw if name != MANIFEST]
+        return kept + [name for name in added if name != MANIFEST] + [MANIFEST] * (MANIFEST in values)
+
+    def updated(self, **changes: Any) -> StoreMeta:
+        """The record with these fields changed (the writer's bookkeeping), parsed back from the dict it now
+        serialises to: `raw` stays the serialised form, keys of a newer hsk and their order kept."""
+        return StoreMeta.parse(replace(self, **changes).to_dict())
 
     def _described(self) -> dict:
         values = {"task": self.task.to_dict(), "dataset": self.dataset.to_dict(), "teacher": self.teacher.to_dict(),
@@ -268,10 +283,12 @@ class StoreMeta:
         return values
 
     def _bookkeeping(self) -> dict:
-        """The bookkeeping fields that are set (or that the record read had, even empty)."""
+        """The bookkeeping fields that are set (or that the record read had, even empty). `complete` is recorded,
+        False too, once a writer has given the record its format version."""
         values = {name: getattr(self, name) for name in _BOOKKEEPING}
+        recorded = set(self.raw) | ({"complete"} if self.format_version is not None else set())
         return {name: dict(value) if isinstance(value, Mapping) else value for name, value in values.items()
-                if value not in (None, {}, False) or name in self.raw}
+                if value not in (None, {}, False) or name in recorded}
 
     @property
     def inputs(self) -> str | None:

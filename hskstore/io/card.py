@@ -17,7 +17,7 @@ import re
 
 import zarr
 
-from ..format.meta import objective_of
+from ..format.meta import StoreMeta
 from .zarr_adapter import get_bytes, set_bytes
 
 CARD_NAME = "README.md"
@@ -72,50 +72,50 @@ def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -
     `at` (what the store keeps, in a few words) and `category` (its Hugging Face task category) are its
     kind's: hskstore.io.reader's store classes give them (`card_headline`).
     """
-    task, teacher, tokenizer = meta["task"], meta["teacher"], meta["tokenizer"]
-    selection = {k: v for k, v in meta["selection"].items() if k != "deviations"}
-    rows = meta["layout"]["n_rows"]
+    record = StoreMeta.parse(meta)
+    task, teacher, tokenizer = record.task, record.teacher, record.tokenizer
+    selection = {k: v for k, v in record.selection.items() if k != "deviations"}
+    rows = record.layout.n_rows
     fields = {
-        "pretty_name": f"hsk store: {task['name']}/{task['split']} at {at}",
+        "pretty_name": f"hsk store: {task.name}/{task.split} at {at}",
         "task_categories": [category],
-        "objective": objective_of(meta),
+        "objective": record.objective,
         "tags": ["knowledge-distillation", "hidden-state-knowledge", "hsk", "zarr"],
-        "task": task["name"],
-        "split": task["split"],
+        "task": task.name,
+        "split": task.split,
         "rows": rows,
-        "label_names": task.get("labels"),
-        "regression": task.get("regression"),
-        "metric": task.get("metric"),
-        "dataset": {"source": meta["dataset"].get("source"), "fingerprint": meta["dataset"].get("fingerprint")},
+        "label_names": task.labels,
+        "regression": meta["task"].get("regression"),  # as recorded: a store may lack it (TaskRef reads False)
+        "metric": task.metric,
+        "dataset": {"source": record.dataset.source, "fingerprint": record.dataset.fingerprint},
         "teacher": {
-            "id": teacher["name"],
-            "revision": teacher.get("revision"),
-            "weights_hash": teacher.get("weights_hash"),
-            "architecture": teacher.get("architecture"),
-            "num_layers": teacher.get("num_layers"),
-            "hidden_size": teacher.get("hidden_size"),
+            "id": teacher.name,
+            "revision": teacher.revision,
+            "weights_hash": teacher.weights_hash,
+            "architecture": teacher.architecture,
+            "num_layers": teacher.num_layers,
+            "hidden_size": teacher.hidden_size,
             # recorded since the [CLS] rows of other architectures are read (older cards stay as they were)
-            **{k: teacher[k] for k in ("model_type", "scores") if k in teacher},
+            **{k: teacher.record[k] for k in ("model_type", "scores") if k in teacher.record},
             # recorded only when not fp32 (hskstore.format.meta.TeacherRef): fp32 stores keep their cards
-            **({"precision": teacher["precision"]} if teacher.get("precision") else {}),
+            **({"precision": teacher.precision} if teacher.precision else {}),
         },
-        "tokenizer": {"id": tokenizer["name"], "vocab_hash": tokenizer.get("vocab_hash"),
-                      "vocab_size": tokenizer.get("vocab_size")},
-        "max_length": meta.get("max_length"),
+        "tokenizer": {"id": tokenizer.name, "vocab_hash": tokenizer.vocab_hash, "vocab_size": tokenizer.vocab_size},
+        "max_length": record.max_length,
         "config": selection.get("config"),
         "value_dtype": selection.get("value_dtype"),
         "strategies": selection,
-        "deviations": sorted(meta["selection"].get("deviations") or {}),
-        "layout": meta["layout"],
+        "deviations": sorted(record.selection.get("deviations") or {}),
+        "layout": meta["layout"],  # as recorded, key for key
         "bytes": stored_bytes,
         "bytes_per_example": round(stored_bytes / rows, 1) if stored_bytes is not None and rows else None,
-        "created": meta.get("created"),
-        "hsk_version": meta.get("software_version"),
-        "format_version": meta.get("format_version"),
-        "identity": meta.get("identity"),
+        "created": record.created,
+        "hsk_version": record.software_version,
+        "format_version": record.format_version,
+        "identity": record.identity,
     }
-    if meta.get("derived_from"):
-        source = meta["derived_from"]
+    if record.derived_from:
+        source = record.derived_from
         fields["derived_from"] = {"url": source.get("url"), "config": source.get("config"),
                                   "identity": source.get("identity")}
     return fields

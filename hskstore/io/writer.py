@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ from ..errors import CorruptStoreError, StoreExistsError, shown
 from ..format import kinds
 from ..format.digest import array_checksum, shard_digest
 from ..format.manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, identity, list_arrays
+from ..format.meta import StoreMeta
 from ..format.schema import (
     DIGEST_BYTES,
     DIMENSIONS_SINCE,
@@ -46,8 +47,6 @@ from ..format.schema import (
     PROGRESS_DIGESTS,
     PROGRESS_DONE,
     array_specs,
-    n_shards,
-    shard_bounds,
 )
 from ..format.shard_codec import ShardLayout
 from .array_meta import described_manifest, write_described
@@ -76,6 +75,17 @@ FAULT_EXIT = 86  # what outputs.fault exits with
 
 
 _fault = fault  # the hook lives with the output rule, whose swap has a fault point of its own
+
+
+def as_store_meta(meta: StoreMeta | Mapping) -> StoreMeta:
+    """The typed record a writer works on: a StoreMeta as given, or a metadata dict parsed once (tests, benchmarks
+    and the conformance generator hand the dict over); its `raw` the dict it serialises to."""
+    return StoreMeta.parse(meta.to_dict() if isinstance(meta, StoreMeta) else dict(meta))
+
+
+def _wanted(meta: StoreMeta | Mapping) -> StoreMeta:
+    """What the store is to record before its creation bookkeeping: this format, not complete (as compared)."""
+    return as_store_meta(meta).updated(format_version=FORMAT_VERSION, complete=False)
 
 
 def _read_meta(url: str) -> dict | None:
@@ -228,8 +238,9 @@ def _clear_structure(url: str) -> None:
     remove_partials(url)
 
 
-def _create_structure(url: str, meta: dict) -> None:
+def _create_structure(url: str, record: StoreMeta) -> None:
     """Write the group (hsk attributes in the same write) and every array; keeps the writer lease."""
+    meta = record.to_dict()
     group = zarr.create_group(zarr_location(url, "w-"), attributes={META_KEY: meta}, zarr_format=3)
     _fault("after-group-created")
     specs = array_specs(meta)
@@ -237,7 +248,7 @@ def _create_structure(url: str, meta: dict) -> None:
         spec.create(group)
         if i == 0:
             _fault("after-array-created")
-    shards = n_shards(meta)
+    shards = record.layout.n_shards
     dims, attrs = PROGRESS_DESCRIBED[PROGRESS_DONE]
     group.create_array(PROGRESS_DONE, shape=(shards,), dtype="uint8", chunks=(1,), fill_value=0, overwrite=True,
                        dimension_names=dims, attributes=attrs)
@@ -270,11 +281,11 @@ class StoreWriter:
     `writing()` closes the writers it yields; code that makes its own closes them itself.
     """
 
-    def __init__(self, url: str, meta: dict, io_threads: int = 8):
+    def __init__(self, url: str, meta: StoreMeta | Mapping, io_threads: int = 8):
         self.url = url
-        self.meta = meta
+        self.metadata = as_store_meta(meta)
         self.group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
-        self.specs = array_specs(meta)
+        self.specs = array_specs(self.meta)
         self._arrays = {spec.name: self.group[spec.name] for spec in self.specs}
         # Whole shards are encoded here and stored as one object each, past zarr's per-chunk pipeline
         # (same bytes: hskstore/format/shard_codec.py); an array laid out otherwise is written through zarr.
@@ -287,6 +298,11 @@ class StoreWriter:
 
     def __enter__(self) -> StoreWriter:
         return self
+
+    @property
+    def meta(self) -> dict:
+        """The metadata's serialised form (what zarr.json records), for code that takes the dict."""
+        return self.metadata.to_dict()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -304,7 +320,7 @@ class StoreWriter:
 
     @classmethod
     def open(
-        cls, url: str, meta: dict, *, overwrite: bool = False, software_version: str = "", log=None
+        cls, url: str, meta: StoreMeta | Mapping, *, overwrite: bool = False, software_version: str = "", log=None
     ) -> StoreWriter:
         """Start a new store at url, resume the interrupted dump of the same store there, or open the
         complete store of the same identity (`complete` is then True and nothing is left to write).
@@ -314,23 +330,22 @@ class StoreWriter:
         """
         refuse_bundle_output(url)  # bundles are read-only, made by `hsk pack`
         claim_output(url, STORE, overwrite=overwrite)  # refuses anything that is not an hsk store
-        meta = dict(meta)
-        meta.update(format_version=FORMAT_VERSION, complete=False)
+        record = _wanted(meta)
         existing = None if overwrite else _read_meta(url)
         if existing is not None:
-            found = cls._open_existing(url, existing, meta, log)
+            found = cls._open_existing(url, existing, record.to_dict(), log)
             if found is not None:
                 return found
             # Creation was cut short (no shard written): start the structure again.
-        meta.update(
-            identity=identity(meta),
+        record = record.updated(
+            identity=identity(record.to_dict()),
             software_version=software_version,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )
         if output_kind(url) is not None:
             _clear_structure(url)
-        _create_structure(url, meta)
-        return cls(url, meta)
+        _create_structure(url, record)
+        return cls(url, record)
 
     @classmethod
     def _open_existing(cls, url: str, existing: dict, meta: dict, log) -> StoreWriter | None:
@@ -353,20 +368,20 @@ class StoreWriter:
 
     @property
     def complete(self) -> bool:
-        return bool(self.meta.get("complete"))
+        return self.metadata.complete
 
     def repair_card(self, log=None) -> tuple[str, ...]:
         """Write what is rendered from the metadata of a complete store that lacks it (a writer killed between
         its metadata and its card or croissant.json); the names of the files written."""
-        names = [spec.name for spec in self.specs]
+        names, meta = [spec.name for spec in self.specs], self.meta
         restored = []
         if read_card(self.group) is None:
-            write_store_card(self.group, self.meta, names, self.url)
+            write_store_card(self.group, meta, names, self.url)
             restored.append(CARD_NAME)
             if log is not None:
                 log(f"restored the card {CARD_NAME} of {self.url} (derived from its metadata)")
         if read_croissant(self.group) is None:
-            write_croissant(self.group, self.meta, names, self.url)
+            write_croissant(self.group, meta, names, self.url)
             restored.append(CROISSANT_NAME)
             if log is not None:
                 log(f"restored {CROISSANT_NAME} of {self.url} (derived from its metadata)")
@@ -374,10 +389,10 @@ class StoreWriter:
 
     @property
     def n_shards(self) -> int:
-        return n_shards(self.meta)
+        return self.metadata.layout.n_shards
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
-        return shard_bounds(self.meta, shard)
+        return self.metadata.layout.shard_bounds(shard)
 
     def done_shards(self) -> np.ndarray:
         return self.group[PROGRESS_DONE][:].astype(bool)
@@ -415,8 +430,9 @@ class StoreWriter:
         self.group[PROGRESS_DONE][shard] = 1
         _fault("after-shard-written")
 
-    def finalize(self, extra: dict | None = None) -> dict:
-        """Mark the store complete with per-array checksums and the manifest; every shard must be done."""
+    def finalize(self) -> StoreMeta:
+        """Mark the store complete with per-array checksums and the manifest; every shard must be done.
+        Returns the metadata recorded."""
         if self.lease is not None:
             self.lease.check()
         pending = self.pending_shards()
@@ -428,40 +444,39 @@ class StoreWriter:
         checksums = {
             spec.name: array_checksum([bytes(d) for d in digests[:, i]]) for i, spec in enumerate(self.specs)
         }
-        meta = dict(self.meta)
-        meta.update(extra or {})
-        meta["checksums"] = checksums
-        # what identifies the inputs: the checksums of the token arrays its kind names
-        meta["inputs_hash"] = array_checksum(
-            [checksums[name].encode() for name in kinds.kind_of(meta).inputs if name in checksums]
+        record = self.metadata.updated(
+            checksums=checksums,
+            # what identifies the inputs: the checksums of the token arrays its kind names
+            inputs_hash=array_checksum(
+                [checksums[name].encode() for name in kinds.kind_of(self.meta).inputs if name in checksums]
+            ),
+            complete=True,
+            # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card
+            stored_bytes=stored_bytes(self.group, [spec.name for spec in self.specs]),
+            # lineage: the data file's sha256 (or hub id); derived stores inherit theirs
+            data_origin=self.metadata.data_origin or data_origin(self.metadata.dataset.source),
         )
-        meta["complete"] = True
-        # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card
-        meta["stored_bytes"] = stored_bytes(self.group, [spec.name for spec in self.specs])
-        if "data_origin" not in meta:  # lineage: the data file's sha256 (or hub id); derived stores inherit it
-            meta["data_origin"] = data_origin((meta.get("dataset") or {}).get("source", ""))
-        meta.pop(MANIFEST_KEY, None)
-        meta[MANIFEST_KEY] = compute_manifest(meta, list_arrays(self.group))
+        record = record.updated(manifest=compute_manifest(record.to_dict(), list_arrays(self.group)))
+        meta = record.to_dict()
         self.group.attrs[META_KEY] = meta
-        self.meta = meta
+        self.metadata = record
         write_store_card(self.group, meta, [spec.name for spec in self.specs], self.url)  # README.md at the root
         write_croissant(self.group, meta, [spec.name for spec in self.specs], self.url)  # croissant.json beside it
-        return meta
+        return record
 
 
-def _refuse_before_lease(url: str, meta: dict, status: str) -> None:
+def _refuse_before_lease(url: str, meta: StoreMeta | Mapping, status: str) -> None:
     """A rerun that would be refused as another store is refused before the lease is taken: taking over a dead
     writer's lease, then releasing it, would delete its lease file (StoreWriter.open asks again under the lease)."""
     existing = _read_meta(url) if status == "resume" else None
-    wanted = dict(meta, format_version=FORMAT_VERSION, complete=False)  # as StoreWriter.open compares it
-    refusal = _existing_refusal(url, existing, wanted) if existing is not None else None
+    refusal = _existing_refusal(url, existing, _wanted(meta).to_dict()) if existing is not None else None
     if refusal:
         raise StoreExistsError(refusal)
 
 
 @contextmanager
 def writing(
-    url: str, meta: dict, *, overwrite: bool = False, software_version: str = "", log=None
+    url: str, meta: StoreMeta | Mapping, *, overwrite: bool = False, software_version: str = "", log=None
 ) -> Iterator[StoreWriter]:
     """The writer of the store at url, under the output rule and the writer lease.
 
@@ -564,29 +579,31 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
 def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
     finished = _finish_cut_short(url)
     store = HSKStore(url, allow_unverified=True)
-    version = store.meta["format_version"]
+    version = store.metadata.format_version
     if finished is not None:  # the card and croissant.json still describe the store as it was
         _render(store)
         return Upgrade(url, finished, store.content_address, changed=True)
     if store.content_address is not None and version >= DIMENSIONS_SINCE:  # nothing left but what is rendered
-        restored = StoreWriter(url, store.meta).repair_card()
+        restored = StoreWriter(url, store.metadata).repair_card()
         return Upgrade(url, version, store.content_address, changed=False, restored=restored)
     problems = store.verify()
     if problems:
         raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
-    meta = dict(store.meta, format_version=FORMAT_VERSION)
-    meta["upgraded"] = {"from_version": version, "software_version": software_version,
-                        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    meta.pop(MANIFEST_KEY, None)
+    record = store.metadata.updated(
+        format_version=FORMAT_VERSION,
+        upgraded={"from_version": version, "software_version": software_version,
+                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+    )
     group = zarr.open_group(zarr_location(url, "r+"), mode="r+")
-    meta[MANIFEST_KEY] = described_manifest(meta, group)
+    record = record.updated(manifest=described_manifest(record.to_dict(), group))
+    meta = record.to_dict()
     lease.check()
     group.attrs[META_KEY] = meta
     # A kill here leaves the arrays' zarr.json, the card and croissant.json to the rerun (_finish_cut_short).
     _fault("upgrade-after-metadata")
     write_described(group, meta)
     _render(HSKStore(url))
-    return Upgrade(url, version, meta[MANIFEST_KEY], changed=True)
+    return Upgrade(url, version, record.manifest, changed=True)
 
 
 def _render(store: HSKStore) -> None:

@@ -37,6 +37,7 @@ from ..errors import CorruptStoreError, StoreExistsError
 from ..format import codec
 from ..format.config import VALUES, ConfigError, HSKConfig, Selection, check_choices
 from ..format.digest import array_checksum
+from ..format.meta import StoreMeta
 from ..format.schema import PROGRESS_DIGESTS, attention_row_layers, layer_names
 from ..io.outputs import STORE, claim_output
 from ..io.reader import HSKStore, open_store
@@ -277,28 +278,29 @@ def derive(
     _check_source_checksums(source)
     plan = plan_derive(source, config, value_dtype, attention_rows)
 
-    src_meta = source.meta
-    meta = {k: v for k, v in src_meta.items() if k not in _SOURCE_ONLY}
+    src_meta = source.metadata
+    meta = {k: v for k, v in source.meta.items() if k not in _SOURCE_ONLY}
     meta["selection"] = plan.selection.to_dict()
     # Same shard rows: source shard i becomes output shard i, so a resume knows what is left.
-    meta["layout"] = dict(src_meta["layout"], n_width=plan.new_width)
+    meta["layout"] = dataclasses.replace(src_meta.layout, n_width=plan.new_width).to_dict()
     derived_from = {
         "url": source.url,
-        "identity": src_meta["identity"],
+        "identity": src_meta.identity,
         "config": str(source.config),
         "value_dtype": source.selection.value_dtype,
-        "created": src_meta.get("created"),
-        "checksums": src_meta["checksums"],
+        "created": src_meta.created,
+        "checksums": dict(src_meta.checksums),
         "content_address": source.content_address,
         # lineage: what was asked of the derive (attention_rows None: the source's rows kept when it has them)
         "options": {"config": str(config), "value_dtype": value_dtype, "attention_rows": attention_rows},
     }
-    if src_meta.get("derived_from"):
-        derived_from["derived_from"] = src_meta["derived_from"]  # keep the chain back to the dump
+    if src_meta.derived_from:
+        derived_from["derived_from"] = src_meta.derived_from  # keep the chain back to the dump
     meta["derived_from"] = derived_from
 
-    with writing(out_url, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
-        recorded = writer.meta.get("derived_from") or {}
+    with writing(out_url, StoreMeta.parse(meta), overwrite=overwrite, software_version=__version__,
+                 log=log) as writer:
+        recorded = writer.metadata.derived_from or {}
         same_source = (recorded.get("identity"), recorded.get("checksums")) == (
             derived_from["identity"], derived_from["checksums"])
         if not same_source:
@@ -319,4 +321,4 @@ def derive(
         for shard in progress(pending) if progress is not None else pending:
             data = source.read_shard(shard, verify=True, names=names)  # a corrupt shard is refused unwritten
             writer.write_shard(shard, derive_shard(data, plan))
-        return writer.finalize()
+        return writer.finalize().to_dict()

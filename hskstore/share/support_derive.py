@@ -14,6 +14,7 @@ Kept positions stay as they are (choosing fewer needs the teacher's entropy, whi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .. import __version__, codecs
 from ..errors import StoreExistsError
 from ..format.clm import ClmSelection, Support, decode_support, encode_support
 from ..format.config import ConfigError
+from ..format.meta import StoreMeta
 from ..io.writer import writing
 from .derive import _check_source_checksums, _same_location
 
@@ -84,17 +86,18 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
     new = src.derived(Support.parse(support), logprob_codec)
     _check_codec(src, new)
     _check_source_checksums(source)
+    recorded = source.metadata
     meta = {k: v for k, v in source.meta.items() if k not in _SOURCE_ONLY}
     meta["selection"] = new.to_dict()
-    meta["layout"] = dict(source.meta["layout"], n_width=new.slots)
-    meta["derived_from"] = {"url": source.url, "identity": source.meta["identity"],
+    meta["layout"] = replace(recorded.layout, n_width=new.slots).to_dict()
+    meta["derived_from"] = {"url": source.url, "identity": recorded.identity,
                             "config": str(src.described), "logprob_codec": src.logprob_codec,
-                            "created": source.meta.get("created"), "checksums": source.meta["checksums"],
+                            "created": recorded.created, "checksums": dict(recorded.checksums),
                             "content_address": source.content_address,
                             "options": {"support": support, "logprob_codec": logprob_codec}}
-    if source.meta.get("derived_from"):
-        meta["derived_from"]["derived_from"] = source.meta["derived_from"]  # the chain back to the dump
-    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+    if recorded.derived_from:
+        meta["derived_from"]["derived_from"] = recorded.derived_from  # the chain back to the dump
+    with writing(out, StoreMeta.parse(meta), overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             if log is not None:
                 log(f"{out} is already complete, nothing to do")
@@ -104,4 +107,4 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
             data = source.read_shard(shard, verify=True)
             rows = np.arange(*source.shard_bounds(shard), dtype=np.int64)
             writer.write_shard(shard, derive_shard(data, src, new, rows, group, width))
-        return writer.finalize()
+        return writer.finalize().to_dict()

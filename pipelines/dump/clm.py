@@ -234,7 +234,7 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
                              f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
-    meta = {**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)}
+    meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
@@ -267,7 +267,7 @@ def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray,
     finally:
         if writes:
             writes.close()
-    meta = writer.finalize()
+    meta = writer.finalize().to_dict()
     tokens = int(lengths.sum())
     log(f"wrote {len(pending)} shards ({tokens} tokens, support {sel.described}) in "
         f"{time.perf_counter() - started:.1f}s to {out}")

@@ -78,7 +78,7 @@ class ShardJob:
     """One shard to compute and write: everything a worker needs, nothing it must load but the teacher."""
 
     url: str
-    meta: dict
+    meta: StoreMeta
     shard: int
     texts: tuple[list[str], ...]
     rows: np.ndarray
@@ -124,8 +124,8 @@ def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
     return _TEACHERS[spec]
 
 
-def _writer(url: str, meta: dict) -> StoreWriter:
-    key = (url, StoreMeta.parse(meta).identity)
+def _writer(url: str, meta: StoreMeta) -> StoreWriter:
+    key = (url, meta.identity)
     if key not in _WRITERS:
         for old in _WRITERS.values():
             old.close()
@@ -137,7 +137,7 @@ def _writer(url: str, meta: dict) -> StoreWriter:
 def dump_shard(job: ShardJob) -> tuple[int, int]:
     """Worker task: compute and write one whole shard; returns (shard, rows)."""
     probe, tokenizer, device = _teacher(job.teacher)
-    meta = StoreMeta.parse(job.meta)
+    meta = job.meta
     selection = Selection.from_dict(meta.selection)
     enc = encode(tokenizer, job.texts, job.max_length)
     computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
@@ -202,7 +202,7 @@ def _jobs(plan, writer: StoreWriter, pending: list[int], url: str, teacher: Teac
     for shard in pending:
         start, stop = writer.shard_bounds(shard)
         yield ShardJob(
-            url=url, meta=writer.meta, shard=shard, texts=tuple(col[start:stop] for col in examples.texts),
+            url=url, meta=writer.metadata, shard=shard, texts=tuple(col[start:stop] for col in examples.texts),
             rows=examples.rows[start:stop], text_hash=hashes[start:stop], label=examples.labels[start:stop],
             max_length=plan.max_length, batch_size=options.batch_size, teacher=teacher,
             selection_engine=options.selection_engine,
@@ -214,7 +214,7 @@ def _run_jobs(client, jobs: list[ShardJob], progress: bool, desc: str) -> None:
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
-    identity = StoreMeta.parse(jobs[0].meta).identity if jobs else ""  # one store: one identity
+    identity = jobs[0].meta.identity if jobs else ""  # one store: one identity
     futures = [client.submit(dump_shard, job, key=f"hsk-dump-shard-{job.shard}-{identity[7:19]}", pure=False)
                for job in jobs]
     bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress or None)
@@ -265,7 +265,7 @@ def dump_distributed(
     plan = plan_dump(task_name, options, teacher=teacher, out=out, device="cpu", **data)  # driver: no GPU
     plan.model = None  # the workers load their own
     local = "://" not in teacher and os.path.isdir(teacher)  # workers may run in another folder
-    weights_hash = StoreMeta.parse(plan.meta).teacher.weights_hash
+    weights_hash = plan.meta.teacher.weights_hash
     spec = TeacherSpec(
         name=os.path.abspath(teacher) if local else teacher, weights_hash=weights_hash,
         ranking_layers=tuple(plan.selection.ranking_layers),
@@ -274,8 +274,9 @@ def dump_distributed(
         torch_threads=threads_per_worker or (max(1, (os.cpu_count() or 1) // workers) if workers else None),
     )
     # What the bytes depend on is the workers' device and threads (None: a running cluster's own setting).
-    plan.meta["compute"] = dict(compute_record(options.batch_size, options.device, spec.torch_threads),
-                                **({} if spec.torch_threads else {"torch_threads": None}))
+    compute = dict(compute_record(options.batch_size, options.device, spec.torch_threads),
+                   **({} if spec.torch_threads else {"torch_threads": None}))
+    plan.meta = plan.meta.updated(compute=compute)
     # The driver is the store's one writer (the lease, issue 14) for the whole dump; workers write
     # through plain StoreWriter(url, meta) objects, which take no lease, into writer.url (with
     # --overwrite a hidden staged sibling, swapped in when this block ends).
@@ -292,7 +293,7 @@ def dump_distributed(
                 _run_jobs(client, list(_jobs(plan, writer, pending, url, spec, options)), options.progress,
                           f"dump {plan.task.name}/{plan.split}")
                 seconds = time.perf_counter() - started
-        result = DumpResult(writer.finalize(), rows, seconds)
+        result = DumpResult(writer.finalize().to_dict(), rows, seconds)
     if rows:
         log(f"wrote {rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.0f} ex/s) to {out}")
     return result

@@ -249,8 +249,8 @@ def dump_mlm(
     model = load_mlm_teacher(teacher, device)
     if not 1 <= top_k <= model.config.vocab_size:
         raise ConfigError(f"--top-k {top_k} must be in 1..{model.config.vocab_size} (the teacher's vocabulary)")
-    meta = mlm_metadata(corpus, teacher, model, tokenizer, masking, max_length, top_k, shard_rows)
-    meta.update(extra_meta or {})
+    meta = StoreMeta.parse({**mlm_metadata(corpus, teacher, model, tokenizer, masking, max_length, top_k, shard_rows),
+                            **(extra_meta or {})})
     # The same output rule, writer lease and staged --overwrite as every store (hskstore/io/writer.py).
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
@@ -274,6 +274,6 @@ def _write_mlm_shards(writer: StoreWriter, out: str, corpus: Examples, model, to
         arrays.update(row=corpus.rows[start:stop], text_hash=hashes[start:stop], token_type_ids=enc["token_type_ids"],
                       length=enc["length"])
         writer.write_shard(shard, arrays)
-    meta = writer.finalize()
+    meta = writer.finalize().to_dict()
     log(f"wrote {len(pending)} shards in {time.perf_counter() - started:.1f}s to {out}")
     return meta

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from hskstore.errors import UserError
+from hskstore.format.meta import StoreMeta
 from hskstore.io.writer import StoreWriter
 from pipelines.core.tokenize import encode
 
@@ -112,7 +113,8 @@ class ShardWrites:
         if processes:
             # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
             self._pool = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_open_writer, initargs=(writer.url, writer.meta, os.getpid()))
+                                             initializer=_open_writer,
+                                             initargs=(writer.url, writer.metadata, os.getpid()))
             self._write = _write_in_process
         else:
             self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="hsk-shard")
@@ -166,7 +168,7 @@ def _one_line_if_a_process_died():
 _PROCESS_WRITER: list[StoreWriter] = []  # a write process's own writer, opened once by `_open_writer`
 
 
-def _open_writer(url: str, meta: dict, parent: int) -> None:
+def _open_writer(url: str, meta: StoreMeta, parent: int) -> None:
     """A write process's initializer: its StoreWriter on the dump's store (no lease: the dump holds it)."""
     _follow_parent(parent)
     _PROCESS_WRITER.append(StoreWriter(url, meta))

@@ -245,7 +245,7 @@ def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqReques
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids beyond the model's vocabulary of "
                              f"{sel.vocab_size}: pass a teacher saved with its own tokenizer")
     meta = seq2seq_metadata(pairs, teacher, model, tokenizer, sel, request.shard_rows, precision)
-    meta = {**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)}
+    meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
@@ -264,7 +264,7 @@ def _write_shards(writer: StoreWriter, out: str, model: Any, pairs: dict[str, np
         rows = np.arange(*writer.shard_bounds(shard), dtype=np.int64)
         writer.write_shard(shard, compute_seq2seq_shard(model, pairs, rows, sel, request.batch_size, device,
                                                         precision))
-    meta = writer.finalize()
+    meta = writer.finalize().to_dict()
     log(f"wrote {len(pending)} shards ({len(pairs['source_ids'])} pairs in the store) "
         f"in {time.perf_counter() - started:.1f}s to {out}")
     return meta

@@ -401,7 +401,7 @@ class DumpPlan:
     tokenizer: object
     selection: Selection
     max_length: int
-    meta: dict
+    meta: StoreMeta  # what the writer is handed (the dump's description, its extra records and `compute`)
     precision: str = FP32  # resolved: what the teacher's forward runs in
 
 
@@ -458,7 +458,8 @@ def plan_dump(
         task, split, examples, teacher, model, tokenizer, selection, max_length, options.shard_rows, identity,
         precision,
     )
-    meta = {**meta, **options.extra_meta, "compute": compute_record(options.batch_size, options.device)}
+    compute = compute_record(options.batch_size, options.device)
+    meta = StoreMeta.parse({**meta, **options.extra_meta, "compute": compute})
     return DumpPlan(task, split, examples, model, tokenizer, selection, max_length, meta, precision)
 
 
@@ -571,7 +572,7 @@ def _write_pending(
         tokenizing.shutdown(wait=True, cancel_futures=True)
         probe.close()
         bar.close()
-    result = DumpResult(writer.finalize(), todo_rows, time.perf_counter() - started)
+    result = DumpResult(writer.finalize().to_dict(), todo_rows, time.perf_counter() - started)
     if todo_rows:
         log(
             f"wrote {todo_rows} examples in {result.seconds:.1f}s ({result.examples_per_s:.0f} ex/s) to {out}"
