@@ -217,30 +217,11 @@ def _dump_task(o: dict, sharing: dict) -> None:
     from pipelines.core.tasks import get_task
     from pipelines.dump.stage import DumpOptions
 
-    options = DumpOptions(
-        config=parsed,
-        ref_student_layers=o["student_layers"],
-        l_top=o["l_top"],
-        layers=o["layers"],
-        token_strategy=o["tokens"],
-        ranking_map=o["ranking"],
-        attention_scores=o["scores"],
-        width_strategy=o["width"],
-        width_seed=o["width_seed"],
-        value_dtype=o["values"],
-        attention_rows=o["attention_rows"],
-        max_length=o["max_length"],
-        batch_size=o["batch_size"],
-        shard_rows=o["shard_rows"],
-        device=_pick_device(o),
-        selection_engine=o["selection_engine"],
-        precision=o["precision"],
-        overwrite=o["overwrite"],
-        progress=o["progress"],
-        allow_task_mismatch=o["allow_task_mismatch"],
-        write_processes=o["write_processes"],
-        extra_meta=sharing,
-    )
+    # the declared flags (--tokens, --width, ...) by their declarations; the rest by name
+    options = DumpOptions.from_flags(
+        o, config=parsed, layers=o["layers"], attention_rows=o["attention_rows"], device=_pick_device(o),
+        overwrite=o["overwrite"], progress=o["progress"], allow_task_mismatch=o["allow_task_mismatch"],
+        write_processes=o["write_processes"], extra_meta=sharing)
     options.validate()  # before anything else: a bad value never costs a loaded teacher or a store
     if note := cpu_half_warning(o["precision"], options.device):
         typer.echo(note, err=True)

@@ -192,8 +192,9 @@ def train(
     online_mode = bool(teacher) and not store
     online = None
     if online_mode and parsed is not None:
-        online = DumpOptions(config=parsed, shard_rows=shard_rows, ref_student_layers=student_layers,
-                             l_top=l_top, layers=explicit, token_strategy=tokens, attention_rows=attention_rows)
+        online = DumpOptions.from_flags(dict(shard_rows=shard_rows, student_layers=student_layers, l_top=l_top,
+                                             tokens=tokens), config=parsed, layers=explicit,
+                                        attention_rows=attention_rows)
     used = use_threads(threads, "train")
     on_cpu = pick_device(device).split(":")[0] == "cpu"  # only there do a step's bits depend on the threads
     if note := cpu_half_warning(precision, pick_device(device)):

@@ -9,8 +9,10 @@ shard k (pipelines/dump/pipeline.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -126,6 +128,14 @@ class DumpOptions:
     progress: bool = True
     allow_task_mismatch: bool = False  # use a teacher whose labels say it was made for another task
     extra_meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any], **fields: Any) -> DumpOptions:
+        """The options a command's flags ask for: each declared flag (hskstore.format.config: `--tokens` is
+        `token_strategy`) found in `flags` under its parameter name (`tokens`), then `fields` as given."""
+        declared = {d.flag[2:].replace("-", "_"): d.field for d in (*DUMP_CHOICES, *DUMP_BOUNDS, STUDENT_LAYERS)}
+        chosen = {field_name: flags[name] for name, field_name in declared.items() if name in flags}
+        return cls(**chosen, **fields)
 
     def validate(self) -> None:
         """Refuse any out-of-range choice (ConfigError, one line) before anything on disk changes.
