@@ -162,6 +162,22 @@ def atomic_file(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[tuple
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file `path` (made, with its folder, when absent) while the body
+    runs, so processes sharing a folder take turns; blocks until the lock is free (`LocalLocation.locked`).
+    Without flock (not POSIX) the body runs unlocked."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a"):
+        pass
+    if os.name != "posix":  # no flock
+        yield
+        return
+    with LocalLocation(str(path)).locked():
+        yield
+
+
 def private_folder(parent: str | os.PathLike, prefix: str) -> str:
     """A new empty folder in `parent` under an unpredictable name starting with `prefix` (tempfile.mkdtemp: never
     an existing folder or a planted link), with the permissions a new folder gets."""
