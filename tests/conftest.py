@@ -158,6 +158,18 @@ def save_tiny_teacher(out: str | Path, tokenizer_dir: str | Path, *, num_layers:
     return Path(out)
 
 
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Path:
+    """The tiny teacher most tests dump from (4 layers, seed 1), saved once for the session; a test file
+    that needs another one defines its own `teacher_dir`."""
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def confident_teacher_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Path:
+    """`teacher_dir` with a scaled head (soft targets far from uniform), saved once for the session."""
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
+
 
 def stop_at_step_script(step: int, *, epochs: int, batch_size: int, max_steps: int, workers: int) -> str:
     """A Python script (argv: store, out, data_dir) that trains `kd` on bert2 and stops after step `step` with
@@ -334,6 +346,22 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
     rendered = ("zarr.json", "README.md", "croissant.json")
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
+    import hashlib
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir" if path.is_dir() else "special"
+    return out
 
 
 def corpus_lines(n: int = 300) -> list[str]:

@@ -7,7 +7,6 @@ Each case runs the real `hsk` in a new process under a timeout (a hang fails the
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_teacher
+from conftest import save_tiny_teacher, tree_hashes
 
 from pipelines.cli import main
 
@@ -39,20 +38,6 @@ def hsk(*args: str, timeout: float = 120, **extra: str) -> tuple[int, str, str]:
     """`hsk ARGS` in a new process, killed after `timeout` seconds (a hang fails the test, not the suite)."""
     proc = subprocess.run([*HSK, *args], env=env(**extra), capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir" if path.is_dir() else "special"
-    return out
 
 
 def one_line(result: tuple[int, str, str], *words: str) -> str:
