@@ -220,6 +220,16 @@ def decode_batch(batch: dict, store_layers: list, hidden_size: int, device, code
     names = _target_names(batch, store_layers)
     sent = _on_device(batch, names, device, staging)
     moved = {n: _widen(sent[n], batch[n].dtype) for n in names}
+    out = _example_targets(moved, batch)
+    for layer in store_layers:
+        name = layer if isinstance(layer, str) else layer.name
+        if f"{name}/values" in moved:
+            out.update(_layer_targets(moved, name, hidden_size, codec))
+    return out
+
+
+def _example_targets(moved: dict[str, torch.Tensor], batch: dict) -> dict[str, torch.Tensor]:
+    """The per-example tensors: input_ids, token_type_ids, attention_mask, labels and logits (those stored)."""
     out: dict[str, torch.Tensor] = {}
     for name in TRIMMED:
         if name in moved:
@@ -233,16 +243,17 @@ def decode_batch(batch: dict, store_layers: list, hidden_size: int, device, code
         out["labels"] = label.float() if label.is_floating_point() else label.long()
     if "logits" in moved:
         out["logits"] = moved["logits"].float()
-    for layer in store_layers:
-        name = layer if isinstance(layer, str) else layer.name
-        if f"{name}/values" not in moved:
-            continue
-        i = name.rsplit("/", 1)[-1]
-        positions = moved[f"{name}/positions"].long()
-        out[f"valid_{i}"] = positions >= 0
-        out[f"positions_{i}"] = positions.clamp(min=0)
-        if f"{name}/attention" in moved:  # TinyBERT rows [B, heads, N^L, T], fp16 in the store
-            out[f"attention_{i}"] = moved[f"{name}/attention"].float()
-        out[f"dense_{i}"] = dense_targets(moved[f"{name}/values"], moved[f"{name}/masks"], hidden_size,
-                                          moved.get(f"{name}/scale"), codec=codec)
+    return out
+
+
+def _layer_targets(moved: dict[str, torch.Tensor], name: str, hidden_size: int, codec: str) -> dict[str, torch.Tensor]:
+    """One kept layer's tensors, keyed by its index i (the i of "layers/i"): positions_i, valid_i, attention_i
+    (when stored) and dense_i."""
+    i = name.rsplit("/", 1)[-1]
+    positions = moved[f"{name}/positions"].long()
+    out = {f"valid_{i}": positions >= 0, f"positions_{i}": positions.clamp(min=0)}
+    if f"{name}/attention" in moved:  # TinyBERT rows [B, heads, N^L, T], fp16 in the store
+        out[f"attention_{i}"] = moved[f"{name}/attention"].float()
+    out[f"dense_{i}"] = dense_targets(moved[f"{name}/values"], moved[f"{name}/masks"], hidden_size,
+                                      moved.get(f"{name}/scale"), codec=codec)
     return out
