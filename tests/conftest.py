@@ -6,12 +6,16 @@ Heavy imports (transformers) happen inside the helpers, so tests that do not use
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 # The repo sits next to shared/: <root>/main (this repo) and <root>/shared/data/glue.
 GLUE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+REPO = Path(__file__).resolve().parents[1]
+HSK = [sys.executable, "-c", "from pipelines.cli import run; run()"]  # the `hsk` command of this checkout
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Frequent lowercase words of SST-2 reviews, plus characters and suffix pieces, so that WordPiece
@@ -346,6 +350,22 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
     rendered = ("zarr.json", "README.md", "croissant.json")
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
+
+
+def hsk_env(**extra: str | None) -> dict[str, str]:
+    """The environment of an `hsk` process a test starts: this checkout importable, the hub offline, no fault
+    injected; `extra` on top (a None value unsets the variable)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("HSK_FAULT", None)
+    env.update(extra)
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def hsk(*args: str, timeout: float = 120, **extra: str | None) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `hsk ARGS` in a new process (environment `hsk_env(**extra)`), killed after
+    `timeout` seconds: a hang fails the test, not the suite."""
+    proc = subprocess.run([*HSK, *args], env=hsk_env(**extra), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
