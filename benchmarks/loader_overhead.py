@@ -40,7 +40,8 @@ from hskstore.format import codec
 from hskstore.format.config import HSKConfig, Selection
 from hskstore.format.schema import array_specs, make_layout
 from hskstore.io.writer import StoreWriter
-from pipelines.train.data.stream import StoreStream, decode_batch
+from pipelines.train.data.decode import decode_batch
+from pipelines.train.data.stream import StoreStream
 
 D, T, VOCAB = 768, 128, 30522
 

@@ -31,7 +31,8 @@ import torch
 from hskstore import open_store
 from hskstore.format.schema import make_layout
 from hskstore.io.writer import StoreWriter
-from pipelines.train.data.stream import StoreStream, decode_batch
+from pipelines.train.data.decode import decode_batch
+from pipelines.train.data.stream import StoreStream
 
 
 def build(url: str, rows: int, shard_rows: int, config: str, chunk_rows: int | None) -> None:

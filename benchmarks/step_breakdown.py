@@ -29,7 +29,8 @@ from loader_overhead import D, build_store  # benchmarks/ is on sys.path when ru
 
 from hskstore import open_store
 from hskstore.format.digest import shard_digest
-from pipelines.train.data.stream import StoreStream, decode_batch
+from pipelines.train.data.decode import decode_batch
+from pipelines.train.data.stream import StoreStream
 
 
 def cpu(fn, repeat: int = 1) -> float:

@@ -6,12 +6,16 @@ Heavy imports (transformers) happen inside the helpers, so tests that do not use
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 # The repo sits next to shared/: <root>/main (this repo) and <root>/shared/data/glue.
 GLUE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+REPO = Path(__file__).resolve().parents[1]
+HSK = [sys.executable, "-c", "from pipelines.cli import run; run()"]  # the `hsk` command of this checkout
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Frequent lowercase words of SST-2 reviews, plus characters and suffix pieces, so that WordPiece
@@ -157,6 +161,18 @@ def save_tiny_teacher(out: str | Path, tokenizer_dir: str | Path, *, num_layers:
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return Path(out)
 
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Path:
+    """The tiny teacher most tests dump from (4 layers, seed 1), saved once for the session; a test file
+    that needs another one defines its own `teacher_dir`."""
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def confident_teacher_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Path) -> Path:
+    """`teacher_dir` with a scaled head (soft targets far from uniform), saved once for the session."""
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
 
 
 def stop_at_step_script(step: int, *, epochs: int, batch_size: int, max_steps: int, workers: int) -> str:
@@ -334,6 +350,38 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
     rendered = ("zarr.json", "README.md", "croissant.json")
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
+
+
+def hsk_env(**extra: str | None) -> dict[str, str]:
+    """The environment of an `hsk` process a test starts: this checkout importable, the hub offline, no fault
+    injected; `extra` on top (a None value unsets the variable)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("HSK_FAULT", None)
+    env.update(extra)
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def hsk(*args: str, timeout: float = 120, **extra: str | None) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `hsk ARGS` in a new process (environment `hsk_env(**extra)`), killed after
+    `timeout` seconds: a hang fails the test, not the suite."""
+    proc = subprocess.run([*HSK, *args], env=hsk_env(**extra), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
+    import hashlib
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir" if path.is_dir() else "special"
+    return out
 
 
 def corpus_lines(n: int = 300) -> list[str]:

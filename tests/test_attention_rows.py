@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny_teacher
 from transformers import BertForSequenceClassification
 
 from hskstore import ConfigError, open_store
@@ -16,11 +15,6 @@ from hskstore.share.derive import derive
 from pipelines.cli import main
 
 HEADS = 4  # the tiny teacher's
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
 def dump_cli(teacher_dir, glue_dir, out, config, *extra) -> None:

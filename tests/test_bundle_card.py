@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import save_tiny_teacher
 
 from hskstore import open_store
 from hskstore.io.card import CARD_NAME
 from hskstore.io.info import storage_report
 from pipelines.cli import main
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
 def dump_args(teacher_dir, glue_dir, out, rows=24) -> list[str]:

@@ -21,7 +21,7 @@ from hskstore.codecs.int8 import quantize_int8
 from hskstore.format import codec
 from hskstore.io.info import format_report, storage_report
 from pipelines.cli import main
-from pipelines.train.data.stream import decode_batch, dense_targets
+from pipelines.train.data.decode import decode_batch, dense_targets
 
 V1_STORE = Path(__file__).parent / "data" / "store_v1_int8"  # written by hsk's format-1 code
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import chunk_bytes, kill_dump_midway, save_tiny_teacher
+from conftest import chunk_bytes, kill_dump_midway
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
@@ -22,12 +22,6 @@ from pipelines.dump import stage as dump_stage
 from pipelines.dump.stage import DumpOptions, dump
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    """A 'fine-tuned' tiny teacher: 4 layers, hidden 32, saved with its tokenizer."""
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
 def run_dump(teacher_dir, glue_dir, out, config="3,4,0.25", limit=40, **kw):

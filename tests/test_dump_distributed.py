@@ -9,12 +9,11 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import zarr
-from conftest import save_tiny_teacher
+from conftest import chunk_bytes
 
 from hskstore import open_store
 from hskstore.format.schema import PROGRESS_DONE
@@ -23,26 +22,12 @@ from pipelines.cli import main
 SHARD = 4
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
-
-
 def dump_args(teacher_dir, glue_dir, out, rows) -> list[str]:
     return [
         "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
         "--data-dir", str(glue_dir), "--limit", str(rows), "--shard-rows", str(SHARD), "--max-length", "32",
         "--batch-size", "4", "--device", "cpu", "--no-progress", "--out", str(out),
     ]
-
-
-def chunk_bytes(url: Path) -> dict[str, bytes]:
-    """Every data chunk of a store (metadata documents and progress records aside)."""
-    return {
-        str(p.relative_to(url)): p.read_bytes()
-        for p in sorted(url.rglob("*"))
-        if p.is_file() and p.name not in ("zarr.json", "README.md", "croissant.json") and "_progress" not in p.parts
-    }
 
 
 def same_threads() -> list[str]:

@@ -13,14 +13,8 @@ from test_stream import D, build
 from hskstore import CorruptStoreError, codecs, open_store
 from hskstore.format import codec
 from hskstore.format.shard_codec import EMPTY_CHUNK, ShardLayout
-from pipelines.train.data.stream import (
-    PinnedStaging,
-    StoreStream,
-    decode_batch,
-    dense_by_gather,
-    dense_by_scatter,
-    dense_targets,
-)
+from pipelines.train.data.decode import PinnedStaging, decode_batch, dense_by_gather, dense_by_scatter, dense_targets
+from pipelines.train.data.stream import StoreStream
 
 CODECS = list(codecs.names())
 

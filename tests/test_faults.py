@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import save_tiny_teacher
+from conftest import hsk, save_tiny_teacher
 
 from hskstore import open_store
 from hskstore.format.digest import shard_digest
@@ -42,18 +42,6 @@ def train_args(store: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "--store", str(store), "--student", "bert1", "--out", str(out), "--max-steps", "1",
             "--batch-size", "8", "--eval-limit", "8", "--no-progress", "--workers", "1", "--device", "cpu",
             "--method", "kd", *extra]
-
-
-def hsk(*args: str, fault: str | None = None, env: dict | None = None) -> tuple[int, str, str]:
-    """`hsk ARGS` in a new process (HSK_FAULT=fault kills it at that point; env values None are unset)."""
-    full = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
-    for key in [k for k, v in full.items() if v is None] + ["HSK_FAULT"]:
-        full.pop(key, None)
-    if fault:
-        full["HSK_FAULT"] = fault
-    proc = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", *args], env=full,
-                          capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -253,7 +241,7 @@ def test_s3_without_credentials_is_one_line(teacher, glue_dir, tmp_path):
     env = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
            "AWS_SESSION_TOKEN": None, "AWS_PROFILE": None, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    code, out, err = hsk(*dump_args(teacher, glue_dir, "s3://bucket/s.zarr"), env=env)
+    code, out, err = hsk(*dump_args(teacher, glue_dir, "s3://bucket/s.zarr"), timeout=300, **env)
     assert code == 2, err
     _one_line(out + err, "credentials", "AWS_ACCESS_KEY_ID")
 
@@ -312,8 +300,8 @@ def test_unsuitable_url_schemes_are_one_line(teacher, glue_dir, tmp_path, capsys
 def test_resume_refuses_what_changes_the_bytes(reference, teacher, glue_dir, tmp_path, capsys):
     out = tmp_path / "s.zarr"
     threads = torch.get_num_threads()
-    code, _, err = hsk(*dump_args(teacher, glue_dir, out), fault="after-shard-written",
-                       env={"OMP_NUM_THREADS": str(threads)})
+    code, _, err = hsk(*dump_args(teacher, glue_dir, out), timeout=300, HSK_FAULT="after-shard-written",
+                       OMP_NUM_THREADS=str(threads))
     assert code == FAULT_EXIT, err
     assert open_store(str(out), allow_incomplete=True).meta["compute"] == {
         "batch_size": 64, "device": "cpu", "torch_threads": threads}
@@ -357,8 +345,8 @@ def test_card_escapes_reach_the_terminal_escaped(store, capsys):
 
 def test_overwrite_killed_between_its_renames_is_rolled_back(store, teacher, glue_dir, tmp_path, capsys):
     old = tree_hashes(store)
-    code, _, err = hsk(*dump_args(teacher, glue_dir, store, "--overwrite", config="1,2,0.5"),
-                       fault="between-swap-renames")
+    code, _, err = hsk(*dump_args(teacher, glue_dir, store, "--overwrite", config="1,2,0.5"), timeout=300,
+                       HSK_FAULT="between-swap-renames")
     assert code == FAULT_EXIT, err
     assert not store.exists()
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(".s.zarr.hsk-old-")]

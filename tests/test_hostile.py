@@ -8,7 +8,6 @@ catalog, and the leftovers of killed commands.
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import zarr
-from conftest import save_tiny_teacher
+from conftest import HSK, hsk, hsk_env, save_tiny_teacher, tree_hashes
 
 from hskstore.format.manifest import compute_manifest, list_arrays
 from pipelines.cli import main
@@ -35,31 +34,6 @@ def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, config: str = "2,
     return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", config, "--data-dir", str(glue_dir),
             "--limit", str(ROWS), "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
             "--out", str(out), *extra]
-
-
-def hsk(*args: str, timeout: float = 120) -> tuple[int, str, str]:
-    """`hsk ARGS` in a new process, killed after `timeout` seconds (a hang fails the test instead of the suite)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("HSK_FAULT", None)
-    proc = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        elif path.is_dir():
-            out[rel] = "dir"
-        else:
-            out[rel] = "special"
-    return out
 
 
 def one_line(code: int, out: str, err: str, *words: str) -> str:
@@ -529,9 +503,7 @@ def _under_a_tty(*args: str) -> str:
     import pty
 
     master, slave = pty.openpty()
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import run; run()", *args], env=env,
-                            stdin=slave, stdout=slave, stderr=slave)
+    proc = subprocess.Popen([*HSK, *args], env=hsk_env(), stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     chunks = []
     while True:

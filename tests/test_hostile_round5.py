@@ -7,7 +7,6 @@ Each case runs the real `hsk` in a new process under a timeout (a hang fails the
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -17,42 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_teacher
+from conftest import HSK, hsk, hsk_env, save_tiny_teacher, tree_hashes
 
 from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 48
-
-
-def env(**extra: str) -> dict[str, str]:
-    out = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    out.pop("HSK_FAULT", None)
-    out.update(extra)
-    return out
-
-
-HSK = [sys.executable, "-c", "from pipelines.cli import run; run()"]
-
-
-def hsk(*args: str, timeout: float = 120, **extra: str) -> tuple[int, str, str]:
-    """`hsk ARGS` in a new process, killed after `timeout` seconds (a hang fails the test, not the suite)."""
-    proc = subprocess.run([*HSK, *args], env=env(**extra), capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir" if path.is_dir() else "special"
-    return out
 
 
 def one_line(result: tuple[int, str, str], *words: str) -> str:
@@ -108,7 +77,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
 @pytest.mark.slow
 def test_a_second_train_on_a_run_folder_in_use_is_refused(store, tmp_path):
     run = tmp_path / "run"
-    first = subprocess.Popen([*HSK, *train_args(store, run, "--epochs", "20")], env=env(),
+    first = subprocess.Popen([*HSK, *train_args(store, run, "--epochs", "20")], env=hsk_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(run / "metrics.jsonl", first)
@@ -146,7 +115,7 @@ def _session(sid: int) -> list[str]:
 def test_a_killed_dump_leaves_no_write_process(teacher, glue_dir, tmp_path):
     out = tmp_path / "k.zarr"
     args = dump_args(teacher, glue_dir, out, "--write-processes", "2", rows=20000)
-    dump = subprocess.Popen([*HSK, *args], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    dump = subprocess.Popen([*HSK, *args], env=hsk_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 90
     while len(_session(dump.pid)) < 3:  # the dump, its write processes (and multiprocessing's resource tracker)
@@ -204,7 +173,7 @@ def test_doctor_on_a_link_loop_and_an_ascii_terminal(tmp_path):
 def test_a_closed_stdout_is_one_line(command, store):
     kept = tree_hashes(store)
     args = [command] if command == "doctor" else [command, str(store)]
-    proc = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *HSK, *args], env=env(), capture_output=True, text=True,
+    proc = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *HSK, *args], env=hsk_env(), capture_output=True, text=True,
                           timeout=60)
     one_line((proc.returncode, "", proc.stderr), "standard output is closed")
     assert tree_hashes(store) == kept

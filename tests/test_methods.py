@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny_teacher
 
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
@@ -37,11 +36,6 @@ PKD = DumpOptions(config=HSKConfig.parse("3,1,1"), layers=[1, 2, 3], token_strat
                   batch_size=16, progress=False)
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
-
-
 def _dump(root: Path, name: str, options: DumpOptions, teacher: Path, glue_dir: Path) -> str:
     out = str(root / name)
     dump("sst2", options, teacher=str(teacher), out=out, data_dir=str(glue_dir), limit=ROWS, log=lambda *_: None)
@@ -49,10 +43,10 @@ def _dump(root: Path, name: str, options: DumpOptions, teacher: Path, glue_dir: 
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory, teacher_dir, glue_dir) -> dict[str, str]:
+def stores(tmp_path_factory, confident_teacher_dir, glue_dir) -> dict[str, str]:
     root = tmp_path_factory.mktemp("stores")
-    return {"mud": _dump(root, "mud.zarr", MUD, teacher_dir, glue_dir),
-            "cls": _dump(root, "cls.zarr", PKD, teacher_dir, glue_dir)}
+    return {"mud": _dump(root, "mud.zarr", MUD, confident_teacher_dir, glue_dir),
+            "cls": _dump(root, "cls.zarr", PKD, confident_teacher_dir, glue_dir)}
 
 
 def options(method: str = "mud", **kw) -> TrainOptions:
@@ -168,7 +162,8 @@ def test_pkd_and_hsk_terms_by_hand():
 # Refusals before the first step
 
 
-def test_a_store_that_cannot_serve_the_method_is_refused_before_training(stores, teacher_dir, tmp_path, capsys):
+def test_a_store_that_cannot_serve_the_method_is_refused_before_training(stores, confident_teacher_dir, tmp_path,
+                                                                          capsys):
     from pipelines.cli import main
 
     out = tmp_path / "run"
@@ -183,11 +178,12 @@ def test_a_store_that_cannot_serve_the_method_is_refused_before_training(stores,
     assert code == 2 and "no option beta" in capsys.readouterr().err and not out.exists()
 
 
-def test_pkd_store_missing_layers_names_the_dump(stores, teacher_dir, tmp_path, glue_dir, capsys):
+def test_pkd_store_missing_layers_names_the_dump(stores, confident_teacher_dir, tmp_path, glue_dir, capsys):
     from pipelines.cli import main
 
     top = _dump(tmp_path, "top.zarr", DumpOptions(config=HSKConfig.parse("1,1,1"), layers=[3], token_strategy="cls",
-                                                  shard_rows=16, batch_size=16, progress=False), teacher_dir, glue_dir)
+                                                  shard_rows=16, batch_size=16, progress=False),
+                confident_teacher_dir, glue_dir)
     code = main(["train", "--store", top, "--student", "bert3", "--method", "pkd-skip", "--out",
                  str(tmp_path / "r"), "--no-eval"])
     err = capsys.readouterr().err
@@ -199,13 +195,14 @@ def test_pkd_store_missing_layers_names_the_dump(stores, teacher_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("method", ["pkd-skip", "kd"])
-def test_offline_equals_online(method, stores, teacher_dir, glue_dir, tmp_path):
+def test_offline_equals_online(method, stores, confident_teacher_dir, glue_dir, tmp_path):
     store, online = (stores["cls"], PKD) if method == "pkd-skip" else (stores["mud"], MUD)
-    opts = dict(method_options={"lr": 1e-3, "epochs": 1}, student_base=str(teacher_dir), data_dir=str(glue_dir))
+    opts = dict(method_options={"lr": 1e-3, "epochs": 1}, student_base=str(confident_teacher_dir),
+                data_dir=str(glue_dir))
     off = train(options(method, **opts), student="bert2", out_dir=str(tmp_path / "off"), store=store,
                 log=lambda *_: None)
     on = train(options(method, train_limit=ROWS, online=online, **opts), student="bert2",
-               out_dir=str(tmp_path / "on"), teacher=str(teacher_dir), task="sst2", config=str(online.config),
+               out_dir=str(tmp_path / "on"), teacher=str(confident_teacher_dir), task="sst2", config=str(online.config),
                log=lambda *_: None)
     assert off["method"] == on["method"] == method and on["mode"] == "online"
     a, b = curve(tmp_path / "off"), curve(tmp_path / "on")
@@ -229,9 +226,9 @@ def test_offline_equals_online(method, stores, teacher_dir, glue_dir, tmp_path):
         assert off["store_bytes"]["read"] == sum(int(group[n].nbytes_stored()) for n in names)
 
 
-def test_resume_in_the_second_stage_gives_the_same_curve(stores, teacher_dir, glue_dir, tmp_path):
+def test_resume_in_the_second_stage_gives_the_same_curve(stores, confident_teacher_dir, glue_dir, tmp_path):
     mud = {"epochs_hsk": 1, "epochs_pred": 1, "lr_hsk": 1e-3, "lr_pred": 1e-3}
-    kw = dict(method_options=mud, student_base=str(teacher_dir), data_dir=str(glue_dir), checkpoint_every=2)
+    kw = dict(method_options=mud, student_base=str(confident_teacher_dir), data_dir=str(glue_dir), checkpoint_every=2)
     whole = train(options(**kw), student="bert2", out_dir=str(tmp_path / "whole"), store=stores["mud"],
                   log=lambda *_: None)
 
@@ -279,10 +276,10 @@ TOY = register(Method(name="test-two-heads", summary="test: a 4-way head stage, 
                       store_needs="logits", paper="-", options=_ToyOptions, build=_toy_build))
 
 
-def test_heads_swap_and_come_back(teacher_dir):
+def test_heads_swap_and_come_back(confident_teacher_dir):
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(teacher_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(confident_teacher_dir)
     task_head = model.classifier
     heads = Heads(model)
     heads.use("ptp4")
@@ -291,17 +288,17 @@ def test_heads_swap_and_come_back(teacher_dir):
     heads.use("task")
     assert model.classifier is task_head and heads.aside["ptp4"] is ptp
     state = heads.state_dict()
-    again = Heads(AutoModelForSequenceClassification.from_pretrained(teacher_dir))
+    again = Heads(AutoModelForSequenceClassification.from_pretrained(confident_teacher_dir))
     again.load_state_dict(state)
     torch.testing.assert_close(again.aside["ptp4"].weight, ptp.weight)
     with pytest.raises(ConfigError, match="unknown head"):
         heads.use("nope")
 
 
-def test_two_heads_method_runs_resumes_and_ends_on_the_task_head(stores, teacher_dir, glue_dir, tmp_path):
+def test_two_heads_method_runs_resumes_and_ends_on_the_task_head(stores, confident_teacher_dir, glue_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    kw = dict(student_base=str(teacher_dir), data_dir=str(glue_dir), checkpoint_every=2)
+    kw = dict(student_base=str(confident_teacher_dir), data_dir=str(glue_dir), checkpoint_every=2)
     whole = train(options("test-two-heads", **kw), student="bert2", out_dir=str(tmp_path / "w"),
                   store=stores["mud"], log=lambda *_: None)
     assert [s["head"] for s in whole["plan"]] == ["ptp4", "task"]
@@ -330,7 +327,7 @@ def test_two_heads_method_runs_resumes_and_ends_on_the_task_head(stores, teacher
 # Sweeps over methods
 
 
-def test_sweep_over_methods(stores, teacher_dir, glue_dir, tmp_path):
+def test_sweep_over_methods(stores, confident_teacher_dir, glue_dir, tmp_path):
     import pipelines.sweep.execute as sweep
     from pipelines.sweep.results import read_results
 
@@ -338,7 +335,7 @@ def test_sweep_over_methods(stores, teacher_dir, glue_dir, tmp_path):
         return sweep.SweepSpec(source=stores["cls"], methods="kd,pkd-skip", students="bert2", seeds=[0],
                                work_dir=str(tmp_path / "w"), data_dir=str(glue_dir),
                                train=dict(max_steps=1, batch_size=8, eval_limit=8, workers=1,
-                                          student_base=str(teacher_dir), **train))
+                                          student_base=str(confident_teacher_dir), **train))
 
     runs = sweep.plan_runs(spec())
     by = {r.method: r for r in runs}
@@ -378,7 +375,7 @@ def test_sweep_cli_set_reaches_the_method_and_its_run_id(stores, tmp_path, capsy
     assert err.count("\n") == 1 and "bogus" in err and not (tmp_path / "w").exists()
 
 
-def test_the_readme_example_method_runs_as_written(stores, teacher_dir, tmp_path):
+def test_the_readme_example_method_runs_as_written(stores, confident_teacher_dir, tmp_path):
     """The guide's "Adding a method" (docs/guide/methods.md): its code, executed as it stands, registers a
     method the one loop trains."""
     from pipelines import registry
@@ -393,7 +390,8 @@ def test_the_readme_example_method_runs_as_written(stores, teacher_dir, tmp_path
     try:
         exec(compile(code, "docs/guide/methods.md: Adding a method", "exec"), module.__dict__)
         out = tmp_path / "cos"
-        train(options("cosine-kd", method_options={"gamma": "0.5"}, max_steps=2, student_base=str(teacher_dir)),
+        train(options("cosine-kd", method_options={"gamma": "0.5"}, max_steps=2,
+                      student_base=str(confident_teacher_dir)),
               student="bert2", out_dir=str(out), store=stores["mud"], log=lambda *_: None)
         records = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"]
         assert [r["step"] for r in records] == [1, 2]

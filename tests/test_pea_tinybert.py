@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_bert, save_tiny_teacher
+from conftest import make_tiny_bert
 
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
@@ -30,17 +30,12 @@ CLS = DumpOptions(config=HSKConfig.parse("3,1,1"), layers=[1, 2, 3], token_strat
 
 
 @pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory, teacher_dir, glue_dir) -> dict[str, str]:
+def stores(tmp_path_factory, confident_teacher_dir, glue_dir) -> dict[str, str]:
     root = tmp_path_factory.mktemp("stores")
     out = {}
     for name, opts in (("att", ATT), ("cls", CLS)):
         out[name] = str(root / f"{name}.zarr")
-        dump("sst2", opts, teacher=str(teacher_dir), out=out[name], data_dir=str(glue_dir), limit=ROWS,
+        dump("sst2", opts, teacher=str(confident_teacher_dir), out=out[name], data_dir=str(glue_dir), limit=ROWS,
              log=lambda *_: None)
     return out
 
@@ -142,11 +137,11 @@ def test_stores_that_cannot_serve_pea_or_tinybert_are_refused(stores, tmp_path, 
 # Runs: stage transitions, head swap, SPS student, offline == online, resume
 
 
-def test_pea_on_an_sps_student(stores, teacher_dir, glue_dir, tmp_path):
+def test_pea_on_an_sps_student(stores, confident_teacher_dir, glue_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
     opts = dict(method_options={"lr": 1e-3, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1},
-                student_base=str(teacher_dir), data_dir=str(glue_dir))
+                student_base=str(confident_teacher_dir), data_dir=str(glue_dir))
     summary = train(options("pea", **opts), student="sps1", out_dir=str(tmp_path / "pea"), store=stores["cls"],
                     log=lambda *_: None)
     assert [s["head"] for s in summary["plan"]] == ["ptp4", "task"]
@@ -162,13 +157,14 @@ def test_pea_on_an_sps_student(stores, teacher_dir, glue_dir, tmp_path):
 
 
 @pytest.mark.parametrize(("stop", "checkpoint_every"), [(5, 1), (4, 100)])
-def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stop, checkpoint_every, stores, teacher_dir, glue_dir,
-                                                              tmp_path):
+def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stop, checkpoint_every, stores, confident_teacher_dir,
+                                                              glue_dir, tmp_path):
     # (5, 1): the kd stage's second step, from its own checkpoint (the trained task head comes back);
     # (4, 100): the kd stage's first step, from the checkpoint at the end of PTP: the fresh KD head is drawn
     # again, and must be the very same head.
     kw = dict(method_options={"lr": 1e-3, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1, "beta": 0.0},
-              student_base=str(teacher_dir), data_dir=str(glue_dir), checkpoint_every=checkpoint_every, eval_limit=8)
+              student_base=str(confident_teacher_dir), data_dir=str(glue_dir), checkpoint_every=checkpoint_every,
+              eval_limit=8)
     train(options("pea", **kw), student="sps1", out_dir=str(tmp_path / "whole"), store=stores["att"],
           log=lambda *_: None)
 
@@ -194,18 +190,18 @@ def test_pea_resumes_inside_the_kd_stage_with_the_same_curve(stop, checkpoint_ev
 
 
 @pytest.mark.parametrize("kd_head", ["fresh", "kept"])
-def test_pea_kd_stage_head_after_ptp(kd_head, stores, teacher_dir, glue_dir, tmp_path):
+def test_pea_kd_stage_head_after_ptp(kd_head, stores, confident_teacher_dir, glue_dir, tmp_path):
     """The KD stage starts from a freshly drawn task head (the authors' code), or with --set kd_head=kept
     from the head the student had before PTP (for sps<k>, the teacher's classifier)."""
     from transformers import AutoModelForSequenceClassification
 
     # a KD learning rate of 1e-12 leaves the head where the stage started it (Adam steps ~ lr)
     mo = {"lr": 1e-12, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1, "beta": 0.0, "kd_head": kd_head}
-    summary = train(options("pea", method_options=mo, student_base=str(teacher_dir), data_dir=str(glue_dir)),
+    summary = train(options("pea", method_options=mo, student_base=str(confident_teacher_dir), data_dir=str(glue_dir)),
                     student="sps1", out_dir=str(tmp_path / kd_head), store=stores["cls"], log=lambda *_: None)
     assert [s["fresh_head"] for s in summary["plan"]] == [False, kd_head == "fresh"]
     head = AutoModelForSequenceClassification.from_pretrained(tmp_path / kd_head / "best").classifier
-    teacher_head = AutoModelForSequenceClassification.from_pretrained(teacher_dir).classifier
+    teacher_head = AutoModelForSequenceClassification.from_pretrained(confident_teacher_dir).classifier
     if kd_head == "kept":
         torch.testing.assert_close(head.weight, teacher_head.weight)
         torch.testing.assert_close(head.bias, teacher_head.bias)
@@ -215,17 +211,17 @@ def test_pea_kd_stage_head_after_ptp(kd_head, stores, teacher_dir, glue_dir, tmp
 
 
 @pytest.mark.parametrize("method", ["tinybert-att", "pea"])
-def test_offline_equals_online(method, stores, teacher_dir, glue_dir, tmp_path):
+def test_offline_equals_online(method, stores, confident_teacher_dir, glue_dir, tmp_path):
     if method == "pea":
         mo, store, online, student = ({"lr": 1e-3, "ptp_lr": 1e-3, "ptp_epochs": 1, "epochs": 1},
                                       stores["cls"], CLS, "sps1")
     else:
         mo, store, online, student = {"epochs_hsk": 1, "epochs_pred": 1, "lr_hsk": 1e-3}, stores["att"], ATT, "bert2"
-    opts = dict(method_options=mo, student_base=str(teacher_dir), data_dir=str(glue_dir))
+    opts = dict(method_options=mo, student_base=str(confident_teacher_dir), data_dir=str(glue_dir))
     off = train(options(method, **opts), student=student, out_dir=str(tmp_path / "off"), store=store,
                 log=lambda *_: None)
     on = train(options(method, train_limit=ROWS, online=online, **opts), student=student,
-               out_dir=str(tmp_path / "on"), teacher=str(teacher_dir), task="sst2", config=str(online.config),
+               out_dir=str(tmp_path / "on"), teacher=str(confident_teacher_dir), task="sst2", config=str(online.config),
                log=lambda *_: None)
     assert on["mode"] == "online" and off["mode"] == "offline"
     a, b = records(tmp_path / "off"), records(tmp_path / "on")
@@ -240,13 +236,13 @@ def test_offline_equals_online(method, stores, teacher_dir, glue_dir, tmp_path):
         assert off["layer_pairs"][0]["loss"] == "hsk_mse+attention_mse"
 
 
-def test_tinybert_att_needs_the_teachers_head_count_or_mean(stores, teacher_dir, glue_dir, tmp_path):
+def test_tinybert_att_needs_the_teachers_head_count_or_mean(stores, confident_teacher_dir, glue_dir, tmp_path):
     narrow = make_tiny_bert(num_layers=2, heads=2, seed=5)  # 2 heads; the teacher has 4
     from transformers import AutoTokenizer
 
     narrow.save_pretrained(tmp_path / "narrow")
-    AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(tmp_path / "narrow")
-    opts = dict(student_base=str(teacher_dir), data_dir=str(glue_dir), max_steps=1,
+    AutoTokenizer.from_pretrained(confident_teacher_dir).save_pretrained(tmp_path / "narrow")
+    opts = dict(student_base=str(confident_teacher_dir), data_dir=str(glue_dir), max_steps=1,
                 method_options={"epochs_hsk": 1, "epochs_pred": 1})
     with pytest.raises(ConfigError, match="heads=mean"):
         train(options("tinybert-att", **opts), student=str(tmp_path / "narrow"), out_dir=str(tmp_path / "a"),
@@ -283,7 +279,8 @@ def test_metrics_log_keeps_one_row_per_event(tmp_path):
     assert records(tmp_path)[-1]["loss"] == 0.4
 
 
-def test_hsk_train_pea_warns_when_the_ptp_labels_are_degenerate(stores, teacher_dir, glue_dir, tmp_path, capsys):
+def test_hsk_train_pea_warns_when_the_ptp_labels_are_degenerate(stores, confident_teacher_dir, glue_dir, tmp_path,
+                                                                 capsys):
     """The tiny confident teacher is sure of every row, right or wrong: at SST-2's (0.98, 0.8) no row is
     right-confident nor wrong-unsure. The run says so before training, and records it in summary.json."""
     import re
@@ -292,8 +289,8 @@ def test_hsk_train_pea_warns_when_the_ptp_labels_are_degenerate(stores, teacher_
 
     def run(out: Path, *flags: str) -> str:
         assert main(["train", "--method", "pea", "--store", stores["cls"], "--student", "sps1", "--student-base",
-                     str(teacher_dir), "--max-steps", "1", "--batch-size", "8", "--eval-limit", "8", "--data-dir",
-                     str(glue_dir), "--no-progress", "--out", str(out), *flags]) == 0
+                     str(confident_teacher_dir), "--max-steps", "1", "--batch-size", "8", "--eval-limit", "8",
+                     "--data-dir", str(glue_dir), "--no-progress", "--out", str(out), *flags]) == 0
         return capsys.readouterr().out
 
     said = run(tmp_path / "authors")

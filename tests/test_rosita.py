@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_bert, save_tiny_teacher
+from conftest import make_tiny_bert
 from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
 from hskstore.format.config import HSKConfig
@@ -189,20 +188,15 @@ def test_save_reload_and_plain_export_give_the_same_logits(tmp_path, tiny_tokeni
     assert "plain/" in (tmp_path / "r" / "README.md").read_text()
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
-
-
-def build_args(teacher_dir, glue_dir, out, *extra, heads="2"):
-    return ["student", "build", "rosita", "--teacher", str(teacher_dir), "--task", "sst2", "--layers", "2",
+def build_args(confident_teacher_dir, glue_dir, out, *extra, heads="2"):
+    return ["student", "build", "rosita", "--teacher", str(confident_teacher_dir), "--task", "sst2", "--layers", "2",
             "--heads", heads, "--ffn", "16", "--emb-rank", "8", "--data-dir", str(glue_dir),
             "--train-limit", "32", "--device", "cpu", "--out", str(out), *extra]
 
 
-def test_cli_build_then_train_from_a_store(tmp_path, teacher_dir, glue_dir, capsys):
+def test_cli_build_then_train_from_a_store(tmp_path, confident_teacher_dir, glue_dir, capsys):
     out = tmp_path / "rosita"
-    assert main(build_args(teacher_dir, glue_dir, out)) == 0
+    assert main(build_args(confident_teacher_dir, glue_dir, out)) == 0
     printed = capsys.readouterr().out
     assert "parameters: teacher" in printed and "-> student" in printed
     summary = json.loads((out / SUMMARY_FILE).read_text())
@@ -215,7 +209,8 @@ def test_cli_build_then_train_from_a_store(tmp_path, teacher_dir, glue_dir, caps
     store = str(tmp_path / "sst2.zarr")
     options = DumpOptions(config=HSKConfig.parse("2,4,0.5"), ref_student_layers=2, shard_rows=16, batch_size=16,
                           progress=False)
-    dump("sst2", options, teacher=str(teacher_dir), out=store, data_dir=str(glue_dir), limit=32, log=lambda *_: None)
+    dump("sst2", options, teacher=str(confident_teacher_dir), out=store, data_dir=str(glue_dir), limit=32,
+         log=lambda *_: None)
     run = tmp_path / "run"
     args = ["train", "--store", store, "--student", str(out), "--out", str(run), "--max-steps", "2",
             "--epochs-hsk", "1", "--epochs-pred", "1", "--batch-size", "8", "--eval-limit", "16",
@@ -235,12 +230,12 @@ def test_cli_build_then_train_from_a_store(tmp_path, teacher_dir, glue_dir, caps
     assert "pruned attention heads" in capsys.readouterr().err
 
 
-def test_cli_refuses_bad_input_with_one_line(tmp_path, teacher_dir, glue_dir, capsys):
-    assert main(build_args(teacher_dir, glue_dir, tmp_path / "a", heads="9")) == 2
+def test_cli_refuses_bad_input_with_one_line(tmp_path, confident_teacher_dir, glue_dir, capsys):
+    assert main(build_args(confident_teacher_dir, glue_dir, tmp_path / "a", heads="9")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hsk: error: --heads 9 is out of range for this teacher: pass 1..4"]
 
-    bad_kind = build_args(teacher_dir, glue_dir, tmp_path / "b")
+    bad_kind = build_args(confident_teacher_dir, glue_dir, tmp_path / "b")
     bad_kind[2] = "tinybert"
     assert main(bad_kind) == 2
     assert capsys.readouterr().err.startswith("hsk: error: unknown student kind 'tinybert'")
@@ -249,19 +244,19 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path, teacher_dir, glue_dir, ca
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
     for extra in ([], ["--overwrite"]):  # a folder hsk did not make is never written into
-        assert main(build_args(teacher_dir, glue_dir, taken, *extra)) == 2
+        assert main(build_args(confident_teacher_dir, glue_dir, taken, *extra)) == 2
         assert "choose another --out" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["taken"] and (taken / "notes.txt").read_text() == "mine"
 
 
-def test_cli_overwrite_replaces_only_a_student(tmp_path, teacher_dir, glue_dir, capsys):
+def test_cli_overwrite_replaces_only_a_student(tmp_path, confident_teacher_dir, glue_dir, capsys):
     out = tmp_path / "rosita"
-    assert main(build_args(teacher_dir, glue_dir, out)) == 0
+    assert main(build_args(confident_teacher_dir, glue_dir, out)) == 0
     first = json.loads((out / SUMMARY_FILE).read_text())
     capsys.readouterr()
-    assert main(build_args(teacher_dir, glue_dir, out, heads="1")) == 2
+    assert main(build_args(confident_teacher_dir, glue_dir, out, heads="1")) == 2
     assert "already holds a student" in capsys.readouterr().err
     assert json.loads((out / SUMMARY_FILE).read_text()) == first
-    assert main(build_args(teacher_dir, glue_dir, out, "--overwrite", heads="1")) == 0
+    assert main(build_args(confident_teacher_dir, glue_dir, out, "--overwrite", heads="1")) == 0
     assert json.loads((out / SUMMARY_FILE).read_text())["shape"]["heads"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rosita"]  # nothing staged left behind

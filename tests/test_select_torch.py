@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny_teacher
+from conftest import chunk_bytes, save_tiny_teacher
 
 from hskstore import codecs, open_store
 from hskstore.codecs import mxfp4
@@ -188,14 +188,6 @@ def dump_args(teacher_dir, glue_dir, out, *extra) -> list[str]:
     return ["dump", "--task", "mrpc", "--teacher", str(teacher_dir), "--data-dir", str(glue_dir), "--limit", "40",
             "--shard-rows", "16", "--batch-size", "8", "--max-length", "48", "--no-progress", "--device", "cpu",
             "--out", str(out), *extra]
-
-
-METADATA_FILES = ("zarr.json", "README.md", "croissant.json")  # metadata and what is rendered from it
-
-
-def chunk_bytes(url: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
-            if p.is_file() and p.name not in METADATA_FILES and "_progress" not in p.parts}
 
 
 @pytest.mark.parametrize("extra", [

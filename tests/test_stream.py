@@ -11,7 +11,8 @@ from hskstore.format import codec
 from hskstore.format.config import HSKConfig, Selection
 from hskstore.format.schema import array_specs, make_layout
 from hskstore.io.writer import StoreWriter
-from pipelines.train.data.stream import StoreStream, decode_batch
+from pipelines.train.data.decode import decode_batch
+from pipelines.train.data.stream import StoreStream
 
 D = 20  # not a multiple of 8: the last mask byte is partly padding
 T = 12

@@ -8,15 +8,16 @@ first layer) for 2 steps per stage.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_teacher
 
 import pipelines.sweep.execute as sweep
 import pipelines.sweep.stores as sweep_stores
 from hskstore import ConfigError
 from hskstore.format.config import HSKConfig
+from hskstore.io.location import file_lock
 from hskstore.io.reader import open_store
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.sweep.execute import SweepError, run_sweep
@@ -32,16 +33,12 @@ TRAIN = dict(max_steps=2, batch_size=8, eval_limit=16, epochs_hsk=1, epochs_pred
 
 
 @pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1, confident=True)
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory, teacher_dir, glue_dir) -> str:
+def source(tmp_path_factory, confident_teacher_dir, glue_dir) -> str:
     out = str(tmp_path_factory.mktemp("source") / "sst2.zarr")
     options = DumpOptions(config=HSKConfig.parse(SOURCE_CONFIG), ref_student_layers=2, shard_rows=16,
                           batch_size=16, progress=False)
-    dump("sst2", options, teacher=str(teacher_dir), out=out, data_dir=str(glue_dir), limit=48, log=lambda *_: None)
+    dump("sst2", options, teacher=str(confident_teacher_dir), out=out, data_dir=str(glue_dir), limit=48,
+         log=lambda *_: None)
     return out
 
 
@@ -307,3 +304,22 @@ def test_cli_derive_sweep_dry_run_and_report(source, tmp_path, glue_dir, capsys)
     assert "| kind | config |" in text and "marginal_utility.png" in text
     assert (tmp_path / "report" / "marginal_utility.png").exists()
     assert main(["report", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r2")]) == 2
+
+
+def test_file_lock_makes_a_second_holder_wait(tmp_path):
+    """The lock the store derivation and the results table share: a second holder (its own open of the
+    file) waits until the first lets go; the lock file and its folder are made when absent."""
+    path = tmp_path / "work" / "results.parquet.lock"
+    entered = threading.Event()
+
+    def second() -> None:
+        with file_lock(path):
+            entered.set()
+
+    with file_lock(path):
+        assert path.exists()
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        assert not entered.wait(0.3)
+    assert entered.wait(5)
+    waiter.join()

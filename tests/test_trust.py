@@ -4,33 +4,18 @@ check every option before anything on disk changes, and let a store travel betwe
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_bert, save_tiny_teacher
+from conftest import make_tiny_bert, save_tiny_teacher, tree_hashes
 
 from hskstore.io.writer import StoreWriter
 from pipelines.cli import main
 
 DATA_ROWS = 24
-
-
-def tree_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (symlinks not followed), by relative path; folders as entries too."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir"
-    return out
 
 
 def user_folder(root: Path) -> Path:

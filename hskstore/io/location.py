@@ -162,6 +162,27 @@ def atomic_file(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[tuple
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive advisory lock (flock) on the file `path`, made with its folder when absent, while the
+    body runs, so processes sharing a folder take turns; blocks until the lock is free. The file is opened for
+    writing: NFS takes an exclusive flock only on a writable descriptor (`LocalLocation.locked`, which must
+    neither create its file nor write it, opens read-only). Without flock (not POSIX) the body runs unlocked."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def private_folder(parent: str | os.PathLike, prefix: str) -> str:
     """A new empty folder in `parent` under an unpredictable name starting with `prefix` (tempfile.mkdtemp: never
     an existing folder or a planted link), with the permissions a new folder gets."""

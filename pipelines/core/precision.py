@@ -4,10 +4,10 @@
 **The forward** runs in fp32, tf32, fp16 or bf16. A store records the precision its teacher ran in
 (hskstore.format.meta.TeacherRef.precision; absent in a store means fp32), because what the store keeps depends
 on it. `auto` resolves before anything is recorded: fp32 on a CPU (or MPS); on a CUDA GPU fp16 where its
-tensor cores take it (compute capability >= 7.0), else fp32. The basis (issue 35, one H200): fp16 runs a
-BERT-base forward 3.0x and a MiniLM one 1.8x faster than fp32, and moves the last layer's fp16-rounded
-hidden states by 6.7e-4 (base) / 2.4e-4 (MiniLM) relative, a few times what storing them in fp16 already
-costs (1.8e-4) and far below what int8/4-bit values cost; bf16 moves them 8x more for no more speed.
+tensor cores take it (compute capability >= 7.0), else fp32. The basis (docs/guide/gpu-dump.md has the
+numbers): fp16 runs a BERT forward several times faster than fp32 and moves the last layer's fp16-rounded
+hidden states by a few times what storing them in fp16 already costs, far below what int8/4-bit values
+cost; bf16 moves them much more for no more speed.
 What that does to a student's accuracy has yet to be measured on a GPU; on a CPU under autocast (SST-2,
 3 seeds) an fp16 teacher's store trained students of the same accuracy (docs/guide/gpu-dump.md).
 

@@ -3,8 +3,8 @@ that does not oversubscribe the machine.
 
 torch's own default is one thread per logical CPU; with the loader's, the tokenizer's and the writer's
 threads on top, a CPU dump then runs more busy threads than there are cores, and on a shared machine the
-threads wait on each other (issue 39 measured 42-46 ex/s at torch's default against 161-190 with one
-thread on a loaded 2-core machine). The default here is the physical cores this process may run on, less
+threads wait on each other (on a loaded 2-core machine a dump ran several times slower at torch's default
+than with one thread). The default here is the physical cores this process may run on, less
 the threads the command's own pipeline keeps busy (BUSY), at least 1 (under torchrun, the host's cores
 are shared by its ranks first). OMP_NUM_THREADS, when set, is the
 user's choice and wins over the default; `--threads` wins over both.
@@ -26,8 +26,7 @@ import os
 
 # Threads a command's own pipeline keeps busy beside torch's: the training's store readers (decoding).
 # A CPU dump tokenizes and writes between its forwards, not beside them (pipelines/dump/pipeline.py), so
-# it keeps none busy while torch computes: on a quiet 2-core machine 2 threads dumped 1,024 SST-2 rows at
-# 292 and 305 ex/s against 181 and 178 with 1 (MiniLM teacher, 3,8,0.2, alternated, load 1.3, 2026-11-26).
+# it keeps none busy while torch computes (on a quiet 2-core machine it dumps faster with 2 threads than with 1).
 # The quickstart's time is its teacher's and its dump's. Teacher fine-tuning and evaluation have none.
 BUSY = {"dump": 0, "train": 1, "teacher": 0, "eval": 0, "quickstart": 0}
 

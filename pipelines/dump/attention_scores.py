@@ -2,14 +2,14 @@
 
 A float32 matmul's result depends on its summation order (blocking, split-K, FMA contraction), which
 differs between CPU BLAS and CUDA kernels: the torch engine on a GPU and the numpy reference on its
-host used to write different attention rows from the same q and k (issue 35). Here each product of
+host would write different attention rows from the same q and k. Here each product of
 two float32 (or float16/bfloat16) numbers is exact in float64 (24 + 24 significant bits < 53), the
 products are added one head dimension after another in float64 (each add an IEEE operation: the same
 on every device, fused or not, since the products are exact), divided by sqrt(d/H) in float64 (an
 IEEE division) and rounded once to float32. docs/STORE_FORMAT.md ("Optional: attention rows") says it.
 
-The price is time: a loop of d/H elementwise float64 steps instead of one float32 matmul (about 4x that
-matmul on a CPU; only dumps with --attention-rows pay it).
+The price is time: a loop of d/H elementwise float64 steps instead of one float32 matmul (several times
+that matmul on a CPU; only dumps with --attention-rows pay it).
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def dump_distributed(
     compute = dict(compute_record(options.batch_size, options.device, spec.torch_threads),
                    **({} if spec.torch_threads else {"torch_threads": None}))
     plan.meta = plan.meta.updated(compute=compute)
-    # The driver is the store's one writer (the lease, issue 14) for the whole dump; workers write
+    # The driver is the store's one writer (the lease) for the whole dump; workers write
     # through plain StoreWriter(url, meta) objects, which take no lease, into writer.url (with
     # --overwrite a hidden staged sibling, swapped in when this block ends).
     with writing(out, plan.meta, overwrite=options.overwrite, software_version=__version__, log=log) as writer:

@@ -1,10 +1,9 @@
 """Keep the dump's resident memory in check with glibc's allocator: the heap trimmed once per shard.
 
 `malloc_trim(0)` once per shard returns the heap's free pages to the OS. glibc's mmap threshold is left
-dynamic: fixing it at 512 KiB (the dump's setting from 4acfc85 to 1a01b22) kept a CPU dump's peak RSS
-flatter over long dumps but put the forward's activations on fresh mmapped pages, whose page faults cost
-a CPU dump about a tenth of its throughput (0.86 against 0.96 of the bare forward, issue 35,
-docs/benchmarks.md "Dump memory"). A user who wants the flat heap back sets `MALLOC_MMAP_THRESHOLD_=524288`
+dynamic: fixing it at 512 KiB kept a CPU dump's peak RSS flatter over long dumps but put the forward's
+activations on fresh mmapped pages, whose page faults cost a CPU dump part of its throughput
+(docs/benchmarks.md "Dump memory"). A user who wants the flat heap back sets `MALLOC_MMAP_THRESHOLD_=524288`
 in the environment, which glibc reads at start-up. On a GPU the activations are not on this heap.
 """
 

@@ -8,7 +8,7 @@ arrays reused once written, so the dump's memory does not grow with its length.
 
 On a CPU the forward already runs on every core (torch's OpenMP threads), and a host thread that takes
 one of those cores stalls the others at the forward's next barrier: a tokenizing or writing thread
-there cost the forward about twice its own CPU time (the dump fell to 0.8 of the bare forward, issue 35).
+there cost the forward more than its own CPU time.
 So on a CPU the stages take turns (`overlaps_forward`): after a shard is computed, its write and the
 next shard's tokenizing run together, spread over the cores, and the next forward starts once both are
 done. No stage changes what another computes: the store's bytes are the same at every depth, piece count
@@ -19,8 +19,8 @@ Write processes (`write_processes`, `hsk dump --write-processes N`): a write rel
 feeding tens of thousands of examples a second may run out of the dump's one GIL before its cores. N
 processes then write whole shards, each with its own StoreWriter on the same store (safe on disjoint
 shards, as the distributed dump's workers are); a shard's arrays are pickled to the process once, and the
-same bytes are written. On a 2-core CPU they take about 0.01 ms per example off this process's GIL and
-cost their start (docs/guide/gpu-dump.md); whether they pay on a GPU host is benchmarks/gpu_suite.py's.
+same bytes are written. On a small CPU they take little off this process's GIL and cost their start
+(docs/guide/gpu-dump.md); whether they pay on a GPU host is benchmarks/gpu_suite.py's.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ import torch
 from transformers import Trainer
 
 from hskstore.format.config import ConfigError
+from pipelines.train.data.decode import decode_batch
 from pipelines.train.data.sources import open_offline, stream_names
-from pipelines.train.data.stream import TRIMMED, StoreStream, decode_batch
+from pipelines.train.data.stream import TRIMMED, StoreStream
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs
 from pipelines.train.students.build import width_projection

@@ -12,13 +12,13 @@ import contextlib
 import datetime as _dt
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hskstore.errors import UserError
+from hskstore.io.location import file_lock
 
 KINDS = ("hsk", "pred_only", "full", "no_kd", "method")
 
@@ -102,22 +102,6 @@ def read_results(path: str | os.PathLike) -> pa.Table:
     return conform(table)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Advisory lock next to the table so two appenders never read-modify-write at once."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock, the atomic replace still protects the file
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _write_atomic(table: pa.Table, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -148,7 +132,8 @@ def append_results(path: str | os.PathLike, rows: list[dict]) -> pa.Table:
     new_ids = new.column("run_id").to_pylist()
     last = {run_id: i for i, run_id in enumerate(new_ids)}
     new = new.take(sorted(last.values()))
-    with _locked(path):
+    # a lock file beside the table: two appenders never read-modify-write at once
+    with file_lock(path.with_name(path.name + ".lock")):
         if path.exists():
             old = read_results(path)
             keep = [i for i, run_id in enumerate(old.column("run_id").to_pylist()) if run_id not in last]

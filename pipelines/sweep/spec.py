@@ -26,7 +26,6 @@ GRID_BUDGET = "budget"  # 'budget:BYTES': configs whose store fits BYTES per exa
 PRED_ONLY = "pred-only"  # logits-only KD: the store derived at '0,0,0', stage 'pred' only
 FULL = "full"  # the source store itself: the largest config there is
 NO_KD = "no-kd"  # fine-tune on gold labels only (KD weight alpha = 0): a lower reference
-REFERENCE_ENTRIES = (PRED_ONLY, FULL, NO_KD)
 DEFAULT_CONFIGS = (GRID_TABLE5, PRED_ONLY, FULL, NO_KD)
 
 # TrainOptions fields a sweep sets itself, or that an offline sweep cannot honour.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from hskstore.format.config import HSKConfig
 from hskstore.format.meta import StoreMeta
 from hskstore.format.schema import META_KEY
 from hskstore.io.info import storage_report
-from hskstore.io.location import atomic_file, zarr_location
+from hskstore.io.location import atomic_file, file_lock, zarr_location
 from hskstore.io.reader import open_store
 from hskstore.share.derive import derive
 from pipelines.sweep.spec import SweepSpec
@@ -49,23 +49,6 @@ def store_path(spec: SweepSpec, store_config: str, value_dtype: str | None) -> P
     return store_dir(spec) / f"{str(cfg).replace(',', '_')}-{value_dtype}.zarr"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Advisory lock: two sweeps (or workers) sharing a work_dir never derive one store at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _read_meta(url: str) -> StoreMeta | None:
     """A store's metadata without opening it as an HSKStore (no array listing); None when unreadable."""
     try:
@@ -81,7 +64,8 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
         return spec.source
     out = store_path(spec, store_config, value_dtype)
     source = spec.source_meta()
-    with _file_lock(out.with_name(out.name + ".lock")):
+    # two sweeps (or workers) sharing a work_dir never derive one store at once
+    with file_lock(out.with_name(out.name + ".lock")):
         meta = _read_meta(str(out))
         recorded = (meta.derived_from if meta else None) or {}
         same_source = (recorded.get("identity"), recorded.get("checksums")) == (source.identity, source.checksums)

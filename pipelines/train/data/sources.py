@@ -26,7 +26,7 @@ from hskstore.format.schema import array_specs
 from hskstore.io.reader import HSKStore, open_store
 from pipelines.core.data import DataError, Examples, load_examples
 from pipelines.core.tasks import Task, get_task
-from pipelines.train.data.stream import PinnedStaging, decode_batch
+from pipelines.train.data.decode import PinnedStaging, decode_batch
 from pipelines.train.options import TrainOptions
 from pipelines.train.students.build import StudentInfo
 

@@ -99,11 +99,6 @@ class StudentInfo:
                    vocab_hash=vocab or vocab_hash(tokenizer), tokenizer_source=source)
 
 
-def student_names() -> list[str]:
-    """The registry's names (besides any hub id or folder)."""
-    return ["tinybert4", "bert<k> (e.g. bert2, bert3, bert6)", "sps<k> (PEA-KD shared layers, e.g. sps3)"]
-
-
 def encoder_depth(config: Any) -> int:
     # An SPS student runs more layers than it holds: its depth is the effective one.
     for key in ("sps_effective_layers", "num_hidden_layers", "n_layers", "num_layers"):

@@ -37,7 +37,7 @@ class Heads:
 
     def use(self, name: str, seed: int | None = None) -> None:
         """Put head `name` on the model; a head never used before is drawn fresh, from `seed` when given (the
-        same head in one process and under N ranks, whose global RNGs differ: issue 34 item 8)."""
+        same head in one process and under N ranks, whose global RNGs differ)."""
         if name == self.current:
             return
         if name != self.own and name not in HEAD_SIZES:

@@ -452,12 +452,6 @@ def _card(config: HskBertConfig, summary: dict) -> str:
     )
 
 
-def load_rosita(path: str | Path) -> HskBertForSequenceClassification:
-    """A built (or distilled) ROSITA student, in eval mode."""
-    model = load_classifier(str(path))
-    if not isinstance(model, HskBertForSequenceClassification):
-        raise ModelLoadError(f"{path} holds a {type(model).__name__}, not a ROSITA student (model type hsk_bert)")
-    return model
 
 
 def describe_counts(summary: dict) -> str:
@@ -467,4 +461,3 @@ def describe_counts(summary: dict) -> str:
         f"parameters: teacher {p['teacher']:,} -> student {p['student']:,} "
         f"({p['student'] / p['teacher']:.1%}); plain export {p['plain_export']:,}"
     )
-
