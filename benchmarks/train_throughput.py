@@ -133,7 +133,7 @@ class InMemory:
         self.pairs = [(p.kept, p.student_layer, p.teacher_layer) for p in pairs]
         layers = [f"layers/{i}" for i, _, _ in self.pairs]
         stream = StoreStream(source.store, batch_size=options.batch_size, seed=options.seed, workers=0)
-        maker = BatchMaker(source, layers, self.device, source.meta["max_length"], None, 0)
+        maker = BatchMaker(source, layers, self.device, source.metadata.max_length, None, 0)
         self.batches = []
         for raw in stream:
             self.batches.append(maker(raw))
