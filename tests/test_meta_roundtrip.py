@@ -102,3 +102,23 @@ def test_updated_sets_bookkeeping_through_the_record():
     assert "complete" not in fresh.to_dict()  # a description: no bookkeeping yet
     begun = fresh.updated(format_version=4, complete=False).updated(created="t", software_version="v", identity="i")
     assert list(begun.to_dict())[-5:] == ["format_version", "complete", "identity", "software_version", "created"]
+
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_selection_is_its_kinds_typed_record(name, tmp_path):
+    """A store's selection parses to the record its kind declares and writes back as stored."""
+    from hskstore.format import kinds
+
+    meta = StoreMeta.parse(json.loads((_unpacked(name, tmp_path) / "zarr.json").read_bytes())["attributes"]["hsk"])
+    record = meta.selection_record
+    assert type(record) is kinds.get(meta.objective).selection_type
+    assert record.to_dict() == dict(meta.selection)
+
+
+def test_every_built_in_kind_has_a_vector():
+    from hskstore.format import kinds
+
+    objectives = {json.loads(zipfile.ZipFile(VECTORS / f"{n}.hsk.zip").read("zarr.json"))["attributes"]["hsk"]
+                  .get("objective", "task") for n in NAMES}
+    assert objectives == set(kinds.names())

@@ -341,4 +341,5 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 
 KIND = kinds.register(kinds.StoreKind(
     CLM, "a causal LM's next-token distributions on a sparse support (`hsk dump --objective clm`)", array_specs,
-    describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",)))
+    describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",),
+    selection_type=ClmSelection))

@@ -44,6 +44,8 @@ class StoreKind:
     inputs: tuple[str, ...] = ("input_ids", "token_type_ids")
     # its groups whose arrays croissant.json lists as a record set of their own, named after the group
     record_groups: frozenset[str] = frozenset()
+    # its `selection` record: a class with from_dict/to_dict (None: the selection stays a mapping)
+    selection_type: type | None = None
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")

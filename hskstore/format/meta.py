@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from . import kinds
 from .config import PRECISION
 from .kinds import TASK as TASK  # re-exported: the task dump takes it with the records below
 from .kinds import objective_of, records_objective
@@ -207,8 +208,8 @@ _DESCRIPTION = ("objective", "task", "dataset", "teacher", "tokenizer", "max_len
 class StoreMeta:
     """Everything a store's metadata says, typed; `raw` is the dict itself (the serialised form).
 
-    `selection` is kind-specific and stays a mapping here: each kind's reader parses it (a task store as
-    config.Selection, the other kinds as the record of their hskstore.format module).
+    `selection` is kind-specific: the mapping as stored, and `selection_record` the record its kind declares
+    (a task store's config.Selection, the other kinds' from their hskstore.format module).
     """
 
     objective: str
@@ -234,6 +235,12 @@ class StoreMeta:
     data_origin: Any = None  # the data file's sha256 or hub id (lineage)
     upgraded: Mapping[str, Any] | None = None  # `hsk upgrade`'s record: from which format, when, by which hsk
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def selection_record(self) -> Any:
+        """The selection as its kind's typed record (kinds.StoreKind.selection_type)."""
+        kind = kinds.get(self.objective)
+        return kind.selection_type.from_dict(self.selection) if kind.selection_type else self.selection
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> StoreMeta:

@@ -24,6 +24,9 @@ MLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "cls_id", "sep_id", "p
 _SECTION = "#masked-lm-stores-objective-mlm"
 
 
+UNIT = "per row: round(mask_rate * maskable tokens), at least 1"  # the rule's text in every masked-LM store
+
+
 @dataclass(frozen=True)
 class MaskedLMSelection:
     """A masked-LM store's selection: BERT's masking of the inputs and the teacher's top-k per position."""
@@ -35,11 +38,18 @@ class MaskedLMSelection:
     mask_seed: int
     max_masked: int
     top_k: int
+    unit: str = UNIT  # the masking rule, as the stores say it
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
         return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
-                   d["max_masked"], d["top_k"])
+                   d["max_masked"], d["top_k"], d.get("unit", UNIT))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored mapping, keys in the order the dump writes them."""
+        return {"mask_rate": self.mask_rate, "mask_token_rate": self.mask_token_rate,
+                "random_token_rate": self.random_token_rate, "mask_seed": self.mask_seed, "keep_rate": self.keep_rate,
+                "max_masked": self.max_masked, "top_k": self.top_k, "unit": self.unit}
 
 
 def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
@@ -95,4 +105,4 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     MLM, "a masked-LM teacher's top-k per masked position (`hsk dump --objective mlm`, LightPAFF)",
     array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.mlm_store:MLMStore", trains=("mlm",),
-    record_groups=frozenset({GROUP})))
+    record_groups=frozenset({GROUP}), selection_type=MaskedLMSelection))

@@ -13,7 +13,7 @@ from zarr.codecs import BloscCodec, BloscShuffle
 
 from .. import codecs
 from . import kinds
-from .config import HSKConfig
+from .config import HSKConfig, Selection
 from .meta import TASK, Layout
 
 FORMAT_VERSION = 3  # what this hsk writes (docs/STORE_FORMAT.md)
@@ -226,7 +226,8 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
-    described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",)))
+    described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",),
+    selection_type=Selection))
 
 
 def n_shards(meta: dict) -> int:

@@ -268,4 +268,5 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     SEQ2SEQ, "source/target pairs with the teacher's output and per-target-token distributions on a sparse "
     "support (`hsk dump --objective seq2seq`)", array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}),
-    "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",), inputs=("source_ids", "reference_ids")))
+    "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",), inputs=("source_ids", "reference_ids"),
+    selection_type=Seq2seqSelection))

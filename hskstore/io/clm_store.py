@@ -29,7 +29,7 @@ class ClmStore(HSKStore):
 
     def _parse_selection(self) -> None:
         try:
-            self.clm = ClmSelection.from_dict(self.meta["selection"])
+            self.clm = self.metadata.selection_record
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
 

@@ -29,7 +29,7 @@ class MLMStore(HSKStore):
 
     def _parse_selection(self) -> None:
         try:
-            self.masking = MaskedLMSelection.from_dict(self.meta["selection"])
+            self.masking = self.metadata.selection_record
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
 

@@ -527,7 +527,7 @@ class TaskStore(HSKStore):
 
     def _parse_selection(self) -> None:
         try:
-            self.selection = Selection.from_dict(self.meta["selection"])
+            self.selection = self.metadata.selection_record
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
 

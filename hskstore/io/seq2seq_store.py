@@ -26,7 +26,7 @@ class Seq2seqStore(HSKStore):
 
     def _parse_selection(self) -> None:
         try:
-            self.s2s = Seq2seqSelection.from_dict(self.meta["selection"])
+            self.s2s = self.metadata.selection_record
         except (KeyError, TypeError, ValueError) as exc:
             raise self._damaged_selection(exc) from None
 

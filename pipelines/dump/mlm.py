@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from hskstore.format.meta import (
     TeacherRef,
     TokenizerRef,
 )
-from hskstore.format.mlm import MLM, MLM_TEACHER_KEYS, MLM_TOKENIZER_KEYS
+from hskstore.format.mlm import MLM, MLM_TEACHER_KEYS, MLM_TOKENIZER_KEYS, MaskedLMSelection
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import DataError, Examples, _read_table
@@ -75,8 +75,8 @@ class Masking:
         return _n_masked(self.mask_rate, max(max_length - 2, 1))
 
     def to_meta(self, max_length: int, top_k: int) -> dict:
-        return {**asdict(self), "keep_rate": self.keep_rate, "max_masked": self.max_masked(max_length),
-                "top_k": top_k, "unit": "per row: round(mask_rate * maskable tokens), at least 1"}
+        return MaskedLMSelection(self.mask_rate, self.mask_token_rate, self.random_token_rate, self.keep_rate,
+                                 self.mask_seed, self.max_masked(max_length), top_k).to_dict()
 
 
 def _n_masked(rate: float, candidates: int) -> int:
