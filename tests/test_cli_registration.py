@@ -42,3 +42,25 @@ def test_help_lists_every_command_in_order(capsys):
     lines = out.split("Commands:")[1].splitlines()
     names = [line.split()[0] for line in lines if line.startswith("  ") and not line.startswith("   ")]
     assert names == COMMANDS
+
+
+def test_long_commands_list_their_options_under_headings(capsys):
+    """`hsk train --help` and `hsk dump --help` group their options: every name in a command's table is one of
+    its options (a typo would drop an option into the first group), and each option sits under its heading."""
+    import typer
+
+    from pipelines.cli.store_commands import DUMP_SECTIONS
+    from pipelines.cli.train_commands import TRAIN_SECTIONS
+
+    group = typer.main.get_command(cli.app)
+    for command, sections, flag in (("train", TRAIN_SECTIONS, "--attention-rows"), ("dump", DUMP_SECTIONS,
+                                                                                    "--support")):
+        params = {p.name for p in group.commands[command].params}
+        assert {n for names in sections.values() for n in names} <= params, command
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        positions = [out.index(f"\n{heading}:\n") for heading in sections]
+        assert positions == sorted(positions) and out.index("\nOptions:\n") < positions[0], command
+        heading = next(h for h, names in sections.items() if flag.lstrip("-").replace("-", "_") in names)
+        assert out.index(f"\n{heading}:\n") < out.index(f"  {flag}") < (
+            min([p for p in positions if p > out.index(f"\n{heading}:\n")], default=len(out))), command

@@ -30,6 +30,7 @@ from hskstore.format.config import (
     ConfigError,
     HSKConfig,
 )
+from pipelines.cli.sections import sectioned
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -94,7 +95,22 @@ def _int_list(text: str | None) -> list[int] | None:
         raise UserError(f"--layers takes comma-separated layer numbers like '4,8,12', got {text!r}") from None
 
 
-@app.command(help=DUMP_HELP)
+# `hsk dump --help` in groups; the options in none (task, teacher, out, data) come first
+DUMP_SECTIONS = {
+    "The knowledge of a task store (--task --config)": (
+        "student_layers", "l_top", "layers", "tokens", "ranking", "scores", "width", "width_seed", "values",
+        "attention_rows", "max_length", "allow_task_mismatch"),
+    "Language-model stores (--objective mlm, clm or seq2seq)": (
+        "objective", "text_file", "support", "decode", "supports_on", "max_target", "prompt", "logprobs", "block_size",
+        "positions", "sample_seed", "limit_tokens", "top_k", "mask_seed"),
+    "The teacher's forward and the writing": (
+        "batch_size", "shard_rows", "device", "selection_engine", "precision", "threads", "write_processes", "workers",
+        "scheduler", "progress", "overwrite"),
+    "Sharing (recorded in the store's card and Croissant)": ("license", "creator"),
+}
+
+
+@app.command(help=DUMP_HELP, cls=sectioned(DUMP_SECTIONS))
 def dump(
     task: str = typer.Option(
         None, "--task", "-t", help="GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli)."

@@ -8,6 +8,7 @@ import typer
 
 from hskstore.errors import UserError
 from hskstore.format.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
+from pipelines.cli.sections import sectioned
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -87,7 +88,23 @@ def _layer_list(text: str | None) -> list[int] | None:
         raise UserError(f"--layers takes comma-separated layer numbers like '2,4', got {text!r}") from None
 
 
-@app.command(help=TRAIN_HELP)
+# `hsk train --help` in groups; the options in none (what the run is: store, student, out, ...) come first
+TRAIN_SECTIONS = {
+    "Method options (each method takes its own: `hsk methods`)": (
+        "stages", "epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred", "epochs", "lr", "temperature", "alpha", "beta",
+        "lam", "hsk_loss", "ptp_t1", "ptp_t2", "set_"),
+    "Students": ("student_base", "student_weights"),
+    "Reading the store": ("pad_to_max_length", "read_threads", "read_ahead", "shuffle_window", "expect_store"),
+    "Evaluation, checkpoints and logs": (
+        "eval_every", "eval_limit", "evaluate", "data_dir", "checkpoint_every", "log_every", "heartbeat", "progress",
+        "report_to"),
+    "Online mode (--teacher without --store: the teacher computes each batch's targets)": (
+        "task", "config", "train_limit", "shard_rows", "student_layers", "l_top", "layers", "tokens",
+        "attention_rows"),
+}
+
+
+@app.command(help=TRAIN_HELP, cls=sectioned(TRAIN_SECTIONS))
 def train(
     store: str = typer.Option(None, "--store", "-s", help="Store path or fsspec URL (offline mode)."),
     student: str = typer.Option(
