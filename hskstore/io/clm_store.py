@@ -25,13 +25,10 @@ class ClmStore(HSKStore):
 
     objective = CLM
     reads = frozenset({"clm"})
-    clm: ClmSelection
 
-    def _parse_selection(self) -> None:
-        try:
-            self.clm = self.metadata.selection_record
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._damaged_selection(exc) from None
+    @property
+    def clm(self) -> ClmSelection:
+        return self.selection_record
 
     def support(self) -> tuple[ClmSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""

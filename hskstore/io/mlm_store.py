@@ -25,13 +25,10 @@ class MLMStore(HSKStore):
 
     objective = MLM
     reads = frozenset({"mlm"})  # its Stage.read (pipelines/registry.py READS)
-    masking: MaskedLMSelection
 
-    def _parse_selection(self) -> None:
-        try:
-            self.masking = self.metadata.selection_record
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._damaged_selection(exc) from None
+    @property
+    def masking(self) -> MaskedLMSelection:
+        return self.selection_record
 
     def masked_tokens(self) -> int:
         """Masked positions over the whole store (unused slots are -1)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zarr
@@ -170,7 +171,8 @@ class HSKStore:
     """
 
     objective = ""  # the kind's name in meta["objective"] (hskstore.format.meta)
-    selection: Selection | None = None
+    selection: Selection | None = None  # a task store's; the other kinds name their record after what it holds
+    selection_record: Any  # the selection as its kind's record (kinds.StoreKind.selection_type)
     # Stage.reads a trainer may ask of this kind of store (pipelines.train.data.sources maps them to arrays)
     reads: frozenset[str] = frozenset()
 
@@ -219,13 +221,11 @@ class HSKStore:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptStoreError(f"{self.url}: metadata is damaged ({exc.__class__.__name__}: {exc}): re-copy "
                                     "it or dump again") from None
-        self._parse_selection()
-
-    def _parse_selection(self) -> None:
-        """Each kind reads its own `selection` (a task store's HSK choices, a masked-LM store's masking)."""
-
-    def _damaged_selection(self, exc: Exception) -> CorruptStoreError:
-        return CorruptStoreError(f"{self.url}: metadata 'selection' is damaged ({exc}): re-copy it or dump again")
+        try:  # each kind's own record (a task store's HSK choices, a masked-LM store's masking, ...)
+            self.selection_record = self.metadata.selection_record
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{self.url}: metadata 'selection' is damaged ({exc}): re-copy it or dump "
+                                    "again") from None
 
     def _members(self) -> dict[str, zarr.Array]:
         try:
@@ -522,14 +522,11 @@ class TaskStore(HSKStore):
     """A task store: a fine-tuned classifier's logits and hidden-state knowledge over a task's rows."""
 
     objective = TASK
-    selection: Selection
     reads = frozenset({"logits", "labels", "layers", "attention"})
 
-    def _parse_selection(self) -> None:
-        try:
-            self.selection = self.metadata.selection_record
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._damaged_selection(exc) from None
+    @property
+    def selection(self) -> Selection:
+        return self.selection_record
 
     @property
     def config(self) -> HSKConfig:

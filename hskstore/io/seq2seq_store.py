@@ -22,13 +22,10 @@ class Seq2seqStore(HSKStore):
 
     objective = SEQ2SEQ
     reads = frozenset({"seq2seq"})
-    s2s: Seq2seqSelection
 
-    def _parse_selection(self) -> None:
-        try:
-            self.s2s = self.metadata.selection_record
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self._damaged_selection(exc) from None
+    @property
+    def s2s(self) -> Seq2seqSelection:
+        return self.selection_record
 
     def support(self) -> tuple[Seq2seqSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""
