@@ -219,3 +219,24 @@ def test_each_kind_is_found_by_name_and_named_only_in_its_home(name):
     naming = _naming(home)
     assert naming - home.homes <= home.declarations, sorted(naming - home.homes - home.declarations)
 
+
+
+@pytest.mark.parametrize("vector", ["int8", "mlm", "clm", "seq2seq"])
+def test_a_damaged_selection_is_one_line_and_loses_nothing(vector, tmp_path):
+    """A store whose selection lacks a key its kind's record needs (its manifest gone, read unverified as the
+    refusal of an unverified store tells the user to): `hsk info` says so in one line, exit 2, bytes untouched."""
+    from conftest import hsk, tree_hashes
+
+    store = tmp_path / f"{vector}.zarr"
+    with zipfile.ZipFile(VECTORS / f"{vector}.hsk.zip") as z:
+        z.extractall(store)
+    doc = json.loads((store / "zarr.json").read_text())
+    meta = doc["attributes"]["hsk"]
+    meta.pop("manifest")
+    meta["selection"].pop(next(iter(meta["selection"])))
+    (store / "zarr.json").write_text(json.dumps(doc))
+    before = tree_hashes(tmp_path)
+    code, out, err = hsk("info", str(store), HSK_ALLOW_UNVERIFIED="1")
+    assert code == 2 and out == "", (code, out, err)
+    assert len(err.strip().splitlines()) == 1 and "damaged" in err and "re-copy it or dump again" in err, err
+    assert tree_hashes(tmp_path) == before

@@ -216,13 +216,18 @@ class HSKStore:
                 f"{self.url} is incomplete ({self._done_count()}/{self.n_shards} shards written): its dump was "
                 "interrupted. Rerun the same `hsk dump` command to finish it."
             )
+        self.metadata, self.selection_record = self._typed(meta)
+
+    def _typed(self, meta: dict) -> tuple[StoreMeta, Any]:
+        """The typed view of the metadata (self.meta stays the serialised dict) and the selection as its kind's
+        record (a task store's HSK choices, a masked-LM store's masking, ...); damage refused in one line."""
         try:
-            self.metadata = StoreMeta.parse(meta)  # the typed view; self.meta stays the serialised dict
+            metadata = StoreMeta.parse(meta)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptStoreError(f"{self.url}: metadata is damaged ({exc.__class__.__name__}: {exc}): re-copy "
                                     "it or dump again") from None
-        try:  # each kind's own record (a task store's HSK choices, a masked-LM store's masking, ...)
-            self.selection_record = self.metadata.selection_record
+        try:
+            return metadata, metadata.selection_record
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{self.url}: metadata 'selection' is damaged ({exc}): re-copy it or dump "
                                     "again") from None
