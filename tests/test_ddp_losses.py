@@ -3,9 +3,10 @@
 The HSK loss averages over every kept element of the batch, and the ranks' slices keep different numbers
 of tokens (texts differ in length): a mean of the ranks' means weighs a rank with fewer tokens up, so
 2 ranks trained other weights than 1 process from step 1. Each rank's sum is now divided by the global
-count (pipelines.train.run.ddp.Ranks.mean_count). For mud's HSK stage, tinybert-att (attention rows and
-HSK), pkd-skip and pea (PTP, then KD + Patient KD), one process and 2 ranks (gloo, CPU) log the same
-step-1 loss and reach the same weights. The teacher (and so bert<k> / sps<k>) has no dropout, so the
+count (pipelines.train.run.ddp.Ranks.mean_count). For tinybert-att (attention rows and mud's HSK loss,
+then the logits) and pea (PTP, then KD + pkd-skip's Patient KD), which between them hold every per-element
+term of mud, pkd-skip and pea, one process and 2 ranks (gloo, CPU) log the same step-1 loss and reach the
+same weights. The teacher (and so bert<k> / sps<k>) has no dropout, so the
 ranks' random masks cannot differ from one process's.
 """
 
@@ -32,10 +33,8 @@ COMMON = ["--batch-size", "16", "--seed", "5", "--max-steps", "2", "--log-every"
           "--no-progress", "--no-eval"]
 # method -> (store, its arguments)
 RUNS = {
-    "mud": ("att", ["--method", "mud", "--stages", "hsk", "--student", "bert2", "--lr-hsk", "1e-3"]),
     "tinybert-att": ("att", ["--method", "tinybert-att", "--student", "bert2", "--lr-hsk", "1e-3", "--lr-pred",
                              "1e-3"]),
-    "pkd-skip": ("cls", ["--method", "pkd-skip", "--student", "bert3", "--lr", "1e-3"]),
     "pea": ("cls", ["--method", "pea", "--student", "sps1", "--lr", "1e-3", "--set", "ptp_lr=1e-3"]),
 }
 

@@ -470,9 +470,12 @@ def test_quickstart_without_its_data_leaves_nothing(tmp_path, capsys, monkeypatc
 
 
 def test_dump_to_an_unreachable_scheduler_leaves_nothing(teacher, glue_dir, tmp_path, capsys):
+    import dask
+
     before = tree_hashes(tmp_path)
-    refused(capsys, main(dump_args(teacher, glue_dir, tmp_path / "o.zarr", "--scheduler", "tcp://127.0.0.1:1")),
-            "no dask scheduler")
+    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):  # the user's dask config is honoured
+        refused(capsys, main(dump_args(teacher, glue_dir, tmp_path / "o.zarr", "--scheduler", "tcp://127.0.0.1:1")),
+                "no dask scheduler")
     assert tree_hashes(tmp_path) == before and not (tmp_path / "o.zarr").exists()
 
 

@@ -222,10 +222,12 @@ def test_each_kind_is_found_by_name_and_named_only_in_its_home(name):
 
 
 @pytest.mark.parametrize("vector", ["int8", "mlm", "clm", "seq2seq"])
-def test_a_damaged_selection_is_one_line_and_loses_nothing(vector, tmp_path):
+def test_a_damaged_selection_is_one_line_and_loses_nothing(vector, tmp_path, monkeypatch, capsys):
     """A store whose selection lacks a key its kind's record needs (its manifest gone, read unverified as the
     refusal of an unverified store tells the user to): `hsk info` says so in one line, exit 2, bytes untouched."""
-    from conftest import hsk, tree_hashes
+    from conftest import tree_hashes
+
+    from pipelines.cli import main
 
     store = tmp_path / f"{vector}.zarr"
     with zipfile.ZipFile(VECTORS / f"{vector}.hsk.zip") as z:
@@ -236,7 +238,9 @@ def test_a_damaged_selection_is_one_line_and_loses_nothing(vector, tmp_path):
     meta["selection"].pop(next(iter(meta["selection"])))
     (store / "zarr.json").write_text(json.dumps(doc))
     before = tree_hashes(tmp_path)
-    code, out, err = hsk("info", str(store), HSK_ALLOW_UNVERIFIED="1")
+    monkeypatch.setenv("HSK_ALLOW_UNVERIFIED", "1")
+    code = main(["info", str(store)])
+    out, err = capsys.readouterr()
     assert code == 2 and out == "", (code, out, err)
     assert len(err.strip().splitlines()) == 1 and "damaged" in err and "re-copy it or dump again" in err, err
     assert tree_hashes(tmp_path) == before

@@ -166,11 +166,12 @@ def check_scheduler(address: str | None) -> None:
 @contextlib.contextmanager
 def cluster_client(workers: int | None, scheduler: str | None, device: str, log=print) -> Iterator:
     """A dask Client: to the scheduler given, or to a LocalCluster of `workers` processes (loopback)."""
+    import dask
     from distributed import Client, LocalCluster
 
     if scheduler:
-        try:
-            client = Client(scheduler, timeout="30s")
+        try:  # dask's own connect timeout (30 s unless the user's dask config says otherwise)
+            client = Client(scheduler, timeout=dask.config.get("distributed.comm.timeouts.connect", "30s"))
         except OSError as exc:
             raise DistributedDumpError(
                 f"no dask scheduler at {scheduler} ({exc}): start one, or use --workers N"
