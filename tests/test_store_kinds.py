@@ -220,7 +220,6 @@ def test_each_kind_is_found_by_name_and_named_only_in_its_home(name):
     assert naming - home.homes <= home.declarations, sorted(naming - home.homes - home.declarations)
 
 
-
 @pytest.mark.parametrize("vector", ["int8", "mlm", "clm", "seq2seq"])
 def test_a_damaged_selection_is_one_line_and_loses_nothing(vector, tmp_path, monkeypatch, capsys):
     """A store whose selection lacks a key its kind's record needs (its manifest gone, read unverified as the
