@@ -23,7 +23,7 @@ from transformers import Trainer
 
 from hskstore.format.config import ConfigError
 from pipelines.train.data.decode import decode_batch
-from pipelines.train.data.sources import open_offline, stream_names
+from pipelines.train.data.sources import open_offline
 from pipelines.train.data.stream import TRIMMED, StoreStream
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs
@@ -59,7 +59,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
         reads = ("logits", "layers") if self.kept else ("logits",)
         self.stream = StoreStream(self.store, batch_size=read_rows, seed=seed, shuffle=shuffle,
                                   buffer_shards=buffer_shards, workers=workers,
-                                  names=stream_names(source, reads, self.kept))
+                                  names=source.stream_names(reads, self.kept))
 
     def _kept(self, layers: Sequence[int] | str) -> list[int]:
         stored = list(range(len(self.store.layers)))

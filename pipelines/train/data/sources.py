@@ -401,11 +401,6 @@ def run_device(options: TrainOptions) -> str:
 # What a stage reads, and provenance
 
 
-def stream_names(source: TaskSource, reads: tuple[str, ...], kept: list[int]) -> list[str]:
-    """The arrays a stage streams: the inputs, plus the stored targets it reads (a live teacher's come per batch)."""
-    return source.stream_names(reads, kept)
-
-
 def check_provenance(source: TaskSource, info: StudentInfo, token_level: bool, log: Callable) -> bool:
     """True when the student shares the store's tokenizer; raises when token-level HSK needs it."""
     stored = source.metadata.tokenizer.vocab_hash
