@@ -292,7 +292,8 @@ def _eval_lm(model: str, text_file: str, block_size: int, batch_size: int, devic
         typer.echo(json.dumps(result, indent=2))
         return
     typer.echo(f"{text_file}: perplexity {result['perplexity']:.3f} ({result['tokens']} tokens), per word "
-               f"{result['word_perplexity']:.3f} ({result['words']} words), ECE {result['ece']:.4f}, next-token "
+               f"{result['word_perplexity']:.3f} ({result['words']} words), bits per byte "
+               f"{result['bits_per_byte']:.4f} ({result['bytes']} bytes), ECE {result['ece']:.4f}, next-token "
                f"accuracy {result['accuracy']:.4f}")
 
 
