@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_bpe_tokenizer, corpus_lines, save_tiny_causal_lm
+from conftest import corpus_lines, save_tiny_causal_lm
 
 from hskstore import open_store
 from hskstore.format.clm import ACTUAL, TEXT, TOKEN_BYTES, pack_token_bytes, token_ends
@@ -285,3 +285,36 @@ def test_eval_reports_bits_per_byte_on_one_scale_for_two_tokenizers(clm_teacher,
         assert r["bits_per_byte"] == pytest.approx(math.log2(vocab) * r["tokens"] / r["bytes"], rel=0.35)
     assert main(["eval", str(clm_teacher), "--text-file", str(xcorpus), "--block-size", "32"]) == 0
     assert "bits per byte" in capsys.readouterr().out
+
+
+# --- students made for a tokenizer (`hsk student lm`) ---------------------------------------------------------
+
+
+def test_hsk_student_lm_trains_a_bpe_on_the_corpus_and_the_student_distils(xstore, xcorpus, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "bpe500"
+    assert main(["student", "lm", "--train-tokenizer", str(xcorpus), "--vocab-size", "500", "--layers", "1",
+                 "--hidden", "32", "--ffn", "64", "--out", str(out)]) == 0
+    assert "vocabulary 500" in capsys.readouterr().out
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer) == 500 and tokenizer.eos_token == "<|endoftext|>"
+    assert tokenizer.decode(tokenizer(ODD)["input_ids"]) == ODD  # byte-level: every text round-trips
+    assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == 500
+    assert main(["train", "--store", str(xstore), "--student", str(out), "--method", "alm", "--max-steps", "2",
+                 "--batch-size", "4", "--device", "cpu", "--out", str(tmp_path / "run")]) == 0
+    assert main(["eval", str(tmp_path / "run" / "best"), "--text-file", str(xcorpus), "--block-size", "32"]) == 0
+    assert "bits per byte" in capsys.readouterr().out
+
+
+def test_hsk_student_lm_over_minilms_wordpiece_takes_sep_as_eos(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "minilm-vocab"
+    assert main(["student", "lm", "--tokenizer", "minilm", "--layers", "1", "--hidden", "32", "--ffn", "64",
+                 "--out", str(out)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.eos_token == "[SEP]" and len(tokenizer) == 30522
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["student", "lm", "--tokenizer", "minilm", "--out", str(out)]) == 2  # not over a student
+    assert "--overwrite" in capsys.readouterr().err and sorted(p.name for p in out.iterdir()) == before
