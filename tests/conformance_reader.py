@@ -164,7 +164,9 @@ def data_arrays(meta: dict) -> list[str]:
         return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
     if meta.get("objective") == "clm":
-        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"])]
+        text = ["clm/actual", "clm/token_bytes", "clm/text"] if meta["selection"].get("text_bytes") is not None else []
+        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"]),
+                *text]
     if meta.get("objective") == "seq2seq":
         return seq2seq_arrays(meta["selection"])
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
@@ -291,6 +293,17 @@ def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
     """The mass outside the top K: 1 - sum(exp(log-prob)), clipped to [0, 1]; 0 where a position is not kept."""
     tail = np.clip(1.0 - np.exp(logprobs.astype(np.float64)).sum(-1), 0.0, 1.0)
     return np.where(kept, tail, 0.0)
+
+
+def clm_block_text(arrays: dict[str, np.ndarray], row: int) -> tuple[str, list[int]]:
+    """A block's text and its tokens' end offsets in bytes: the text is the first sum(token_bytes) bytes of
+    `clm/text` (UTF-8), token t ends at token_bytes[0] + ... + token_bytes[t] ("Block text, offsets and
+    actual-token log-probs")."""
+    ends, total = [], 0
+    for n in arrays["clm/token_bytes"][row].tolist():
+        total += int(n)
+        ends.append(total)
+    return bytes(arrays["clm/text"][row][:total].tolist()).decode("utf-8"), ends
 
 
 def block_hash(ids: np.ndarray) -> int:
