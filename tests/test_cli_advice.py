@@ -1,4 +1,4 @@
-"""Issue 34 items 9, 10, 12, 14 and issue 39 item 5: numbers out of range, tracebacks where a user typed
+"""The CLI's refusals and their advice: numbers out of range, tracebacks where a user typed
 something plausible, object store errors, `hsk upgrade` killed midway, and hints that must work when
 followed. Each through the real CLI, with the user's folder hashed before and after."""
 
@@ -260,8 +260,8 @@ def test_an_upgrade_writes_croissant_json(store, tmp_path, capsys):
 
 # -- issue 39 item 5: every hint hsk prints works when followed ---------------------------------------------------
 # The hints of the errors a newcomer meets first, each followed as written (placeholders filled in): the command
-# it names then runs. Hints elsewhere: test_cli_errors (--overwrite on a dump), test_first_hour (a moved teacher,
-# --attention-rows), test_faults (hsk upgrade).
+# it names then runs. Hints elsewhere: test_dump_cli (--overwrite on a dump), test_cli_preflight (a moved teacher,
+# --attention-rows), test_store_tampering (hsk upgrade).
 
 
 def train_args(store, out: Path, glue_dir: Path, student: str, *extra: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""A hostile and unlucky user, round five: two trainings on one run folder, a killed dump's helper processes,
+"""The CLI at its limits: two trainings on one run folder, a killed dump's helper processes,
 huge integers, values that used to end in a traceback, and forged array descriptions.
 
 Each case runs the real `hsk` in a new process under a timeout (a hang fails the test), expects one
@@ -353,7 +353,7 @@ def test_the_catalog_lists_a_store_holding_a_link_or_a_fifo_as_damaged(store, tm
 
 @pytest.mark.parametrize("precision", ["fp8", "BF16", 16])
 def test_a_forged_teacher_precision_is_refused(store, precision):
-    from test_hostile import reseal
+    from test_store_untrusted import reseal
 
     reseal(store, lambda meta: meta["teacher"].update(precision=precision))
     kept = tree_hashes(store)

@@ -1,4 +1,4 @@
-"""A user's second day: refusals that name the value and come back before torch is imported, a warning for
+"""What the CLI says: refusals that name the value and come back before torch is imported, a warning for
 fp16 on a CPU, a progress line while training, stores that can be shared without local paths, more encoder
 families, and TensorBoard event files beside metrics.jsonl. Each through the real CLI where there is one (hsk
 inside the Hugging Face Trainer: tests/test_hf_trainer.py)."""

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 39): the README's Python block on a real dump, one name per option across
+"""The CLI's options across commands: the README's Python block on a real dump, one name per option across
 commands, `-h` everywhere, `--threads`, `hsk doctor`, and methods from other packages."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 26), through the real CLI: sweeps that check every run before they
+"""What the CLI checks before any work starts, through the real CLI: sweeps that check every run before they
 start, a finished run kept unless --overwrite, advice computed for this teacher and student, the data
 folder recorded absolute, and quiet, quick edges (no bars in logs, no torch for a typo)."""
 

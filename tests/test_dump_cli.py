@@ -1,4 +1,4 @@
-"""Bad input gets one clear line and exit status 2, and loses nothing."""
+"""`hsk dump` (and info/verify on its store): bad input gets one clear line and exit status 2, and loses nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The holes of the fault campaign (issue 19), each reproduced through the real CLI and closed: metadata
+"""Tampered, damaged and half-written stores, each through the real CLI: metadata
 downgrade, forged shards, unpack over a live dump, a teacher retrained in place, tracebacks, memory://,
 resume arguments, a missing card, terminal escapes in the card, and leftovers of killed writers."""
 

@@ -1,4 +1,4 @@
-"""`hsk train` / `hsk sweep` as a user meets them (issue 13, train side): dev data found like the dump
+"""`hsk train` / `hsk sweep` as a user meets them: dev data found like the dump
 found its data, a moved teacher given back with --teacher (its weights checked), --expect-store, options
 refused rather than replaced, a full disk, and the output rule on --out / --work-dir."""
 
