@@ -1,6 +1,6 @@
 """What `hsk` costs to start (issue 20: one-way command registration must not make it slower).
 
-    python benchmarks/cli_startup.py BEFORE_TREE [--rounds 5] [--out benchmarks/results/cli_startup.json]
+    python benchmarks/cli/cli_startup.py BEFORE_TREE [--rounds 5] [--out benchmarks/cli/results/cli_startup.json]
 
 BEFORE_TREE is a checkout of the code to compare with (e.g. `git archive <commit> | tar -x -C DIR`);
 the other arm is this checkout. Per round and arm, alternating the arms: `python -X importtime -c
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 
 
 def _env(tree: str) -> dict[str, str]:
@@ -49,7 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", help="the tree to compare with")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default=str(HERE / "benchmarks" / "results" / "cli_startup.json"))
+    parser.add_argument("--out", default=str(HERE / "benchmarks" / "cli" / "results" / "cli_startup.json"))
     args = parser.parse_args()
     arms = {"before": str(Path(args.before).resolve()), "after": str(HERE)}
     rounds = []

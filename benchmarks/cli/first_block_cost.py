@@ -4,9 +4,9 @@ Fine-tunes MiniLM-L6 (`hsk teacher --base minilm`) on the first --teacher-rows S
 epoch and dumps the first --dump-rows rows at 3,8,0.2, each --rounds times (alternating). Records
 the whole commands' times and their own loop rates (the teacher's train_seconds from hsk_teacher.json,
 the dump's "ex/s"), and projects the full commands (all 67,349 SST-2 training rows; `hsk teacher`'s
-default 3 epochs) from the median loop rates. Writes benchmarks/results/first_block_cost.json with the load average.
+default 3 epochs) from the median loop rates. Writes benchmarks/cli/results/first_block_cost.json with the load average.
 
-    python benchmarks/first_block_cost.py --data-dir ../shared/data/glue
+    python benchmarks/cli/first_block_cost.py --data-dir ../shared/data/glue
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--teacher-rows", type=int, default=512)
     parser.add_argument("--dump-rows", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/first_block_cost.json")
+    parser.add_argument("--out", default="benchmarks/cli/results/first_block_cost.json")
     args = parser.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,7 +62,7 @@ def main() -> None:
     teacher_rate = statistics.median(r["teacher_ex_per_s_inner"] for r in rounds)
     dump_rate = statistics.median(r["dump_ex_per_s_inner"] for r in rounds)
     result = {
-        "command": f"python benchmarks/first_block_cost.py --data-dir {args.data_dir}",
+        "command": f"python benchmarks/cli/first_block_cost.py --data-dir {args.data_dir}",
         "teacher_rows": args.teacher_rows, "dump_rows": args.dump_rows, "rounds": rounds,
         "teacher_ex_per_s_inner_median": teacher_rate, "dump_ex_per_s_inner_median": dump_rate,
         "projected_teacher_full_h": SST2_TRAIN_ROWS * TEACHER_EPOCHS / teacher_rate / 3600,

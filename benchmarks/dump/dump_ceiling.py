@@ -1,6 +1,6 @@
 """The dump's ceiling: the whole `hsk dump` pipeline with the teacher's forward replaced by stored outputs.
 
-    python benchmarks/dump_ceiling.py --rows 4096 --json benchmarks/results/dump_ceiling.json
+    python benchmarks/dump/dump_ceiling.py --rows 4096 --json benchmarks/dump/results/dump_ceiling.json
 
 A real forward of a random-weight teacher (MiniLM-L6-sized: d 384, 6 layers; BERT-base-sized: d 768,
 12 layers) over QNLI dev pairs at max length 128 is run once and its probe outputs (logits, every
@@ -247,7 +247,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--json", required=True, help="Where to write the results.")
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/glue"))
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2].parent / "shared/data/glue"))
     ap.add_argument("--sizes", default="minilm,base")
     ap.add_argument("--configs", nargs="+", default=["3,8,0.2", "1,9,0.1"])
     ap.add_argument("--rounds", type=int, default=3)

@@ -1,6 +1,6 @@
 """Dump throughput on dask workers against the single-process dump, and a projected cost table.
 
-    python benchmarks/dump_distributed.py --data-dir ../shared/data/glue
+    python benchmarks/dump/dump_distributed.py --data-dir ../shared/data/glue
 
 Part 1 (measured): the same rows dumped by the single-process dump and by `--workers 1` and
 `--workers 2` (local dask clusters, started once and reused, so cluster start-up is not timed; a
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/dump_distributed.json")
+    ap.add_argument("--out", default="benchmarks/dump/results/dump_distributed.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
     try:

@@ -2,8 +2,8 @@
 # glibc's mmap threshold for the dump, alternated: dynamic (the dump's default: glibc's own, heap trimmed once per
 # shard, pipelines/dump/heap.py) against fixed at 512 KiB (MALLOC_MMAP_THRESHOLD_=524288, the dump's own setting
 # from 4acfc85 to 1a01b22). Peak RSS and examples/s of a fresh `hsk dump` process per run, at each row count.
-#   bash benchmarks/dump_heap_ab.sh TEACHER ROWS[,ROWS...] ROUNDS   (from the repository root, its venv active)
-# Results of a run on this machine: benchmarks/results/dump_heap_ab.json (written by hand from the output).
+#   bash benchmarks/dump/dump_heap_ab.sh TEACHER ROWS[,ROWS...] ROUNDS   (from the repository root, its venv active)
+# Results of a run on this machine: benchmarks/dump/results/dump_heap_ab.json (written by hand from the output).
 set -euo pipefail
 teacher=$1 sizes=$2 rounds=$3
 work=$(mktemp -d)

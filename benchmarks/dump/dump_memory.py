@@ -1,7 +1,7 @@
 """Peak memory of `hsk dump` against the number of examples, next to a bare teacher forward loop.
 
-    python benchmarks/dump_memory.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
-    python benchmarks/dump_memory.py ... --sizes 2000,32000,2000,32000 --same-rows 2000 --no-forward
+    python benchmarks/dump/dump_memory.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
+    python benchmarks/dump/dump_memory.py ... --sizes 2000,32000,2000,32000 --same-rows 2000 --no-forward
 
 `--same-rows N` feeds every size the first N SST-2 rows repeated, so a longer dump meets no longer
 sentences: its peak then measures what the dump keeps, not the longest batch it met.
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--sizes", default="2000,8000,32000")
     ap.add_argument("--config", default="3,8,0.2")
-    ap.add_argument("--out", default="benchmarks/results/dump_memory.json")
+    ap.add_argument("--out", default="benchmarks/dump/results/dump_memory.json")
     ap.add_argument("--allocators", choices=["both", "default"], default="both",
                     help="default: glibc's default allocator only (the dump's own setting).")
     ap.add_argument("--no-forward", action="store_true", help="Measure the dump only, not the bare forward loop.")

@@ -1,7 +1,7 @@
-"""The host pipeline's overlap, A/B: the dump's ceiling (benchmarks/dump_ceiling.py: stored forward
+"""The host pipeline's overlap, A/B: the dump's ceiling (benchmarks/dump/dump_ceiling.py: stored forward
 outputs replayed, everything else real) with a serial host pipeline against the default one.
 
-    python benchmarks/dump_pipeline_ab.py --rows 4096 --json benchmarks/results/dump_pipeline_ab.json
+    python benchmarks/dump/dump_pipeline_ab.py --rows 4096 --json benchmarks/dump/results/dump_pipeline_ab.json
 
 serial: one shard written at a time and each shard tokenized whole on one thread (the pipeline before
 pipelines/dump/pipeline.py kept tokenizing and writing on one thread each, as here); pipelined: two
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.dump_ceiling import ReplayProbe, load_average, make_teacher, one_dump, record_outputs
+from benchmarks.dump.dump_ceiling import ReplayProbe, load_average, make_teacher, one_dump, record_outputs
 from pipelines.core.data import load_examples
 from pipelines.core.tasks import get_task
 
@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/glue"))
+    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2].parent / "shared/data/glue"))
     ap.add_argument("--config", default="3,8,0.2")
     ap.add_argument("--engine", default="torch")
     ap.add_argument("--rounds", type=int, default=3)

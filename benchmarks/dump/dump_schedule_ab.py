@@ -1,9 +1,10 @@
 """The CPU dump's host schedule, A/B/C against the bare forward: host stages between forwards (the CPU
 default since issue 35) or beside the forward (a GPU's schedule, the CPU's before), alternated in every round.
 
-    python benchmarks/dump_schedule_ab.py --limit 1024 --rounds 3 --json benchmarks/results/dump_schedule_ab.json
+    python benchmarks/dump/dump_schedule_ab.py --limit 1024 --rounds 3 \
+        --json benchmarks/dump/results/dump_schedule_ab.json
 
-The real `hsk dump` on a random-weight MiniLM-sized teacher (benchmarks/dump_throughput.py), QNLI dev
+The real `hsk dump` on a random-weight MiniLM-sized teacher (benchmarks/dump/dump_throughput.py), QNLI dev
 pairs at max length 128, batch 32, config 3,8,0.2, torch engine; the arms rotate each round so that the
 machine's load hits them alike. Reported: examples/s per arm and round, the dump / forward ratio of each
 schedule (median over rounds) and the load average at each round (the machine may be shared).
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from benchmarks.dump_throughput import DATA_DIR, bare_forward, make_teacher
+from benchmarks.dump.dump_throughput import DATA_DIR, bare_forward, make_teacher
 from hskstore.format.config import HSKConfig
 from pipelines.core.data import load_examples
 from pipelines.core.tasks import get_task

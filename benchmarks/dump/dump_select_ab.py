@@ -1,9 +1,9 @@
 """The CPU dump against the bare forward, with this checkout's selection and with another's, in one process.
 
     git show ff67a8c:pipelines/dump/select_torch.py > /tmp/select_old.py
-    python benchmarks/dump_select_ab.py --old-select /tmp/select_old.py --limit 512 --rounds 4
+    python benchmarks/dump/dump_select_ab.py --old-select /tmp/select_old.py --limit 512 --rounds 4
 
-Three arms, alternated (the order flips each round): the bare forward (benchmarks/dump_throughput.py's),
+Three arms, alternated (the order flips each round): the bare forward (benchmarks/dump/dump_throughput.py's),
 the dump, and the same dump with `select_batch` taken from the file given (an earlier commit's
 pipelines/dump/select_torch.py). Everything else is the same code, so the two dumps' ratios differ by
 the selection alone. Random teacher weights, MiniLM size, QNLI dev, 3,8,0.2, batch 32, torch's threads

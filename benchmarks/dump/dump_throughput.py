@@ -1,9 +1,9 @@
 """Dump throughput relative to the teacher's plain forward, measured in one run on the same batches.
 
-    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue            # CPU
-    python benchmarks/dump_throughput.py --data-dir ../shared/data/glue --device cuda --size base --precision fp16
+    python benchmarks/dump/dump_throughput.py --data-dir ../shared/data/glue            # CPU
+    python benchmarks/dump/dump_throughput.py --data-dir ../shared/data/glue --device cuda --size base --precision fp16
 
-From Python (benchmarks/gpu_suite.py): `measure(size, device, precision, limit, batch_size)` returns a dict
+From Python (benchmarks/gpu/gpu_suite.py): `measure(size, device, precision, limit, batch_size)` returns a dict
 with `dump_ex_per_s`, `forward_ex_per_s` and `ratio` (medians over alternated rounds).
 
 The baseline is the bare teacher forward (logits only, default attention implementation) over
@@ -75,7 +75,7 @@ def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     forwards; the slower of tokenizing and selection is the ceiling reported here (writing is
     concurrent Blosc encoding on several threads). `select_encode_ms` is the numpy engine's host work;
     `select_encode_torch_engine_ms` the torch engine's (on a GPU: launching, the device's work and the
-    copy back of the selected bytes; benchmarks/dump_ceiling.py measures the whole pipeline).
+    copy back of the selected bytes; benchmarks/dump/dump_ceiling.py measures the whole pipeline).
     """
     selection = build_selection(options, model.config.num_hidden_layers, model.config.hidden_size)
     probe = TeacherProbe(model, list(selection.ranking_layers))
@@ -105,7 +105,7 @@ def host_side_ms_per_example(model, tok, texts, options: DumpOptions) -> dict:
     return per_ex
 
 
-DATA_DIR = str(Path(__file__).resolve().parents[1].parent / "shared/data/glue")
+DATA_DIR = str(Path(__file__).resolve().parents[2].parent / "shared/data/glue")
 
 
 def resolved_precision(precision: str, device: str) -> str:
@@ -122,7 +122,7 @@ def measure(size: str = "minilm", device: str = "cpu", precision: str = "fp32", 
 
     Returns `dump_ex_per_s`, `forward_ex_per_s` and `ratio` (medians over rounds; ratio per round, then the
     median) plus the rounds, the resolved precision, torch's threads and the load average (callers such as
-    benchmarks/gpu_suite.py read the first three).
+    benchmarks/gpu/gpu_suite.py read the first three).
     """
     from pipelines.core.precision import forward_precision
 
@@ -204,7 +204,7 @@ def main() -> None:
                     help="The host stages beside the forward (on), between forwards (off), or the dump's default.")
     ap.add_argument("--write-processes", type=int, default=0,
                     help="hsk dump --write-processes: processes that compress and write shards (0: threads).")
-    ap.add_argument("--out", default="benchmarks/results/dump_throughput.json")
+    ap.add_argument("--out", default="benchmarks/dump/results/dump_throughput.json")
     args = ap.parse_args()
     overlap = {"auto": None, "on": True, "off": False}[args.host_overlap]
     result = measure(args.size, args.device, args.precision, args.limit, args.batch_size, rounds=args.rounds,

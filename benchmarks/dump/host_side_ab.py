@@ -1,9 +1,9 @@
 """The dump's host-side cost (tokenizing; selection + encoding) of two checkouts, run alternately.
 
     git worktree add ../hsk-old 9eceb0c
-    python benchmarks/host_side_ab.py ../hsk-old . --data-dir ../shared/data/glue
+    python benchmarks/dump/host_side_ab.py ../hsk-old . --data-dir ../shared/data/glue
 
-Each round runs every checkout's own `benchmarks/dump_throughput.py` host-side measurement in a
+Each round runs every checkout's own `benchmarks/dump/dump_throughput.py` host-side measurement in a
 fresh process (same random MiniLM-sized teacher shape, QNLI dev, config 3,8,0.2, 3 repeats), so a
 difference between rounds is the machine and a difference between checkouts is the code.
 """
@@ -23,7 +23,9 @@ import importlib.util, json, sys, tempfile
 from pathlib import Path
 tree, data_dir, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, tree)  # this checkout's hskstore and pipelines, whatever else is installed
-spec = importlib.util.spec_from_file_location("bench", f"{tree}/benchmarks/dump_throughput.py")
+script = Path(tree, "benchmarks", "dump", "dump_throughput.py")
+script = script if script.is_file() else Path(tree, "benchmarks", "dump_throughput.py")  # an older checkout
+spec = importlib.util.spec_from_file_location("bench", script)
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 task = b.get_task("qnli")
@@ -51,7 +53,7 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--limit", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/host_side_ab.json")
+    ap.add_argument("--out", default="benchmarks/dump/results/host_side_ab.json")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {str(t): [] for t in args.trees}
     for r in range(args.rounds):

@@ -5,19 +5,19 @@
 #   (a') kd_base:     the same KD into the MiniLM base encoder's first 3 layers (not fine-tuned on the
 #                     task), the init (b) and (c) compete with: what pre-training distillation adds
 #   (b) lightpaff:    pre-training distillation (lightpaff-pretrain, l = 1) of the MLM teacher's first 3
-#                     layers on the SST-2 training sentences (the MLM store of benchmarks/mlm_store.sh),
+#                     layers on the SST-2 training sentences (the MLM store of benchmarks/store/mlm_store.sh),
 #                     then fine-tuning distillation (lightpaff, l = 0.5) on the same TRAIN_ROWS rows
 #   (c) lightpaff+u:  as (b), the fine-tuning store adding UNLABELED_ROWS further SST-2 training rows with
 #                     their labels removed (the teacher's distribution is their only target)
 #
 # Same budget: each fine-tuning run has the same epochs, LR, batch size and step cap (MAX_STEPS);
 # (b) and (c) add the pre-training steps (PRE_STEPS), reported in the table.
-# Needs the fine-tuned teacher (TEACHER) and the MLM store (runs/mlm_sst2, from benchmarks/mlm_store.sh).
+# Needs the fine-tuned teacher (TEACHER) and the MLM store (runs/mlm_sst2, from benchmarks/store/mlm_store.sh).
 #
-# Usage: bash benchmarks/lightpaff_sst2.sh [DATA_DIR]   (default ../shared/data/glue)
+# Usage: bash benchmarks/evidence/lightpaff_sst2.sh [DATA_DIR]   (default ../shared/data/glue)
 set -euo pipefail
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
-TEACHER="${TEACHER:-runs/sweep_sst2/teacher}"  # the SST-2 teacher of benchmarks/sweep_sst2.sh
+TEACHER="${TEACHER:-runs/sweep_sst2/teacher}"  # the SST-2 teacher of benchmarks/evidence/sweep_sst2/sweep_sst2.sh
 MLM_WORK="${MLM_WORK:-runs/mlm_sst2}"
 WORK="${WORK:-runs/lightpaff_sst2}"
 TRAIN_ROWS="${TRAIN_ROWS:-4000}"
@@ -28,10 +28,10 @@ MAX_STEPS="${MAX_STEPS:-400}"
 LR="${LR:-1e-4}"  # the sweep's CPU schedule: at the paper's 2e-5 a few hundred steps leave the student at the majority class
 PRE_STEPS="${PRE_STEPS:-400}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-mkdir -p "$WORK" benchmarks/results
+mkdir -p "$WORK" benchmarks/evidence/results
 
 [ -f "$TEACHER/config.json" ] || { echo "no fine-tuned teacher at $TEACHER (set TEACHER)" >&2; exit 2; }
-[ -f "$MLM_WORK/corpus.zarr/zarr.json" ] || WORK="$MLM_WORK" bash benchmarks/mlm_store.sh "$DATA_DIR"
+[ -f "$MLM_WORK/corpus.zarr/zarr.json" ] || WORK="$MLM_WORK" bash benchmarks/store/mlm_store.sh "$DATA_DIR"
 
 # Fine-tuning data: the first TRAIN_ROWS rows with labels; (c) adds the next UNLABELED_ROWS without.
 python - "$DATA_DIR/SST-2/train.tsv" "$WORK" "$TRAIN_ROWS" "$UNLABELED_ROWS" <<'PY'
@@ -87,7 +87,7 @@ for path in sorted(work.glob("*-seed*/summary.json")):
     rows.append({"run": path.parent.name, "method": s["method"], "dev_accuracy": s["score"],
                  "train_seconds": s.get("train_seconds"), "pretrain_steps": pre_s.get("steps", 0),
                  "pretrain_seconds": pre_s.get("train_seconds", 0)})
-(Path("benchmarks/results") / "lightpaff_sst2.json").write_text(json.dumps(rows, indent=2) + "\n")
+(Path("benchmarks/evidence/results") / "lightpaff_sst2.json").write_text(json.dumps(rows, indent=2) + "\n")
 print("| run | method | dev accuracy | train s | pre-train steps | pre-train s |")
 print("|---|---|---|---|---|---|")
 for r in rows:

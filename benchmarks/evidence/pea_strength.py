@@ -15,7 +15,7 @@ Arms alternate inside each (seed, teacher) round. Rerun the same command to cont
 finished runs are read back, an interrupted `hsk train` resumes from its checkpoint. --max-runs N stops
 after N new runs (the CPU budget of one sitting). Not run by the tests.
 
-    python benchmarks/pea_strength.py --teacher weak=runs/qs/teacher --teacher strong=runs/t85 \
+    python benchmarks/evidence/pea_strength.py --teacher weak=runs/qs/teacher --teacher strong=runs/t85 \
         --data-dir ../shared/data/glue --seeds 0,1,2
 """
 
@@ -131,7 +131,7 @@ def main() -> None:
                     help="METHOD@STUDENT,... (METHOD: kd, pea, or pea-kept: pea with --set kd_head=kept)")
     ap.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
     ap.add_argument("--work", default="runs/pea_strength")
-    ap.add_argument("--results", default="benchmarks/results/pea_strength.json")
+    ap.add_argument("--results", default="benchmarks/evidence/results/pea_strength.json")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = Path(args.results)

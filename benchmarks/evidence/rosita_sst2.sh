@@ -7,11 +7,11 @@
 #   2. hsk dump: the teacher over the same TRAIN_ROWS rows at the paper's config 3,8,0.2 for a
 #      3-layer reference student (both students are 3 layers deep at d 384: same layer map, no projection).
 #   3. hsk train, the default method (HSK stage, then prediction stage) with the CPU schedule of
-#      benchmarks/sweep_sst2.sh (1 + 1 epochs, lr 1e-4 both stages, batch 32), for bert3 (the
+#      benchmarks/evidence/sweep_sst2/sweep_sst2.sh (1 + 1 epochs, lr 1e-4 both stages, batch 32), for bert3 (the
 #      teacher's first 3 layers) and the ROSITA student, SEEDS seeds; dev accuracy on all 872 rows.
 #   4. A JSON summary: parameters, dev accuracy, train time per run.
 #
-# Usage: bash benchmarks/rosita_sst2.sh TEACHER [DATA_DIR]   (DATA_DIR default ../shared/data/glue)
+# Usage: bash benchmarks/evidence/rosita_sst2.sh TEACHER [DATA_DIR]   (DATA_DIR default ../shared/data/glue)
 # Every step is skipped when its output exists, so a rerun after an interruption continues.
 set -euo pipefail
 
@@ -25,7 +25,7 @@ CAP=()
 SUFFIX=""
 if [ -n "$MAX_STEPS" ]; then CAP=(--max-steps "$MAX_STEPS"); SUFFIX="-cap$MAX_STEPS"; fi
 export HF_HUB_OFFLINE=1
-mkdir -p "$WORK" benchmarks/results
+mkdir -p "$WORK" benchmarks/evidence/results
 
 if [ ! -f "$WORK/rosita3/hsk_rosita.json" ]; then
   hsk student build rosita --teacher "$TEACHER" --task sst2 --layers 3 --heads 4 --ffn 384 --emb-rank 128 \
@@ -74,6 +74,6 @@ for summary_path in sorted(runs):
 build = json.loads((work / "rosita3" / "hsk_rosita.json").read_text())
 out = {"runs": rows, "rosita_build": {k: build[k] for k in ("shape", "parameters", "build_seconds",
                                                             "importance_examples", "importance_loss")}}
-Path(f"benchmarks/results/rosita_sst2{sys.argv[2]}.json").write_text(json.dumps(out, indent=2) + "\n")
+Path(f"benchmarks/evidence/results/rosita_sst2{sys.argv[2]}.json").write_text(json.dumps(out, indent=2) + "\n")
 print(json.dumps(out, indent=2))
 PY

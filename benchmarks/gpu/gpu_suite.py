@@ -1,14 +1,14 @@
 """The benchmarks that matter on a GPU, in one command, against issues 40's and 35's goals.
 
-    python benchmarks/gpu_suite.py --device cuda --json gpu.json --data-dir ../shared/data/glue
-    python benchmarks/gpu_suite.py --device cpu --quick --json out.json --data-dir ../shared/data/glue
+    python benchmarks/gpu/gpu_suite.py --device cuda --json gpu.json --data-dir ../shared/data/glue
+    python benchmarks/gpu/gpu_suite.py --device cpu --quick --json out.json --data-dir ../shared/data/glue
 
-Training (benchmarks/train_throughput.py, the real `hsk train` path): offline (from a store), online
+Training (benchmarks/train/train_throughput.py, the real `hsk train` path): offline (from a store), online
 (teacher loaded) and in-memory (targets decoded beforehand) arms alternating round by round, a
 BERT-base-sized random teacher and a TinyBERT4-shaped student at length 128 (padded), config 3,8,0.2,
 in the run's precision (default auto: bf16 on a GPU that has it); then offline alone at other batch
 sizes (the step's fixed cost shows as examples/s that grow with the batch). Dump
-(benchmarks/dump_throughput.py): `hsk dump` against the teacher's bare forward, at BERT-base and
+(benchmarks/dump/dump_throughput.py): `hsk dump` against the teacher's bare forward, at BERT-base and
 MiniLM size, and at MiniLM size again with the shards written by processes (`hsk dump --write-processes`,
 a quarter of the host's cores, 2 to 8). Each benchmark runs as its own process, called through its command
 line (`_train_arm`, `_dump_ratio`), so that this suite follows the scripts' own options as they change.
@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+TRAIN_THROUGHPUT = HERE.parent / "train" / "train_throughput.py"
+DUMP_THROUGHPUT = HERE.parent / "dump" / "dump_throughput.py"
 
 # The runs: full on a GPU, quick anywhere (a smoke test).
 TRAIN = {
@@ -63,7 +65,7 @@ SHOWN = [("train_offline_ex_per_s", "offline examples/s"), ("train_offline_over_
 
 def _env() -> dict[str, str]:
     """This checkout's hsk first on the path (not another install of it)."""
-    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path}
 
 
@@ -75,9 +77,9 @@ def _run(argv: list[str]) -> None:
 
 def _train_arm(work: Path, data_dir: str, device: str, precision: str, compile_mode: str | None, arms: str,
                **run) -> dict:
-    """benchmarks/train_throughput.py with these settings: its JSON report."""
+    """benchmarks/train/train_throughput.py with these settings: its JSON report."""
     out = work / f"train-{arms.replace(',', '-')}-{run['batch_size']}.json"
-    argv = [str(HERE / "train_throughput.py"), "--data-dir", data_dir, "--device", device, "--precision", precision,
+    argv = [str(TRAIN_THROUGHPUT), "--data-dir", data_dir, "--device", device, "--precision", precision,
             "--arms", arms, "--out", str(out)]
     argv += [f"--{key.replace('_', '-')}={value}" for key, value in run.items()]
     if compile_mode:
@@ -87,15 +89,15 @@ def _train_arm(work: Path, data_dir: str, device: str, precision: str, compile_m
 
 
 def _dump_options() -> str:
-    done = subprocess.run([sys.executable, str(HERE / "dump_throughput.py"), "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, str(DUMP_THROUGHPUT), "--help"], capture_output=True,
                           text=True, env=_env())
     return done.stdout
 
 
 def _dump_ratio(work: Path, data_dir: str, device: str, size: str, precision: str, help_text: str, **run) -> dict:
-    """benchmarks/dump_throughput.py at one teacher size (its --precision when it has one): its JSON report."""
+    """benchmarks/dump/dump_throughput.py at one teacher size (its --precision when it has one): its JSON report."""
     out = work / f"dump-{size}.json"
-    argv = [str(HERE / "dump_throughput.py"), "--data-dir", data_dir, "--device", device, "--size", size,
+    argv = [str(DUMP_THROUGHPUT), "--data-dir", data_dir, "--device", device, "--size", size,
             "--out", str(out)]
     argv += [f"--{key.replace('_', '-')}={value}" for key, value in run.items()]
     if "--precision" in help_text:
@@ -165,7 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", required=True, help="where to write the results")
-    ap.add_argument("--data-dir", default=str(HERE.parent.parent / "shared" / "data" / "glue"))
+    ap.add_argument("--data-dir", default=str(HERE.parents[2] / "shared" / "data" / "glue"))
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test (minutes on a CPU)")
     ap.add_argument("--precision", default="auto", help="the training runs' --precision (auto: bf16 on a GPU)")
     ap.add_argument("--compile", default=None, help="torch.compile mode of the training step (reduce-overhead)")

@@ -1,7 +1,7 @@
 """Causal-LM stores: bytes per token of each support, and the dump against the teacher's bare forward.
 
-    python benchmarks/lm_store.py --teacher ~/.cache/hsk/models/smollm2-135m --text-file KJV_TRAIN.txt \\
-        --tokens 16384 --block-size 256 --rounds 3 --json benchmarks/results/lm_store.json
+    python benchmarks/lm/lm_store.py --teacher ~/.cache/hsk/models/smollm2-135m --text-file KJV_TRAIN.txt \\
+        --tokens 16384 --block-size 256 --rounds 3 --json benchmarks/lm/results/lm_store.json
 
 Bytes: one `hsk dump --objective clm` at top-128 (float16 log-probs) and one at sample:64 over the first
 --tokens tokens, then `hsk derive` to every smaller support and codec; each store's bytes per token as

@@ -1,7 +1,7 @@
 """How long `hsk catalog` takes over 1,000 stores, in a local folder and on loopback S3.
 
-    python benchmarks/catalog.py --store sst2.zarr              # local folder, 1,000 stores
-    python benchmarks/catalog.py --store sst2.zarr --s3         # and on a loopback SeaweedFS (tests/s3_server.py)
+    python benchmarks/store/catalog.py --store sst2.zarr              # local folder, 1,000 stores
+    python benchmarks/store/catalog.py --store sst2.zarr --s3         # and on a loopback SeaweedFS (tests/s3_server.py)
 
 The 1,000 stores are fakes made by copying one real store's metadata tree (every file but the
 chunks: root zarr.json, card, croissant.json, each array's zarr.json), 10 folders of 100, the way a
@@ -70,7 +70,7 @@ def local_rounds(root: Path, n: int, rounds: int) -> list[dict]:
 
 
 def s3_rounds(store: Path, n: int, rounds: int) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from s3_server import BUCKET, start_s3_server
 
     server = start_s3_server()

@@ -1,6 +1,6 @@
 """`hskstore.share.catalog.catalog` over N fake stores, timed in two source trees alternately (before/after a change).
 
-    python benchmarks/catalog_trees.py --trees /work/main . --n 1000 --rounds 5
+    python benchmarks/store/catalog_trees.py --trees /work/main . --n 1000 --rounds 5
 
 The fakes are copies of one small synthetic store's metadata (every file but the chunks), 10 per folder
 of 100, built once (by this tree's code) and listed by each tree's code in a fresh interpreter, arms
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 TIMER = """
 import statistics, sys, time
 from hskstore.share.catalog import catalog
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--trees", nargs=2, required=True, help="two source trees: before, after")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default=str(HERE / "benchmarks" / "results" / "catalog_trees.json"))
+    parser.add_argument("--out", default=str(HERE / "benchmarks" / "store" / "results" / "catalog_trees.json"))
     args = parser.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

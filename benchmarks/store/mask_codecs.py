@@ -2,7 +2,7 @@
 
     hsk dump --task sst2 --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue --limit 2000 \
         --student-layers 4 --config 5,16,1 --out /tmp/sst2-full.zarr
-    python benchmarks/mask_codecs.py --store /tmp/sst2-full.zarr
+    python benchmarks/store/mask_codecs.py --store /tmp/sst2-full.zarr
 
 The store must hold full-width float16 vectors (W = 1): each width W below recomputes the dump's
 magnitude mask (`selection.width_mask`) on them, encodes it each candidate way, and writes it as
@@ -21,7 +21,7 @@ Bounds: H(W) * d bits (independent dims), and sum_j H(p_j) (each dim its own kee
 a real teacher's outlier dims push below H(W)); neither counts correlations across vectors, which
 a compressor may still find. Each candidate's cost to write is measured too (`encode_us_per_vector`:
 wall microseconds per kept vector to compress and store it, one Blosc thread; the dump pays it once
-per example and layer). Writes benchmarks/results/mask_codecs.json.
+per example and layer). Writes benchmarks/store/results/mask_codecs.json.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True, help="a full-width float16 store (W=1)")
     ap.add_argument("--rows", type=int, default=None, help="use only the first ROWS rows")
-    ap.add_argument("--out", default="benchmarks/results/mask_codecs.json")
+    ap.add_argument("--out", default="benchmarks/store/results/mask_codecs.json")
     args = ap.parse_args()
     numcodecs.blosc.set_nthreads(1)  # the dump encodes each array on one thread
     vectors, valid, d = load_vectors(args.store, args.rows)

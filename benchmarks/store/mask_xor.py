@@ -2,7 +2,7 @@
 
     hsk dump --task sst2 --teacher TEACHER --data-dir ../shared/data/glue --limit 1024 \
         --config 3,8,0.2 --student-layers 4 --out /tmp/s382.zarr
-    python benchmarks/mask_xor.py --store /tmp/s382.zarr
+    python benchmarks/store/mask_xor.py --store /tmp/s382.zarr
 
 A store's `layers/<i>/masks` are per-vector magnitude masks (np.packbits over d). The same token's
 vectors at neighbouring kept layers share outlier dimensions (the residual stream), so this measures,
@@ -116,7 +116,7 @@ def measure(url: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True)
-    ap.add_argument("--out", default="benchmarks/results/mask_xor.json")
+    ap.add_argument("--out", default="benchmarks/store/results/mask_xor.json")
     args = ap.parse_args()
     result = json.dumps(measure(args.store), indent=2)
     Path(args.out).write_text(result + "\n")

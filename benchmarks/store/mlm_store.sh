@@ -8,13 +8,13 @@
 #   3. hsk dump --objective mlm --top-k 64: BERT masking (15%; 80/10/10, seed 0), top-64 + lse
 #   4. hsk info: bytes per masked token vs Megatron's top-128 fp16 (~528 B) and DistillKit (114-300 B)
 #
-# Usage: bash benchmarks/mlm_store.sh [DATA_DIR]   (default ../shared/data/glue)
+# Usage: bash benchmarks/store/mlm_store.sh [DATA_DIR]   (default ../shared/data/glue)
 set -euo pipefail
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
 WORK="${WORK:-runs/mlm_sst2}"
 ROWS="${ROWS:-4000}"
 export HF_HUB_OFFLINE=1
-mkdir -p "$WORK" benchmarks/results
+mkdir -p "$WORK" benchmarks/store/results
 
 sed -n "2,$((ROWS + 1))p" "$DATA_DIR/SST-2/train.tsv" | cut -f1 > "$WORK/corpus.txt"
 if [ ! -f "$WORK/teacher/hsk_teacher.json" ]; then
@@ -26,4 +26,4 @@ if ! hsk verify "$WORK/corpus.zarr" >/dev/null 2>&1; then
   hsk dump --objective mlm --text-file "$WORK/corpus.txt" --teacher "$WORK/teacher" --top-k 64 \
     --max-length 64 --no-progress --out "$WORK/corpus.zarr"
 fi
-hsk info "$WORK/corpus.zarr" | tee benchmarks/results/mlm_store_info.txt
+hsk info "$WORK/corpus.zarr" | tee benchmarks/store/results/mlm_store_info.txt

@@ -1,11 +1,11 @@
 """What checking the shard digests against the checksums costs when a store is opened (issue 19).
 
-    python benchmarks/open_check_cost.py SOURCE_STORE [--shards 64 400] [--rounds 5]
+    python benchmarks/store/open_check_cost.py SOURCE_STORE [--shards 64 400] [--rounds 5]
 
 Builds, from any complete store's metadata, a store of N shards of 8 rows each (random data, real
 digests and checksums, so it opens), then times `open_store` with the check (this hsk) and
 without it (the same open with `_checksum_problems` replaced by a no-op: the previous behaviour),
-alternating the arms in every round. Writes benchmarks/results/open_check_cost.json with every
+alternating the arms in every round. Writes benchmarks/store/results/open_check_cost.json with every
 round and the load average.
 """
 

@@ -1,7 +1,8 @@
 """What writing a store's shards costs: hsk's own shard encoder against zarr's write path.
 
     hsk dump --task qnli --split dev --teacher T --limit 4096 --config 3,8,0.2 --out /tmp/q.zarr
-    python benchmarks/shard_write_cost.py --store /tmp/q.zarr --json benchmarks/results/shard_write_cost.json
+    python benchmarks/store/shard_write_cost.py --store /tmp/q.zarr \
+        --json benchmarks/store/results/shard_write_cost.json
 
 Every shard of STORE is read once, then written again into a fresh store with StoreWriter, once per
 arm and round, arms alternated: `hsk` (hskstore/format/shard_codec.py encodes each shard's object) and

@@ -1,14 +1,14 @@
 """Storage against the paper's format, as `hsk info` reports it, for the paper's configs.
 
-    python benchmarks/storage.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
-    python benchmarks/storage.py --source sst2-5_16_1.zarr      # or reuse such a dump (5,16,1, float16)
+    python benchmarks/store/storage.py --teacher runs/sweep_sst2/teacher --data-dir ../shared/data/glue
+    python benchmarks/store/storage.py --source sst2-5_16_1.zarr      # or reuse such a dump (5,16,1, float16)
 
 Dumps the teacher once at a generous config (every layer of a 4-layer reference student, 16
 tokens, full width), derives each config in float16, int8, int4 and mxfp4 (derive is exact: the
 same arrays a direct dump writes), and reports, from `hskstore.io.info.storage_report`: bytes per
 kept HSK value (values, masks, positions, scores and scales included, and each part alone) and
 the ratio against the paper's format (4 bytes per kept value + 1 byte per mask element, no mask
-at full width). Writes benchmarks/results/storage.json and prints a markdown table.
+at full width). Writes benchmarks/store/results/storage.json and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--source", help="an existing float16 store at 5,16,1 (reference student 4) to derive from")
     ap.add_argument("--task", default="sst2")
     ap.add_argument("--limit", type=int, default=2000)
-    ap.add_argument("--out", default="benchmarks/results/storage.json")
+    ap.add_argument("--out", default="benchmarks/store/results/storage.json")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="hsk-storage-"))

@@ -7,7 +7,7 @@ token), the mean relative difference sum|a - b| / sum|a| of the decoded values (
 and the mean over vectors of ||a - b|| / ||a||; also the logits' relative difference and how often the
 teacher's predicted class agrees. Reads both stores with hskstore's reader (numpy only).
 
-Usage: python benchmarks/store_diff.py A.zarr B.zarr > diff.json
+Usage: python benchmarks/store/store_diff.py A.zarr B.zarr > diff.json
 """
 
 from __future__ import annotations

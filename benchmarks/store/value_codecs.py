@@ -1,6 +1,6 @@
 """4-bit value encodings compared at their stored bytes, on a real store's activations.
 
-    python benchmarks/value_codecs.py --store /tmp/sst2-full.zarr      # a full-width float16 store
+    python benchmarks/store/value_codecs.py --store /tmp/sst2-full.zarr      # a full-width float16 store
 
 For each width W the dump's magnitude mask picks the kept fp16 values of every stored vector
 (as `hsk dump --config ...,W` would); each candidate encodes them in groups along the kept
@@ -19,10 +19,10 @@ as the store writes them).
   {0,.5,1,1.5,2,3,4,6}, shared scale 2^(floor(log2 max) - 2), values beyond 6*scale saturate: 4.25;
 - e2m1/fp16/32: e2m1 codes with an fp16 scale max/6 per group: 4.5;
 - nf3/log8/32 via int8: the `nf3` codec: 3-bit NormalFloat codes, 8 per 3 bytes, one scale byte
-  2^(b/8) per group of 32: 3.25. benchmarks/results/value_codecs_3bit.md: the 3-bit candidates it
+  2^(b/8) per group of 32: 3.25. benchmarks/store/results/value_codecs_3bit.md: the 3-bit candidates it
   was chosen from (int3, e2m0, no-zero and fitted grids; fp16, power-of-two and log scales).
 
-Writes benchmarks/results/value_codecs.json.
+Writes benchmarks/store/results/value_codecs.json.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from hskstore import codecs
 from hskstore.codecs import int4, layout, mxfp4
 from hskstore.method.selection import width_mask
 
-try:  # run as a script (python benchmarks/value_codecs.py) or as a module
+try:  # run as a script (python benchmarks/store/value_codecs.py) or as a module
     from mask_codecs import load_vectors, stored_bytes
 except ImportError:  # pragma: no cover
-    from benchmarks.mask_codecs import load_vectors, stored_bytes
+    from benchmarks.store.mask_codecs import load_vectors, stored_bytes
 
 WIDTHS = (0.1, 0.2, 0.3)
 
@@ -138,7 +138,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True, help="a full-width float16 store (W=1)")
     ap.add_argument("--rows", type=int, default=None)
-    ap.add_argument("--out", default="benchmarks/results/value_codecs.json")
+    ap.add_argument("--out", default="benchmarks/store/results/value_codecs.json")
     args = ap.parse_args()
     vectors, valid, d = load_vectors(args.store, args.rows)
     widths = []

@@ -1,13 +1,13 @@
 """The 3-bit value codecs `nf3` was chosen from, on a real store's activations (docs/guide/adding-a-codec.md).
 
-    python benchmarks/value_codecs_3bit.py --store /tmp/sst2-full.zarr     # a full-width float16 store
+    python benchmarks/store/value_codecs_3bit.py --store /tmp/sst2-full.zarr     # a full-width float16 store
 
 At W = 0.2 the dump's magnitude mask picks the kept fp16 values of every stored vector; each candidate
 maps each group's values onto an 8- (or 7-) level grid under one scale per group (fp16 max/top; a
 power of two >= max/top in one byte; or a one-byte log scale 2^(k/4) or 2^(k/8) >= max/top) and rounds
 to the nearest level. Reported: relative RMSE (||v - v'|| / ||v||), the entropy of the codes, and the
 stored bytes per value of the codes (one per byte, and packed 8 per 3 bytes) and of the scales (Zarr
-shards, Blosc zstd 3, as the store writes them). Writes benchmarks/results/value_codecs_3bit.md.
+shards, Blosc zstd 3, as the store writes them). Writes benchmarks/store/results/value_codecs_3bit.md.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ try:  # run as a script or as a module
     from mask_codecs import load_vectors, stored_bytes
     from value_codecs import kept_values
 except ImportError:  # pragma: no cover
-    from benchmarks.mask_codecs import load_vectors, stored_bytes
-    from benchmarks.value_codecs import kept_values
+    from benchmarks.store.mask_codecs import load_vectors, stored_bytes
+    from benchmarks.store.value_codecs import kept_values
 
 from hskstore import codecs
 from hskstore.codecs.nf3 import NF3_GRID, pack3
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--store", required=True, help="a full-width float16 store (W=1)")
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--width", type=float, default=0.2)
-    ap.add_argument("--out", default="benchmarks/results/value_codecs_3bit.md")
+    ap.add_argument("--out", default="benchmarks/store/results/value_codecs_3bit.md")
     args = ap.parse_args()
     vectors, valid, d = load_vectors(args.store, args.rows)
     n_width = max(1, round(args.width * d))

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # LightPAFF pre-training before and after it moved into the one training loop (issue 20): bert3 from an
-# MLM store of benchmarks/mlm_teacher_loop.sh's new teacher (4,000 SST-2 sentences, top-64, max length 64),
+# MLM store of benchmarks/train/mlm_teacher_loop.sh's new teacher (4,000 SST-2 sentences, top-64, max length 64),
 # 40 steps of batch 32, once with OLD_TREE's code and once with this tree, arms alternated ROUNDS times;
-# one JSON line per run (wall time, first and last loss) in benchmarks/results/lightpaff_pretrain_loop.jsonl.
+# one JSON line per run (wall time, first and last loss) in benchmarks/train/results/lightpaff_pretrain_loop.jsonl.
 #
-# Usage: OLD_TREE=/path/to/old/checkout bash benchmarks/lightpaff_pretrain_loop.sh   (after mlm_teacher_loop.sh)
+# Usage: OLD_TREE=/path/to/old/checkout bash benchmarks/train/lightpaff_pretrain_loop.sh   (after mlm_teacher_loop.sh)
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 NEW="$(pwd)"
 W="${WORK:-$NEW/runs/mlm_teacher_loop}"
-RESULTS="$NEW/benchmarks/results/lightpaff_pretrain_loop.jsonl"
+RESULTS="$NEW/benchmarks/train/results/lightpaff_pretrain_loop.jsonl"
 [ -d "$W/corpus.zarr" ] || PYTHONPATH="$NEW" python -m pipelines.cli dump --objective mlm --text-file "$W/corpus.txt" \
   --teacher "$W/new" --top-k 64 --max-length 64 --no-progress --device cpu --out "$W/corpus.zarr" > "$W/dump.log" 2>&1
 : > "$RESULTS"

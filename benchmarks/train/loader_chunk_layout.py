@@ -2,10 +2,10 @@
 one chunk per shard, through hsk's read (HSKStore.read_shard: one object per array, decoded by hsk) and
 through zarr's (HSKStore.read of the shard's rows, as read_shard did before), digests checked in both.
 
-    OMP_NUM_THREADS=1 python benchmarks/loader_chunk_layout.py          # 3,8,0.2, 5 rounds
+    OMP_NUM_THREADS=1 python benchmarks/train/loader_chunk_layout.py          # 3,8,0.2, 5 rounds
 
 CPU microseconds per example (process time: one thread does the reads), arms alternated within each
-round; the stores are benchmarks/loader_throughput.py's synthetic d-768 stores, same rows, written at
+round; the stores are benchmarks/train/loader_throughput.py's synthetic d-768 stores, same rows, written at
 each chunk layout (the stored bytes of each are reported: smaller chunks compress a little worse).
 """
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loader_throughput import build  # benchmarks/ is on sys.path when run as a script
+from loader_throughput import build  # benchmarks/train/ is on sys.path when run as a script
 
 from hskstore import open_store
 from hskstore.format.digest import shard_digest
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--shard-rows", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to build (or reuse) the stores; default a temp dir")
-    ap.add_argument("--out", default="benchmarks/results/loader_chunk_layout.json")
+    ap.add_argument("--out", default="benchmarks/train/results/loader_chunk_layout.json")
     args = ap.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="hsk-chunks-"))
     layouts = {"default": args.shard_rows // 4, "whole_shard": args.shard_rows}

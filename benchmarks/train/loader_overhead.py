@@ -1,7 +1,7 @@
 """Training-step time when the teacher targets stream from a store, relative to having them in memory.
 
-    python benchmarks/loader_overhead.py                       # synthetic store, CPU, about a minute
-    python benchmarks/loader_overhead.py --store /tmp/s.zarr   # reuse (or build and keep) a store
+    python benchmarks/train/loader_overhead.py                       # synthetic store, CPU, about a minute
+    python benchmarks/train/loader_overhead.py --store /tmp/s.zarr   # reuse (or build and keep) a store
 
 The store is synthetic, shaped like the paper's smallest config (1,9,0.1) on BERT-base:
 d=768, max length 128, 1024 rows per shard, fp16 values, magnitude masks. The "training step" is
@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--buffer-shards", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--out", default="benchmarks/results/loader_overhead.json")
+    ap.add_argument("--out", default="benchmarks/train/results/loader_overhead.json")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

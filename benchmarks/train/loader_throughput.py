@@ -1,9 +1,9 @@
 """Loader throughput alone: decoded examples per second per core, digest checks on, d 768.
 
-    OMP_NUM_THREADS=1 python benchmarks/loader_throughput.py              # 3,8,0.2 and 3,8,1, 3 rounds
+    OMP_NUM_THREADS=1 python benchmarks/train/loader_throughput.py              # 3,8,0.2 and 3,8,1, 3 rounds
 
 The issue's goal: at least 25,000 decoded examples per second per core. The store is synthetic
-(benchmarks/loader_overhead.py's writer: BERT-base-like, 12 teacher layers, d 768, max length 128,
+(benchmarks/train/loader_overhead.py's writer: BERT-base-like, 12 teacher layers, d 768, max length 128,
 random values, top-|v| masks, fp16 values), written with hskstore's StoreWriter. The loader is
 StoreStream (shard reads + blake2 digest checks + shuffle) and decode_batch to CPU tensors, with
 one torch thread and, by default, workers=0: every cycle runs in the timed thread, so examples per
@@ -36,7 +36,7 @@ from pipelines.train.data.stream import StoreStream
 
 
 def build(url: str, rows: int, shard_rows: int, config: str, chunk_rows: int | None) -> None:
-    from loader_overhead import store_meta, synthetic_shard  # benchmarks/ is on sys.path when run as a script
+    from loader_overhead import store_meta, synthetic_shard  # benchmarks/train/ is on sys.path when run as a script
 
     meta = store_meta(rows, shard_rows, config)
     meta["layout"] = make_layout(rows, meta["layout"]["n_width"], shard_rows, chunk_rows)
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="0: reads in the timed thread (per-core figure)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to build (or reuse) the stores; default a temp dir")
-    ap.add_argument("--out", default="benchmarks/results/loader_throughput.json")
+    ap.add_argument("--out", default="benchmarks/train/results/loader_throughput.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = Path(args.dir or tempfile.mkdtemp(prefix="hsk-loader-"))

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The MLM teacher before and after it moved into the one training loop (issue 20): the README's (now benchmarks/results/HISTORY.md's) "1 epoch at
+# The MLM teacher before and after it moved into the one training loop (issue 20): the README's (now benchmarks/HISTORY.md's) "1 epoch at
 # 1e-4 with 1 layer" run (4,000 SST-2 sentences, MiniLM-L6 base, batch 32, max length 64), once with the
 # code of OLD_TREE (a checkout of the earlier commit) and once with this tree, arms alternated ROUNDS times.
 # The loop streams batches in its own shuffled order (not length-bucketed) and does not decay biases and
-# LayerNorm weights, so the figures may differ; results in benchmarks/results/mlm_teacher_loop.json.
+# LayerNorm weights, so the figures may differ; results in benchmarks/train/results/mlm_teacher_loop.json.
 #
-# Usage: OLD_TREE=/path/to/old/checkout bash benchmarks/mlm_teacher_loop.sh [DATA_DIR]
+# Usage: OLD_TREE=/path/to/old/checkout bash benchmarks/train/mlm_teacher_loop.sh [DATA_DIR]
 set -euo pipefail
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
 NEW_TREE="$(pwd)"
 WORK="${WORK:-runs/mlm_teacher_loop}"
 ROUNDS="${ROUNDS:-1}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
-mkdir -p "$WORK" benchmarks/results
+mkdir -p "$WORK" benchmarks/train/results
 WORK="$(cd "$WORK" && pwd)"
 sed -n "2,4001p" "$DATA_DIR/SST-2/train.tsv" | cut -f1 > "$WORK/corpus.txt"
 : > "$WORK/rows.jsonl"
@@ -35,5 +35,5 @@ print(json.dumps({"arm": arm, "round": int(rnd), "load_before": load, "wall_s": 
 PY
   done
 done
-python -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; json.dump(rows, open('benchmarks/results/mlm_teacher_loop.json','w'), indent=1)" "$WORK/rows.jsonl"
-cat benchmarks/results/mlm_teacher_loop.json
+python -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; json.dump(rows, open('benchmarks/train/results/mlm_teacher_loop.json','w'), indent=1)" "$WORK/rows.jsonl"
+cat benchmarks/train/results/mlm_teacher_loop.json

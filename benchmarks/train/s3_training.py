@@ -1,6 +1,6 @@
 """Training step time reading a store from S3 (SeaweedFS on loopback) against the same store in a local folder.
 
-    python benchmarks/s3_training.py --data-dir ../shared/data/glue
+    python benchmarks/train/s3_training.py --data-dir ../shared/data/glue
 
 A MiniLM-L6-H384-sized teacher with random weights is dumped once over SST-2 rows at 3,8,0.2
 to a local folder, and the folder is copied to a SeaweedFS S3 server started on loopback (the
@@ -10,11 +10,11 @@ stage-1 (HSK) steps from each copy; rounds alternate the two. The time per step 
 clock (reading, decoding, forward, backward and optimizer step; not model loading or evaluation).
 Loopback S3 has no network latency: this measures the object-store protocol's cost (HTTP
 requests, signing, no page cache), not a WAN. With --latency-ms L, further arms read through a TCP
-proxy on 127.0.0.1 that delays every chunk by L/2 each way (benchmarks/latency_proxy.py; L per
+proxy on 127.0.0.1 that delays every chunk by L/2 each way (benchmarks/train/latency_proxy.py; L per
 round trip, stopped with the benchmark), once per --read-ahead depth (shards read ahead, the knob
 that hides the latency).
 
-    python benchmarks/s3_training.py --data-dir ../shared/data/glue --latency-ms 50 --read-ahead 2,8
+    python benchmarks/train/s3_training.py --data-dir ../shared/data/glue --latency-ms 50 --read-ahead 2,8
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dump_throughput import make_teacher
-from latency_proxy import LatencyProxy
+from latency_proxy import LatencyProxy  # this folder is on sys.path when run as a script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dump"))
+from dump_throughput import make_teacher  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from s3_server import BUCKET, start_s3_server  # noqa: E402
 
 from hskstore.format.config import HSKConfig  # noqa: E402
@@ -93,7 +95,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=0.0, help="injected round-trip latency (0: no proxy)")
     ap.add_argument("--read-ahead", default="0", help="comma-separated read-ahead depths of the latency arms")
-    ap.add_argument("--out", default="benchmarks/results/s3_training.json")
+    ap.add_argument("--out", default="benchmarks/train/results/s3_training.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hsk-bench-"))
     server = start_s3_server()

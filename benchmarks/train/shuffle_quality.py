@@ -1,6 +1,6 @@
 """Shuffle quality, memory and per-rank reads of the windowed global order, against a full permutation.
 
-    python benchmarks/shuffle_quality.py                  # 64 shards of 1024 rows, global batch 32
+    python benchmarks/train/shuffle_quality.py                  # 64 shards of 1024 rows, global batch 32
 
 The training order (pipelines/train/data/stream.py global_plan) permutes the shards, deals them to
 c = min(C, W) canonical streams, and permutes each stream's windows (W/c shards each); a global
@@ -38,7 +38,7 @@ class Layout:
 
 
 def bytes_per_row(config: str) -> int:
-    from loader_overhead import store_meta  # benchmarks/ is on sys.path when run as a script
+    from loader_overhead import store_meta  # benchmarks/train/ is on sys.path when run as a script
 
     specs = array_specs(store_meta(1024, 1024, config))
     return sum(int(np.prod(s.shape[1:])) * np.dtype(s.dtype).itemsize for s in specs if not s.name.endswith("/scores"))
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--config", default="3,8,0.2")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--canonical", type=int, default=CANONICAL_STREAMS, help="C, canonical streams")
-    ap.add_argument("--out", default="benchmarks/results/shuffle_quality.json")
+    ap.add_argument("--out", default="benchmarks/train/results/shuffle_quality.json")
     args = ap.parse_args()
     layout = Layout(args.shards * args.shard_rows, args.shard_rows)
     n = layout.n_rows

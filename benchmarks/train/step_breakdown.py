@@ -1,8 +1,8 @@
 """Where the loader's time per training batch goes, in CPU seconds (robust to a loaded machine).
 
-    OMP_NUM_THREADS=1 python benchmarks/step_breakdown.py              # d 768, 1024-row shards, batch 16
+    OMP_NUM_THREADS=1 python benchmarks/train/step_breakdown.py              # d 768, 1024-row shards, batch 16
 
-On a synthetic d 768 store shaped like a BERT-base dump (benchmarks/loader_overhead.py's builder;
+On a synthetic d 768 store shaped like a BERT-base dump (benchmarks/train/loader_overhead.py's builder;
 fp16 values, or --value-dtype int4), per batch of --batch-size rows: the zarr read of the shard
 (chunk fetch + blosc/zstd decompression, as one call: zarr does both), the blake2b digest checks,
 the shuffle buffer's copies (fill + batch gather: `StoreStream` with names, no reads), the decoding
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from loader_overhead import D, build_store  # benchmarks/ is on sys.path when run as a script
+from loader_overhead import D, build_store  # benchmarks/train/ is on sys.path when run as a script
 
 from hskstore import open_store
 from hskstore.format.digest import shard_digest
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--value-dtype", default="float16", help="float16, int8, int4, mxfp4")
-    ap.add_argument("--out", default="benchmarks/results/step_breakdown.json")
+    ap.add_argument("--out", default="benchmarks/train/results/step_breakdown.json")
     args = ap.parse_args()
     torch.set_num_threads(1)  # CPU seconds of one thread: what the loader takes from the step's cores
     work = Path(tempfile.mkdtemp(prefix="hsk-breakdown-"))

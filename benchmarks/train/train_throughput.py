@@ -1,7 +1,7 @@
 """Training-step throughput: offline (targets from a store) vs online (teacher loaded) vs in-memory targets.
 
-    HF_HUB_OFFLINE=1 python benchmarks/train_throughput.py --data-dir ../shared/data/glue        # CPU
-    python benchmarks/train_throughput.py --data-dir ../shared/data/glue --device cuda --batch-size 64
+    HF_HUB_OFFLINE=1 python benchmarks/train/train_throughput.py --data-dir ../shared/data/glue        # CPU
+    python benchmarks/train/train_throughput.py --data-dir ../shared/data/glue --device cuda --batch-size 64
 
 The paper's setting (docs/METHOD.md section 4): a BERT-base-sized teacher (12 layers, d 768), a TinyBERT4
 student, sequence length 128 (every batch padded to it), config (1,9,0.1), stage-1 (HSK) steps.
@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch's CPU threads for every arm (default: torch's own; `hsk train` on a CPU takes the "
                          "physical cores less one, leaving one to its store readers)")
-    ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    ap.add_argument("--out", default="benchmarks/train/results/train_throughput.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.threads:

@@ -194,7 +194,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 
     def spec(name: str, tail: tuple[int, ...], dtype: str, clevel: int = 3) -> ArraySpec:
         # Bytes that are codes (masks, int8 and 4-bit values) compress better whole than bit-shuffled
-        # (benchmarks/mask_codecs.py, value_codecs.py); byte shuffle is a no-op on 1-byte items.
+        # (benchmarks/store/mask_codecs.py, value_codecs.py); byte shuffle is a no-op on 1-byte items.
         return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1,
                          clevel=clevel)
 
@@ -214,7 +214,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
             spec(f"{layer}/scores", (n_tokens,), "float32"),
             spec(f"{layer}/values", (n_tokens, *values["values"][0]), values["values"][1]),
             # zstd level 5: within 4% of level 9's bytes at W = 0.2 for a twentieth of the CPU
-            # (benchmarks/mask_codecs.py); earlier stores hold level 9, which a reader decodes the same way
+            # (benchmarks/store/mask_codecs.py); earlier stores hold level 9, which a reader decodes the same way
             spec(f"{layer}/masks", (n_tokens, (hidden + 7) // 8), "uint8", clevel=MASK_CLEVEL),
         ]
         if "scale" in values:

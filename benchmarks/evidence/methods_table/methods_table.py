@@ -28,8 +28,10 @@ and --reuse RESULTS copies the rows of another results table whose run ids a swe
 same store, config, student, seed and settings): e.g. a marginal-utility sweep's 3,8,0.2 runs are not
 rerun. Not run by the tests.
 
-    python benchmarks/methods_table.py --data-dir ../shared/data/glue --train-rows 2000 --teachers runs/teachers
-    python benchmarks/methods_table.py --protocol equal-pred --epochs 3 --extra-epochs 1 --seeds 0,1,2 ...
+    python benchmarks/evidence/methods_table/methods_table.py --data-dir ../shared/data/glue --train-rows 2000 \
+        --teachers runs/teachers
+    python benchmarks/evidence/methods_table/methods_table.py --protocol equal-pred --epochs 3 --extra-epochs 1 \
+        --seeds 0,1,2 ...
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--eval-limit", type=int, default=None, help="first N dev rows only (smoke runs)")
     ap.add_argument("--work", default="runs/methods_table")
-    ap.add_argument("--out", default="benchmarks/methods_table")
+    ap.add_argument("--out", default="benchmarks/evidence/methods_table")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(args.out)

@@ -2,8 +2,8 @@
 pairs (sentence 1 -> sentence 2), students trained on the reference alone, with word-level KD, with
 sequence-level KD (the teacher's greedy output) and with both, at equal steps and seeds.
 
-    nice python benchmarks/lm_evidence/prepare_teacher.py      # once: the teacher as a plain folder
-    nice python benchmarks/s2s_evidence/run.py --glue ../shared/data/glue --work ~/.cache/hsk/s2s_evidence \\
+    nice python benchmarks/evidence/lm/prepare_teacher.py      # once: the teacher as a plain folder
+    nice python benchmarks/evidence/s2s/run.py --glue ../shared/data/glue --work ~/.cache/hsk/s2s_evidence \\
         --train-pairs 256 --dev-pairs 48 --steps 40 --seeds 3
 
 Two stores of the same training pairs: `word` (top-32 on the reference, no decoding) and `seqword` (the

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # nf3 (3-bit) against float16, int4 and mxfp4 at 3,8,0.2 on SST-2 and MRPC, 3 seeds (issue 38): the
 # student-accuracy evidence for docs/guide/adding-a-codec.md. Run on 2026-11-26 (SST-2 on ff67a8c, MRPC on
-# 062ceb0; results in benchmarks/sweep_nf3/): about 30 runs of 2-8 minutes each on two shared CPU cores.
-# Recipe as benchmarks/sweep_sst2_4bit.sh (MiniLM-L6 teacher, dump at 3,32,1, bert2 student, 1 + 1 epochs
+# 062ceb0; results in benchmarks/evidence/sweep_nf3/): about 30 runs of 2-8 minutes each on two shared CPU cores.
+# Recipe as benchmarks/evidence/sweep_sst2_4bit/sweep_sst2_4bit.sh (MiniLM-L6 teacher, dump at 3,32,1, bert2 student, 1 + 1 epochs
 # at lr 1e-4, batch 32); each task's stores are derived from one float16 dump.
 #
-# Usage: bash benchmarks/sweep_nf3.sh [DATA_DIR]
+# Usage: bash benchmarks/evidence/sweep_nf3/sweep_nf3.sh [DATA_DIR]
 #   TEACHER_SST2=path TEACHER_MRPC=path   fine-tuned teachers (default: runs/teacher-<task>, made by
 #                                          `hsk teacher --task <task> --base <MiniLM-L6> --out ...`)
-#   WORK=path     stores and run folders (large, not committed); results land in benchmarks/sweep_nf3/
+#   WORK=path     stores and run folders (large, not committed); results land in benchmarks/evidence/sweep_nf3/
 #   WORKERS=n     runs at once (default 2)
 set -euo pipefail
 
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
 WORK="${WORK:-runs/sweep_nf3}"
-OUT="benchmarks/sweep_nf3"
+OUT="benchmarks/evidence/sweep_nf3"
 export HF_HUB_OFFLINE=1
 mkdir -p "$WORK" "$OUT"
 

@@ -8,19 +8,19 @@
 #   3. hsk sweep    derive the 'table5' grid (A ~ 0.1 .. 64 token vectors) from that store, plus
 #                   int8 at the paper's anchors 1,9,0.1 and 3,8,0.2, and the references
 #                   (pred-only, full, no-kd); distill bert2 (the teacher's first 2 layers), 2 seeds
-#   4. hsk report   metric vs amount of HSK, into benchmarks/sweep_sst2/report/
+#   4. hsk report   metric vs amount of HSK, into benchmarks/evidence/sweep_sst2/report/
 #
 # Budget (2 cores, bert2 at d=384, ~40 examples/s per core): about (1 hsk + 1 pred epoch) x TRAIN_ROWS
 # examples per run, 2 x 10 runs -> about 40 minutes with TRAIN_ROWS=4000 (2 dask workers).
 # `hsk sweep ... --dry-run` lists the runs first.
 #
 # Not run by the tests. Needs the `sweep_commands` CLI module registered in pipelines/cli/__init__.py.
-# Usage: bash benchmarks/sweep_sst2.sh [DATA_DIR]    (default ../shared/data/glue)
+# Usage: bash benchmarks/evidence/sweep_sst2/sweep_sst2.sh [DATA_DIR]    (default ../shared/data/glue)
 set -euo pipefail
 
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
 WORK="${WORK:-runs/sweep_sst2}"         # teacher, stores and run folders: large, not committed
-OUT="benchmarks/sweep_sst2"             # results table and report: small, committed
+OUT="benchmarks/evidence/sweep_sst2"             # results table and report: small, committed
 TEACHER_ROWS="${TEACHER_ROWS:-8000}"
 TRAIN_ROWS="${TRAIN_ROWS:-4000}"        # the fixed training subset: the first N rows of SST-2 train
 export HF_HUB_OFFLINE=1                 # everything is local: fail fast instead of waiting on the network

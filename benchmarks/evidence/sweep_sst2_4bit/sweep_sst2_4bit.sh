@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # 4-bit points on the SST-2 storage-accuracy curve, beside float16 from the same dump
-# (benchmarks/sweep_sst2.sh's recipe: MiniLM-L6 teacher, 4,000 training rows dumped at 3,32,1,
+# (benchmarks/evidence/sweep_sst2/sweep_sst2.sh's recipe: MiniLM-L6 teacher, 4,000 training rows dumped at 3,32,1,
 # bert2 student, 1 + 1 epochs at lr 1e-4, batch 32, 2 seeds, all 872 dev examples).
 #
-# Usage: bash benchmarks/sweep_sst2_4bit.sh [DATA_DIR]
+# Usage: bash benchmarks/evidence/sweep_sst2_4bit/sweep_sst2_4bit.sh [DATA_DIR]
 #   TEACHER=path  reuse a fine-tuned teacher (default: the one sweep_sst2.sh trains)
-#   WORK=path     stores and run folders (large, not committed); results land in benchmarks/sweep_sst2_4bit/
+#   WORK=path     stores and run folders (large, not committed); results land in benchmarks/evidence/sweep_sst2_4bit/
 #   WORKERS=n     runs at once (default 2)
 # Budget: 12 runs of about 4 minutes each on 2 free cores (2 workers): about 25 minutes. The mxfp4
 # runs come last (a second sweep into the same table; finished runs are skipped), so a sweep cut
@@ -15,7 +15,7 @@ set -euo pipefail
 DATA_DIR="${1:-${HSK_DATA_DIR:-../shared/data/glue}}"
 WORK="${WORK:-runs/sweep_sst2}"
 TEACHER="${TEACHER:-$WORK/teacher}"
-OUT="benchmarks/sweep_sst2_4bit"
+OUT="benchmarks/evidence/sweep_sst2_4bit"
 export HF_HUB_OFFLINE=1
 mkdir -p "$WORK" "$OUT"
 
