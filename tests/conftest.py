@@ -364,6 +364,20 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
 
 
+def dump_args(teacher: str | Path, glue_dir: str | Path, out: str | Path | None, *extra: str, task: str = "sst2",
+              config: str | None = "2,4,0.25", rows: int = 24, shard_rows: int = 8, max_length: int = 32,
+              batch_size: int | None = None, student_layers: int | None = None, split: str | None = None) -> list[str]:
+    """`hsk dump` arguments of a small CPU store of GLUE rows (without --out when out is None). A test file's own
+    variant is these keywords (a `functools.partial` at its top); `extra` comes last, so a repeated option wins."""
+    args = ["dump", "--task", task, "--teacher", str(teacher), "--data-dir", str(glue_dir), "--limit", str(rows),
+            "--shard-rows", str(shard_rows), "--max-length", str(max_length), "--no-progress", "--device", "cpu"]
+    for flag, value in (("--config", config), ("--student-layers", student_layers), ("--batch-size", batch_size),
+                        ("--split", split), ("--out", out)):
+        if value is not None:
+            args += [flag, str(value)]
+    return [*args, *extra]
+
+
 def hsk_env(**extra: str | None) -> dict[str, str]:
     """The environment of an `hsk` process a test starts: this checkout importable, the hub offline, no fault
     injected; `extra` on top (a None value unsets the variable)."""

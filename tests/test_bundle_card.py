@@ -5,6 +5,7 @@ One tiny 4-layer teacher dumped over 24 SST-2 rows (3 shards of 8) at config 2,4
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -13,19 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import dump_args as shared_dump_args
 
 from hskstore import open_store
 from hskstore.io.card import CARD_NAME
 from hskstore.io.info import storage_report
 from pipelines.cli import main
 
-
-def dump_args(teacher_dir, glue_dir, out, rows=24) -> list[str]:
-    return [
-        "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
-        "--data-dir", str(glue_dir), "--limit", str(rows), "--shard-rows", "8", "--max-length", "32",
-        "--batch-size", "8", "--device", "cpu", "--no-progress", "--out", str(out),
-    ]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ followed. Each through the real CLI, with the user's folder hashed before and af
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 from conftest import save_tiny_teacher
 
 from pipelines.cli import main
@@ -44,10 +46,7 @@ def teacher(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher") / "t", tiny_tokenizer, num_layers=4, seed=5)
 
 
-def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, config: str = "3,4,0.25") -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", config, "--data-dir", str(glue_dir),
-            "--limit", "16", "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
-            "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, config="3,4,0.25", rows=16)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ Each case runs the real `hsk` in a new process under a timeout (a hang fails the
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HSK, hsk, hsk_env, save_tiny_teacher, tree_hashes
+from conftest import dump_args as shared_dump_args
 
 from pipelines.cli import main
 
@@ -35,10 +37,7 @@ def one_line(result: tuple[int, str, str], *words: str) -> str:
     return lines[0]
 
 
-def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, rows: int = ROWS) -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", "2,4,0.25", "--data-dir", str(glue_dir),
-            "--limit", str(rows), "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
-            "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, rows=ROWS)
 
 
 def train_args(store: Path, out: Path, *extra: str) -> list[str]:

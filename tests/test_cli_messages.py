@@ -5,6 +5,7 @@ inside the Hugging Face Trainer: tests/test_hf_trainer.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 from conftest import save_tiny_teacher
 
 from pipelines.cli import main
@@ -49,10 +51,7 @@ def teacher(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher") / "t", tiny_tokenizer, num_layers=4, seed=5)
 
 
-def dump_args(teacher: Path, glue_dir: Path, out, *extra: str) -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", "2,4,0.5", "--student-layers", "2",
-            "--data-dir", str(glue_dir), "--limit", "24", "--shard-rows", "8", "--max-length", "32", "--no-progress",
-            "--device", "cpu", "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,14 @@ check every option before anything on disk changes, and let a store travel betwe
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 from conftest import make_tiny_bert, save_tiny_teacher, tree_hashes
 
 from hskstore.io.writer import StoreWriter
@@ -39,12 +41,7 @@ def labelled_teacher(out: Path, tokenizer_dir: Path, labels: list[str] | None, *
     return out
 
 
-def dump_args(teacher, glue_dir, out, *extra, task="sst2", split="train", config="2,4,0.25"):
-    return [
-        "dump", "--task", task, "--split", split, "--teacher", str(teacher), "--config", config,
-        "--data-dir", str(glue_dir), "--limit", str(DATA_ROWS), "--shard-rows", "8", "--max-length", "32",
-        "--no-progress", "--device", "cpu", "--out", str(out), *extra,
-    ]
+dump_args = functools.partial(shared_dump_args, rows=DATA_ROWS, split="train")
 
 
 def refused(capsys, code: int, *words: str) -> str:

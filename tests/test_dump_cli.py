@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_teacher
+from conftest import dump_args, save_tiny_teacher
 
 from hskstore.errors import UserError
 from hskstore.io.writer import StoreWriter
@@ -17,32 +17,6 @@ from pipelines.cli import main
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=2, seed=2)
-
-
-def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25", task="sst2"):
-    return [
-        "dump",
-        "--task",
-        task,
-        "--teacher",
-        str(teacher_dir),
-        "--config",
-        config,
-        "--data-dir",
-        str(glue_dir),
-        "--limit",
-        "24",
-        "--shard-rows",
-        "8",
-        "--max-length",
-        "32",
-        "--no-progress",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        *extra,
-    ]
 
 
 def test_help_teaches(capsys):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import save_tiny_teacher
+from conftest import dump_args, save_tiny_teacher
 
 from hskstore import StoreError, open_store
 from hskstore.io.lease import Lease
@@ -27,12 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=2, seed=3)
-
-
-def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25"):
-    return ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", config, "--data-dir",
-            str(glue_dir), "--limit", "24", "--shard-rows", "8", "--max-length", "32", "--no-progress",
-            "--device", "cpu", "--out", str(out), *extra]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ resume arguments, a missing card, terminal escapes in the card, and leftovers of
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from conftest import dump_args as shared_dump_args
 from conftest import hsk, save_tiny_teacher
 
 from hskstore import open_store
@@ -32,10 +34,7 @@ DERIVED_FILES = ("zarr.json", "README.md", "croissant.json")  # metadata and wha
 PACKED = ["s.croissant.json", "s.hsk.zip", "s.zarr"]  # a bundle, its Croissant sibling and the store
 
 
-def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, config: str = "2,4,0.25") -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", config, "--data-dir", str(glue_dir),
-            "--limit", str(ROWS), "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
-            "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, rows=ROWS)
 
 
 def train_args(store: Path, out: Path, *extra: str) -> list[str]:

@@ -8,6 +8,7 @@ catalog, and the leftovers of killed commands.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import zarr
 from conftest import HSK, hsk, hsk_env, save_tiny_teacher, tree_hashes
+from conftest import dump_args as shared_dump_args
 
 from hskstore.format.manifest import compute_manifest, list_arrays
 from pipelines.cli import main
@@ -30,10 +32,7 @@ ROWS = 24
 PAYLOAD = "\x1b[2J\x07\"'><svg onload=alert(1)>\n\u202e"  # a terminal escape, a bell, an HTML break-out, a newline
 
 
-def dump_args(teacher: Path, glue_dir: Path, out, *extra: str, config: str = "2,4,0.25") -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", config, "--data-dir", str(glue_dir),
-            "--limit", str(ROWS), "--shard-rows", "8", "--max-length", "32", "--no-progress", "--device", "cpu",
-            "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, rows=ROWS)
 
 
 def one_line(code: int, out: str, err: str, *words: str) -> str:
