@@ -27,7 +27,7 @@ E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 NF3 = np.array([-1.0, -0.5350, -0.2469, 0.0, 0.1833, 0.3819, 0.6229, 1.0], dtype=np.float32)
 
 
-# --- canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
+# --- formats 2 and 3's canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
 def _string(text: str) -> str:
     escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
     out = []
@@ -76,8 +76,12 @@ IDENTITY_FIELDS = ("format_version", "task", "dataset", "teacher", "tokenizer", 
 
 
 def identity(meta: dict) -> str:
-    """`identity`: the fields that decide content (absent ones as null), ", " and ": " separators."""
-    return sha256(canonical({k: meta.get(k) for k in IDENTITY_FIELDS}, ", ", ": ").encode("ascii"))
+    """`identity`: the fields that decide content (absent ones as null); format 4: their RFC 8785 JSON, before:
+    the legacy canonical JSON with ", " and ": " separators."""
+    fields = {k: meta.get(k) for k in IDENTITY_FIELDS}
+    if meta.get("format_version", 0) >= 4:
+        return sha256(jcs(fields).encode("utf-8"))
+    return sha256(canonical(fields, ", ", ": ").encode("ascii"))
 
 
 def inputs_hash(meta: dict) -> str:
@@ -112,8 +116,8 @@ class Bundle:
 
 
 def array_entry(node: dict) -> dict:
-    """The manifest's description of one array, read from its zarr.json (`dimension_names` only where it has
-    them: format 3)."""
+    """The manifest's description of one array, read from its zarr.json (formats 2 and 3: `codecs` too, and
+    `dimension_names` only where it has them; format 4: no codecs, `dimension_names` always, null if absent)."""
     grid = node["chunk_grid"]["configuration"]["chunk_shape"]
     codecs = node["codecs"]
     sharded = codecs[0]["name"] == "sharding_indexed"
@@ -131,8 +135,64 @@ def array_entry(node: dict) -> dict:
     return entry
 
 
+# --- format 4's canonical JSON ("Manifest: the exact bytes": RFC 8785) ------------------------------------
+WRITER_NOTES = ("manifest", "stored_bytes", "created", "software_version", "upgraded")
+
+
+def es_number(x: float) -> str:
+    """ECMAScript's Number::toString of a float64: the fewest significant digits that read back as x, then
+    plain digits for 1e-7 < |x| < 1e21, else `d.ddde+N`."""
+    if x != x or x in (math.inf, -math.inf):
+        return "null"
+    if x == 0:
+        return "0"
+    if x < 0:
+        return "-" + es_number(-x)
+    for p in range(1, 18):
+        text = f"{x:.{p - 1}e}"
+        if float(text) == x:
+            break
+    mantissa, exp = text.split("e")
+    digits = mantissa.replace(".", "").rstrip("0") or "0"
+    k, n = len(digits), int(exp) + 1
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    rest = "." + digits[1:] if k > 1 else ""
+    return f"{digits[0]}{rest}e{'+' if n - 1 >= 0 else '-'}{abs(n - 1)}"
+
+
+def jcs(value) -> str:
+    """RFC 8785: keys by UTF-16 code units, no whitespace, numbers as float64 in ECMAScript's notation, strings as
+    JSON.stringify writes them; the caller encodes the text as UTF-8."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int) and abs(value) < 2**53:
+        return str(value)
+    if isinstance(value, (int, float)):  # a float64 as JSON.parse reads it: too large an integer is an infinity
+        return es_number(float(value) if abs(value) < 2**1024 else math.inf)
+    if isinstance(value, list):
+        return "[" + ",".join(jcs(v) for v in value) + "]"
+    keys = sorted(value, key=lambda k: k.encode("utf-16-be"))
+    return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + jcs(value[k]) for k in keys) + "}"
+
+
 def manifest(bundle: Bundle) -> str:
-    hsk = {k: v for k, v in bundle.meta.items() if k != "manifest"}
+    meta = bundle.meta
+    if meta["format_version"] >= 4:
+        hsk = {k: v for k, v in meta.items() if k not in WRITER_NOTES}
+        arrays = {}
+        for path, node in bundle.nodes.items():
+            entry = array_entry(node)
+            arrays[path] = {k: entry.get(k) for k in ("shape", "dtype", "chunks", "shards", "fill_value",
+                                                      "dimension_names", "attributes")}
+        return sha256(jcs({"hsk": hsk, "arrays": arrays}).encode("utf-8"))
+    hsk = {k: v for k, v in meta.items() if k != "manifest"}
     doc = {"hsk": hsk, "arrays": {path: array_entry(node) for path, node in bundle.nodes.items()}}
     return sha256(canonical(doc).encode("ascii"))
 

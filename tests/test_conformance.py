@@ -200,10 +200,15 @@ def test_reader_refuses_edited_metadata_and_data(tmp_path):
     edited = rewrite(src, tmp_path / "meta.hsk.zip", "zarr.json", lambda b: b.replace(b'"sst2"', b'"sst3"'))
     with pytest.raises(AssertionError, match="manifest"):
         reader.read_verified(reader.Bundle.open(edited))
-    codec = rewrite(src, tmp_path / "codec.hsk.zip", "layers/0/masks/zarr.json",
-                    lambda b: b.replace(b'"clevel": 5', b'"clevel": 6'))
+    axes = rewrite(src, tmp_path / "axes.hsk.zip", "layers/0/masks/zarr.json",
+                   lambda b: b.replace(b'"mask_bytes"', b'"mask_bits"'))
     with pytest.raises(AssertionError, match="manifest"):
-        reader.read_verified(reader.Bundle.open(codec))
+        reader.read_verified(reader.Bundle.open(axes))
+    # the compression level is how one writer stored the bytes, not what they decode to (format 4)
+    level = rewrite(src, tmp_path / "level.hsk.zip", "layers/0/masks/zarr.json",
+                    lambda b: b.replace(b'"clevel": 5', b'"clevel": 6'))
+    assert b'"clevel": 6' in zipfile.ZipFile(level).read("layers/0/masks/zarr.json")
+    reader.read_verified(reader.Bundle.open(level))
     # a missing chunk reads as zeros: only its digest tells
     missing = tmp_path / "missing.hsk.zip"
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(missing, "w", zipfile.ZIP_STORED) as zout:
