@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +218,51 @@ def shard_index(raw: bytes, n_chunks: int) -> list[tuple[int, int] | None]:
     return [None if int(o) == 2**64 - 1 else (int(o), int(n)) for o, n in pairs]
 
 
+def _unshuffle_bytes(block: bytes, typesize: int) -> bytes:
+    n = len(block) // typesize
+    head = np.frombuffer(block[: n * typesize], np.uint8).reshape(typesize, n).T.reshape(-1)
+    return head.tobytes() + block[n * typesize:]
+
+
+def _unshuffle_bits(block: bytes, typesize: int) -> bytes:
+    n = len(block) // typesize
+    if n % 8:
+        return block  # only whole groups of 8 elements are bit-shuffled: the block is as it is
+    planes = np.frombuffer(block, np.uint8).reshape(typesize * 8, n // 8)  # row 8j + k: bit k of byte j
+    bits = np.unpackbits(planes, axis=1, bitorder="little")
+    return np.packbits(bits.T.reshape(n, typesize, 8), axis=-1, bitorder="little").tobytes()
+
+
+def blosc_decode(frame: bytes) -> bytes:
+    """One Blosc frame ("Blosc frames"): header, block offsets, streams (raw or zstd), unshuffle."""
+    from numcodecs.zstd import Zstd  # a plain zstd decoder (zarr's dependency); Blosc itself is decoded here
+
+    flags, typesize = frame[2], frame[3]
+    nbytes, blocksize, _ = struct.unpack_from("<III", frame, 4)
+    assert flags >> 5 == 4, "zstd"
+    if flags & 0x02:
+        return frame[16:16 + nbytes]
+    n_blocks = -(-nbytes // blocksize)
+    out = []
+    for b, start in enumerate(struct.unpack_from(f"<{n_blocks}i", frame, 16)):
+        size = min(blocksize, nbytes - b * blocksize)
+        split = not flags & 0x10 and typesize <= 16 and blocksize // typesize >= 128 and size == blocksize
+        streams = typesize if split else 1
+        pos, parts = start, []
+        for _ in range(streams):
+            (length,) = struct.unpack_from("<i", frame, pos)
+            raw = frame[pos + 4: pos + 4 + length]
+            parts.append(raw if length == size // streams else bytes(Zstd().decode(raw)))
+            pos += 4 + length
+        block = b"".join(parts)
+        if flags & 0x01 and typesize > 1:
+            block = _unshuffle_bytes(block, typesize)
+        elif flags & 0x04:
+            block = _unshuffle_bits(block, typesize)
+        out.append(block)
+    return b"".join(out)
+
+
 # --- digests -----------------------------------------------------------------------------------------
 def data_arrays(meta: dict) -> list[str]:
     """The data arrays in digest order (section "Digest order")."""
@@ -348,9 +394,15 @@ def clm_logprobs(arrays: dict[str, np.ndarray], sel: dict, group: str = "clm") -
 
 
 def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """The mass outside the top K: 1 - sum(exp(log-prob)), clipped to [0, 1]; 0 where a position is not kept."""
-    tail = np.clip(1.0 - np.exp(logprobs.astype(np.float64)).sum(-1), 0.0, 1.0)
-    return np.where(kept, tail, 0.0)
+    """The mass outside the top K, in float32 ("Causal-LM stores"): each slot's probability float32(exp(log-prob))
+    (exp in float64), added to a float32 sum one slot at a time from slot 0, 1 - that sum, clipped to [0, 1]; 0
+    where a position is not kept."""
+    probs = np.exp(logprobs.astype(np.float64)).astype(np.float32)
+    total = np.zeros(probs.shape[:-1], dtype=np.float32)
+    for s in range(probs.shape[-1]):
+        total = np.add(total, probs[..., s], dtype=np.float32)
+    tail = np.minimum(np.maximum(np.subtract(np.float32(1), total, dtype=np.float32), 0), 1).astype(np.float32)
+    return np.where(kept, tail, np.float32(0))
 
 
 def block_hash(ids: np.ndarray) -> int:
