@@ -116,6 +116,17 @@ class ClmSelection:
     def described(self) -> Support:
         return Support(self.support, self.k if self.support == "topk" else self.draws)
 
+    def label(self) -> tuple[str, str | None]:
+        """(config, codec): how a catalog and the card's title name this selection."""
+        return str(self.described), self.logprob_codec
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        if self.support == "topk":
+            return (f"top-{self.k} next-token ids and log-probs ({self.logprob_codec}) per position, the tail mass "
+                    "recoverable")
+        return f"{self.draws} ids drawn from the teacher per position (RS-KD), distinct ids and counts"
+
     @property
     def id_bytes(self) -> int:
         return math.ceil(self.slots * self.id_bits / 8)
@@ -348,4 +359,4 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     CLM, "a causal LM's next-token distributions on a sparse support (`hsk dump --objective clm`)", array_specs,
     describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",),
-    selection_type=ClmSelection))
+    selection_type=ClmSelection, category="text-generation"))

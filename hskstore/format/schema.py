@@ -229,7 +229,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
     described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",),
-    selection_type=Selection))
+    selection_type=Selection, category="text-classification"))
 
 
 def n_shards(meta: dict) -> int:
