@@ -5,6 +5,9 @@ was written with until `hsk upgrade` brings it to format 4."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from hskstore.format.canonical import canonical, number
 from hskstore.format.manifest import compute_manifest, identity, list_arrays
 from hskstore.format.schema import FORMAT_VERSION
 from hskstore.io.card import stored_bytes
+from hskstore.io.writer import FAULT_EXIT
 from pipelines.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,3 +142,19 @@ def test_upgrading_a_format_3_store_gives_the_address_a_format_4_writer_gives(tm
     assert old.content_address == meta["manifest"] != address
     assert main(["upgrade", str(store)]) == 0 and "from format 3" in capsys.readouterr().out
     assert open_store(str(store)).content_address == address
+
+
+def test_an_upgrade_from_3_killed_after_its_metadata_is_finished_by_the_rerun(tmp_path, capsys):
+    """Format 3 to 4 touches no array: a kill after the root metadata leaves a verifying store whose card still says
+    format 3; the rerun renders it again."""
+    store = unpacked(FORMAT3 / "int4.hsk.zip", tmp_path / "old.zarr")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HSK_FAULT": "upgrade-after-metadata"}
+    done = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", "upgrade", str(store)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == FAULT_EXIT, done.stderr
+    assert "format_version: 3" in (store / "README.md").read_text()
+    assert main(["upgrade", str(store)]) == 0
+    assert "restored README.md and croissant.json" in capsys.readouterr().out
+    assert f"format_version: {FORMAT_VERSION}" in (store / "README.md").read_text()
+    assert main(["verify", str(store)]) == 0
+    assert main(["upgrade", str(store)]) == 0 and "nothing to do" in capsys.readouterr().out

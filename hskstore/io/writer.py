@@ -586,6 +586,8 @@ def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
         return Upgrade(url, finished, store.content_address, changed=True)
     if store.content_address is not None and version >= FORMAT_VERSION:  # nothing left but what is rendered
         restored = StoreWriter(url, store.metadata).repair_card()
+        if store.meta.get("upgraded"):  # killed after its metadata: the card may still describe the old format
+            restored += tuple(name for name in _stale_rendering(store) if name not in restored)
         return Upgrade(url, version, store.content_address, changed=False, restored=restored)
     problems = store.verify()
     if problems:
@@ -614,6 +616,17 @@ def _render(store: HSKStore) -> None:
     group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
     write_store_card(group, store.meta, list(store.specs), store.url)
     write_croissant(group, store.meta, list(store.specs), store.url)
+
+
+def _stale_rendering(store: HSKStore) -> tuple[str, ...]:
+    """Rewrite the card and croissant.json of an upgraded store where they differ from what its metadata renders
+    (an upgrade from a format whose arrays needed nothing, killed after its root metadata); the names rewritten."""
+    group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
+    card, croissant = read_card(group), read_croissant(group)
+    _render(store)
+    return tuple(name for name, before, after in ((CARD_NAME, card, read_card(group)),
+                                                  (CROISSANT_NAME, croissant, read_croissant(group)))
+                 if before != after)
 
 
 def _finish_cut_short(url: str) -> int | None:
