@@ -72,9 +72,9 @@ def test_card_code_runs_as_written(store, monkeypatch):
     monkeypatch.chdir(store.parent)
     scope: dict = {}
     exec(snippets[0], scope)
-    assert scope["dense"].shape == (8, 4, 32)
+    assert scope["shard"]["logits"].shape == (8, 2) and scope["shard"]["layers/0/values"].shape[:2] == (8, 4)
     exec(snippets[1], scope)
-    assert scope["logits"].shape == (24, 2) and scope["meta"]["complete"]
+    assert scope["rows"].shape == (24,) and scope["meta"]["complete"]
 
 
 def test_info_prints_the_card_for_folder_and_bundle(store, bundle, capsys):

@@ -23,6 +23,7 @@ from conftest import hsk, save_tiny_teacher
 
 from hskstore import open_store
 from hskstore.format.digest import shard_digest
+from hskstore.format.schema import FORMAT_VERSION
 from hskstore.io.lease import STALE_AFTER_S, Lease
 from hskstore.io.writer import FAULT_EXIT
 from pipelines.cli import main
@@ -123,7 +124,8 @@ def test_unmanifested_store_is_refused_until_upgraded(store, tmp_path, glue_dir,
     assert "upgraded" in said and "covered by the manifest sha256:" in said and "hsk info" in said
     assert data_hashes(store) == {k: v for k, v in before.items() if k not in DERIVED_FILES}
     meta = open_store(str(store)).meta
-    assert meta["format_version"] == 3 and meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else 3)
+    assert meta["format_version"] == FORMAT_VERSION
+    assert meta["upgraded"]["from_version"] == (1 if downgrade == "format 1" else FORMAT_VERSION)
     assert main(["verify", str(store)]) == 0
     assert f"matches the manifest {meta['manifest']}" in capsys.readouterr().out
     edit_meta(store, lambda m: m["task"].update(labels=m["task"]["labels"][::-1]))  # now an edit is caught

@@ -16,12 +16,14 @@ from . import kinds
 from .config import HSKConfig, Selection
 from .meta import TASK, Layout
 
-FORMAT_VERSION = 3  # what this hsk writes (docs/STORE_FORMAT.md)
+FORMAT_VERSION = 4  # what this hsk writes (docs/STORE_FORMAT.md)
 # What it reads: version 1 has no manifest (metadata not covered) and no 4-bit values, version 2 no
-# dimension names or array attributes (`hsk upgrade` adds both).
-READABLE_VERSIONS = (1, 2, 3)
+# dimension names or array attributes, version 3 a manifest over compressed sizes and codecs (`hsk upgrade`
+# brings each to this version).
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_SINCE = 2  # the first version whose complete stores carry a manifest
 DIMENSIONS_SINCE = 3  # the first version whose arrays carry `dimension_names` and attributes
+ADDRESS_SINCE = 4  # the first version whose manifest any writer of the same data reproduces (canonical JSON)
 META_KEY = "hsk"
 PROGRESS_DONE = "_progress/done"
 PROGRESS_DIGESTS = "_progress/digests"
@@ -227,7 +229,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
     described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",),
-    selection_type=Selection))
+    selection_type=Selection, category="text-classification"))
 
 
 def n_shards(meta: dict) -> int:
