@@ -275,7 +275,8 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
     blocks = packed.blocks
     sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
                             logprob_codec=request.logprob_codec, positions=request.positions,
-                            sample_seed=request.sample_seed, text_bytes=packed.text_bytes)
+                            sample_seed=request.sample_seed, limit_tokens=request.max_tokens,
+                            text_bytes=packed.text_bytes)
     if int(blocks.max(initial=0)) >= vocab:
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
                              f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
