@@ -10,8 +10,9 @@ from importlib import import_module
 
 import numpy as np
 
-from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode
+from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode, domain_checks
 from ..format.config import ConfigError
+from ..format.domain import DomainCheck
 from . import info
 from .reader import HSKStore
 
@@ -29,6 +30,9 @@ class ClmStore(HSKStore):
     @property
     def clm(self) -> ClmSelection:
         return self.selection_record
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.clm)
 
     def support(self) -> tuple[ClmSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""

@@ -14,6 +14,7 @@ from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, Unveri
 from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
+from ..format.domain import DomainCheck, first_breach
 from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from ..format.meta import TASK, StoreMeta, objective_of
 from ..format.schema import (
@@ -467,7 +468,24 @@ class HSKStore:
                         f"{self.url}: array {name} rows {start}:{stop} do not match their checksum; the store "
                         "is corrupted. Re-copy it or dump again."
                     )
+            self._check_domain(shard, data)
         return data
+
+    def domain_checks(self) -> list[DomainCheck]:
+        """The rules its arrays' values obey (hskstore.format.domain), checked on every verified shard read; a
+        kind's reader lists its kind's (none here)."""
+        return []
+
+    def _check_domain(self, shard: int, data: dict[str, np.ndarray]) -> None:
+        if "_domain" not in self.__dict__:
+            self._domain = self.domain_checks()
+        breach = first_breach(data, self._domain)
+        if breach is not None:
+            start, stop = self.shard_bounds(shard)
+            raise CorruptStoreError(
+                f"{self.url}: array {breach.array} of shard {shard} (rows {start}:{stop}) {breach.rule}: no hsk "
+                "dump writes that; the store is forged or damaged. Re-copy it or dump again."
+            )
 
     def dense(self, data: dict[str, np.ndarray], layer: KeptLayer | str) -> np.ndarray:
         """Zero-filled teacher vectors [n, N^L, d] float32 of a kept layer (docs/METHOD.md section 3)."""
