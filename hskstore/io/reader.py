@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from ..codecs import UnknownCodecError
-from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
+from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, printable, shown
 from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
@@ -33,6 +33,7 @@ from ..format.schema import (
     shard_bounds,
 )
 from ..format.shard_codec import ShardLayout
+from ..plugins import PluginError
 from . import card, info
 from .access import raise_if_access
 from .location import is_local, local_path, object_reader, url_problem, zarr_location
@@ -71,14 +72,35 @@ def check_layout(meta: dict) -> list[ArraySpec]:
         raise CorruptStoreError("layout.shard_rows is not a multiple of layout.chunk_rows")
     if not (isinstance(layout.get("n_width"), int) and layout["n_width"] >= 0):
         raise CorruptStoreError(f"layout.n_width {layout.get('n_width')!r} is not a width")
+    return _described_arrays(meta)
+
+
+def _described_arrays(meta: dict) -> list[ArraySpec]:
+    """The array specs of `meta` by its kind: damage refused in one line, an installed kind's failure blamed on
+    its package, a kind or codec this hsk lacks named."""
     try:
         return array_specs(meta)
     except kinds.UnknownKindError as exc:  # not damage: a kind this hsk does not know
         raise StoreError(str(exc)) from None
-    except UnknownCodecError:  # not damage either: the caller names the codec a package here should provide
+    except (UnknownCodecError, PluginError):  # not damage either: the message names the package to install or fix
         raise
-    except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
+    except (Exception, SystemExit) as exc:  # ConfigError is a ValueError
+        package = _package_of(meta)
+        if package is not None:  # an installed kind's array_specs: its bug or this store's damage, said both ways
+            raise PluginError(f"the store kind {meta.get('objective')!r} of {package} cannot describe this store's "
+                              f"arrays ({exc.__class__.__name__}: {printable(exc)}): the package has a bug or the "
+                              f"store is damaged; update or uninstall {package.split()[0]}, or re-copy the store") from None
+        if not isinstance(exc, (KeyError, TypeError, ValueError)):
+            raise
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
+
+
+def _package_of(meta: dict) -> str | None:
+    """The installed package whose kind the metadata names (None: hsk's own kind, or no kind at all)."""
+    try:
+        return kinds.kind_of(meta).package
+    except Exception:
+        return None
 
 
 def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:

@@ -59,12 +59,12 @@ from .outputs import (
     LEASE_NAME,
     PARTIAL_FILE,
     STORE,
-    STORE_ENTRIES,
     claim_output,
     fault,
     output_kind,
     refuse_bundle_output,
     staged_replace,
+    store_entries,
 )
 from .reader import HSKStore, render_card
 from .zarr_adapter import put_shard
@@ -233,7 +233,7 @@ def write_store_card(group: zarr.Group, meta: dict, names: list[str], url: str) 
 def _clear_structure(url: str) -> None:
     """Delete the zarr nodes a store's structure is made of (known names only; the lease stays)."""
     store = location(url)
-    for name in sorted(STORE_ENTRIES - {LEASE_NAME}):
+    for name in sorted(store_entries() - {LEASE_NAME}):
         store.child(name).remove()
     remove_partials(url)
 
