@@ -60,16 +60,19 @@ def main() -> None:
     for support, codec in (("topk:32", "float16"), ("topk:32", "int8"), ("sample:32", "float16")):
         sel = ClmSelection.make(Support.parse(support), vocab_size=args.vocab, block_size=args.block, eos_id=0,
                                 logprob_codec=codec)
-        data, checks = shard(sel, args.rows, rng), domain_checks(sel)
-        assert first_breach(data, checks) is None, first_breach(data, checks)
-        check = best(lambda: first_breach(data, checks), args.repeat)
-        digest = best(lambda: [shard_digest(a) for a in data.values()], args.repeat)
-        decoded = best(lambda: decode(data, sel), args.repeat)
-        tokens = args.rows * args.block
-        label = support + (f" {codec}" if support.startswith("topk") else "")
-        print(f"{label:18s} checks {check * 1e3:7.1f} ms/shard ({check * 1e6 / tokens:5.1f} ms per 1k tokens)   "
-              f"digests {digest * 1e3:6.1f} ms   decode {decoded * 1e3:6.1f} ms   checks/digests "
-              f"{check / digest:4.1f}x   checks/decode {check / decoded:4.2f}x")
+        report(sel, shard(sel, args.rows, rng), args.rows * args.block, args.repeat,
+               support + (f" {codec}" if support.startswith("topk") else ""))
+
+
+def report(sel: ClmSelection, data: dict[str, np.ndarray], tokens: int, repeat: int, label: str) -> None:
+    checks = domain_checks(sel)
+    assert first_breach(data, checks) is None, first_breach(data, checks)
+    check = best(lambda: first_breach(data, checks), repeat)
+    digest = best(lambda: [shard_digest(a) for a in data.values()], repeat)
+    decoded = best(lambda: decode(data, sel), repeat)
+    print(f"{label:18s} checks {check * 1e3:7.1f} ms/shard ({check * 1e6 / tokens:5.1f} ms per 1k tokens)   "
+          f"digests {digest * 1e3:6.1f} ms   decode {decoded * 1e3:6.1f} ms   checks/digests "
+          f"{check / digest:4.1f}x   checks/decode {check / decoded:4.2f}x")
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ def _described_arrays(meta: dict) -> list[ArraySpec]:
         if package is not None:  # an installed kind's array_specs: its bug or this store's damage, said both ways
             raise PluginError(f"the store kind {meta.get('objective')!r} of {package} cannot describe this store's "
                               f"arrays ({exc.__class__.__name__}: {printable(exc)}): the package has a bug or the "
-                              f"store is damaged; update or uninstall {package.split()[0]}, or re-copy the store") from None
+                              f"store is damaged; update or uninstall {package.split()[0]}, or re-copy the "
+                              "store") from None
         if not isinstance(exc, (KeyError, TypeError, ValueError)):
             raise
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
