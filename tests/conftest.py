@@ -407,3 +407,20 @@ def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory, glue_dir: Path) -> P
 def clm_teacher(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path) -> Path:
     """A tiny random Llama (4 layers, d 32, vocabulary 300) with its tokenizer."""
     return save_tiny_causal_lm(tmp_path_factory.mktemp("clm_teacher"), bpe_tokenizer, "llama")
+
+
+def clm_dump_args(teacher: Path, corpus: Path, out: Path, *extra: str, support: str = "topk:8") -> list[str]:
+    """`hsk dump --objective clm` of a small store: 40 documents in blocks of 16 tokens, 8 blocks a shard."""
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(corpus), "--support", support,
+            "--block-size", "16", "--limit", "40", "--shard-rows", "8", "--batch-size", "8", "--no-progress",
+            "--device", "cpu", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="session")
+def small_clm_store(tmp_path_factory: pytest.TempPathFactory, clm_teacher: Path, clm_corpus: Path) -> Path:
+    """A small top-8 causal-LM store of the tiny Llama (clm_dump_args); tests copy it before changing it."""
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("small_clm") / "lm.zarr"
+    assert main(clm_dump_args(clm_teacher, clm_corpus, out)) == 0
+    return out

@@ -65,7 +65,7 @@ class Support:
     def parse(cls, text: str) -> Support:
         """`topk:K` or `sample:N` (a one-line ConfigError naming the value otherwise)."""
         kind, _, number = str(text).strip().partition(":")
-        if kind not in SUPPORTS or not number.isdigit() or int(number) < 1:
+        if kind not in SUPPORTS or not (number.isascii() and number.isdigit()) or int(number) < 1:
             raise ConfigError(f"--support {text!r}: pass topk:K (the K most probable ids, K >= 1) or sample:N "
                               f"(N draws from the teacher, 1 <= N <= {MAX_DRAWS})")
         if kind == "sample" and int(number) > MAX_DRAWS:

@@ -68,7 +68,7 @@ class Decoding:
             return None
         if strategy == "greedy" and not number:
             return cls("greedy", 1, max_new_tokens)
-        if strategy == "beam" and number.isdigit() and 2 <= int(number) <= 64:
+        if strategy == "beam" and number.isascii() and number.isdigit() and 2 <= int(number) <= 64:
             return cls("beam", int(number), max_new_tokens)
         raise ConfigError(f"--decode {text!r}: pass none, greedy or beam:N (2 <= N <= 64 beams)")
 

@@ -471,6 +471,7 @@ def _refuse_before_lease(url: str, meta: StoreMeta | Mapping, status: str) -> No
     existing = _read_meta(url) if status == "resume" else None
     refusal = _existing_refusal(url, existing, _wanted(meta).to_dict()) if existing is not None else None
     if refusal:
+        Lease(url).refuse_if_held()  # a live dump there: wait for it first (its --overwrite would be refused too)
         raise StoreExistsError(refusal)
 
 
