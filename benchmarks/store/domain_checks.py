@@ -9,6 +9,10 @@ kept), for top-K (float16, int8) and sample:N supports. Each is timed, best of -
 (first_breach over every rule), shard_digest over the same arrays (the verified read's cost today) and decode
 (what the clm trainer does with the shard). Prints one line per support: milliseconds per shard and per 1,000
 tokens, and the checks' cost relative to the digests and the decode.
+
+`--slack` prints instead how far above 1 each log-prob codec's rounding lifts the decoded top-K probabilities of
+a position (top-1..128 of log-softmaxes of normal logits at temperatures 0.1..10): what
+hskstore.format.clm.PROBABILITY_SLACK allows, with a margin.
 """
 
 from __future__ import annotations
@@ -18,7 +22,16 @@ import time
 
 import numpy as np
 
-from hskstore.format.clm import ClmSelection, Support, decode, domain_checks, encode_support, pack_blocks
+from hskstore import codecs
+from hskstore.format.clm import (
+    PROBABILITY_SLACK,
+    ClmSelection,
+    Support,
+    decode,
+    domain_checks,
+    encode_support,
+    pack_blocks,
+)
 from hskstore.format.digest import shard_digest
 from hskstore.format.domain import first_breach
 
@@ -49,13 +62,31 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
+def slack() -> None:
+    rng = np.random.default_rng(0)
+    for name in codecs.names():
+        codec, worst = codecs.get(name), 0.0
+        for k in (1, 2, 8, 32, 128):
+            for temperature in (0.1, 1, 3, 10):
+                logits = rng.normal(size=(200, 1000)) * temperature
+                logprobs = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+                top = np.maximum(-np.sort(-(logprobs - logits.max(1, keepdims=True)), 1)[:, :k], -60)
+                decoded = codec.decode(*codec.encode(top.astype(np.float16)), k)
+                worst = max(worst, float(np.exp(decoded.astype(np.float64)).sum(1).max()))
+        print(f"{name:10s} lossless {codec.lossless!s:5s} worst sum {worst:.4f}   allowed "
+              f"{PROBABILITY_SLACK.get(name, '(default)')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--block", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--slack", action="store_true", help="print each codec's rounding of the probability sum")
     args = ap.parse_args()
+    if args.slack:
+        return slack()
     rng = np.random.default_rng(0)
     for support, codec in (("topk:32", "float16"), ("topk:32", "int8"), ("sample:32", "float16")):
         sel = ClmSelection.make(Support.parse(support), vocab_size=args.vocab, block_size=args.block, eos_id=0,

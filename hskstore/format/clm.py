@@ -342,7 +342,7 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
 # --- the values' domain (hskstore.format.domain): what the readers check of each shard -------------------------
 # How far above 1 the decoded top-K probabilities of a position may sum, per log-prob codec: the codec's
 # rounding of log-probs near 0 (measured over top-1..128 of softmaxes at temperatures 0.1..10: float16
-# 1.0002, int8 1.08, int4 2.2, mxfp4 2.3, nf3 3.3; benchmarks/store/domain_checks.py). A codec not listed
+# 1.0002, int8 1.08, int4 2.2, mxfp4 2.3, nf3 3.3: benchmarks/store/domain_checks.py --slack). A codec not listed
 # gets the loosest bound unless it is lossless.
 PROBABILITY_SLACK = {"float16": 1.01, "int8": 1.25, "int4": 3.0, "mxfp4": 3.0, "nf3": 4.5}
 LOSSY_SLACK = 4.5
