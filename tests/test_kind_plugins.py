@@ -103,7 +103,7 @@ def test_a_store_of_a_broken_kind_is_refused_naming_its_package(site, tmp_path, 
 
 def test_the_catalog_goes_on_past_a_store_of_a_broken_kind(site, tmp_path):
     folder = tmp_path / "team"
-    _store_of("badreader", folder / "bad.zarr")
+    _store_of("raising", folder / "bad.zarr")
     with zipfile.ZipFile(VECTORS / "int8.hsk.zip") as zf:
         zf.extractall(folder / "good.zarr")
     code, out, err = hsk("catalog", str(folder), "--json", timeout=60, **_with(site))
