@@ -3,6 +3,9 @@ beside the digests every verified read already computes and the decode a trainer
 
     python benchmarks/store/domain_checks.py                     # SmolLM2's vocabulary, 64 blocks of 1,024 tokens
     python benchmarks/store/domain_checks.py --rows 16 --block 512 --repeat 5
+    python benchmarks/store/domain_checks.py --slack             # each codec's rounding of the probability sum
+
+Writes benchmarks/store/results/domain_checks.json (the figures, the machine, the commit and the load).
 
 A shard is built in memory the way the dump encodes it (encode_support over random log-softmaxes, all positions
 kept), for top-K (float16, int8) and sample:N supports. Each is timed, best of --repeat: the domain checks
@@ -18,7 +21,12 @@ hskstore.format.clm.PROBABILITY_SLACK allows, with a margin.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -87,15 +95,22 @@ def main() -> None:
     args = ap.parse_args()
     if args.slack:
         return slack()
-    rng = np.random.default_rng(0)
+    rng, rows = np.random.default_rng(0), []
     for support, codec in (("topk:32", "float16"), ("topk:32", "int8"), ("sample:32", "float16")):
         sel = ClmSelection.make(Support.parse(support), vocab_size=args.vocab, block_size=args.block, eos_id=0,
                                 logprob_codec=codec)
-        report(sel, shard(sel, args.rows, rng), args.rows * args.block, args.repeat,
-               support + (f" {codec}" if support.startswith("topk") else ""))
+        rows.append(report(sel, shard(sel, args.rows, rng), args.rows * args.block, args.repeat,
+                           support + (f" {codec}" if support.startswith("topk") else "")))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = Path(__file__).parent / "results" / "domain_checks.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"command": f"python benchmarks/store/domain_checks.py --rows {args.rows} --block "
+                               f"{args.block} --vocab {args.vocab} --repeat {args.repeat}", "commit": commit,
+                               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+                               "load_average": os.getloadavg(), "results": rows}, indent=2) + "\n")
 
 
-def report(sel: ClmSelection, data: dict[str, np.ndarray], tokens: int, repeat: int, label: str) -> None:
+def report(sel: ClmSelection, data: dict[str, np.ndarray], tokens: int, repeat: int, label: str) -> dict:
     checks = domain_checks(sel)
     assert first_breach(data, checks) is None, first_breach(data, checks)
     check = best(lambda: first_breach(data, checks), repeat)
@@ -104,6 +119,8 @@ def report(sel: ClmSelection, data: dict[str, np.ndarray], tokens: int, repeat: 
     print(f"{label:18s} checks {check * 1e3:7.1f} ms/shard ({check * 1e6 / tokens:5.1f} ms per 1k tokens)   "
           f"digests {digest * 1e3:6.1f} ms   decode {decoded * 1e3:6.1f} ms   checks/digests "
           f"{check / digest:4.1f}x   checks/decode {check / decoded:4.2f}x")
+    return {"support": label, "tokens": tokens, "checks_ms": check * 1e3, "digests_ms": digest * 1e3,
+            "decode_ms": decoded * 1e3}
 
 
 if __name__ == "__main__":
