@@ -333,10 +333,12 @@ def methods_reading(kind: str) -> list[str]:
 def check_reads(method: Method, kind: str, store: str) -> None:
     """Refuse, in one line naming the methods that fit, a method that cannot read a store of this kind."""
     if kind not in method.kinds:
+        from hskstore.format import kinds
+
         fits = methods_reading(kind)
         fit = f"pass --method {' or '.join(fits)}" if fits else "no installed method reads it"
         raise MethodError(f"method {method.name} reads {' or '.join(method.kinds)} stores, and {store} is a {kind} "
-                          f"store: {fit} (or leave --method out: its kind's default)")
+                          f"store ({kinds.get(kind).summary}): {fit} (or leave --method out: its kind's default)")
 
 
 def all_methods() -> list[Method]:

@@ -94,7 +94,8 @@ def test_a_method_that_cannot_read_the_store_is_refused_naming_those_that_can(cl
     rc, _, err = hsk("train", "--store", str(clm_store), "--student", "first2", "--method", "kd", "--out", str(out))
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
-    assert f"method kd reads task stores, and {clm_store} is a clm store: pass --method clm-kd" in lines[0]
+    assert f"method kd reads task stores, and {clm_store} is a clm store (" in lines[0]
+    assert lines[0].endswith("): pass --method clm-kd (or leave --method out: its kind's default)")
     assert tree_hashes(clm_store) == before and not out.exists()
 
 

@@ -96,10 +96,10 @@ class TaskDumpOptions:
 
 def dump(options: TaskDumpOptions, common: DumpCommon, log: Callable[[str], Any]) -> None:
     """A task store: a fine-tuned classifier's logits and the HSK of --config."""
+    layers = options.layer_list()
     parsed = HSKConfig.parse(options.config) if options.config else None
     if not options.task or not parsed:
         raise ConfigError("hsk dump needs --task and --config (or --objective mlm with --text-file for an MLM store)")
-    layers = options.layer_list()
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
     from pipelines.core.tasks import get_task

@@ -367,7 +367,8 @@ def _train(
     if (store is None) == (teacher is None):
         raise ConfigError("give either --store (offline) or --teacher with --task and --config (online)")
     kind = _store_kind(store)
-    options = _with_method(options, kind, store, log)
+    implied = options.method is None
+    options = _with_method(options, kind, store)
     prepare = runkinds.get(kind).load("prepare")  # the run plan of the store's kind
     claim_output(out_dir, RUN_KIND, overwrite=False)  # refuse a foreign --out before anything else
     out = Path(out_dir)
@@ -376,6 +377,9 @@ def _train(
     precision = StepPrecision.resolve(options.precision, device)  # refused here, before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
+    if implied:  # said once everything is checked: a refusal stays one line
+        log(f"method: {options.method} (what a {kind} store trains with unless --method says otherwise; `hsk methods` "
+            "lists them)")
     folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
     checkpoints, _ = open_run(folder, precision, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
@@ -415,14 +419,11 @@ def _store_kind(store: str | None) -> str:
     return open_store(store, allow_incomplete=True).objective
 
 
-def _with_method(options: TrainOptions, kind: str, store: str | None, log: Callable[[str], Any]) -> TrainOptions:
-    """The options with the method that runs: --method, or the kind's default (said in one line); a method that
-    cannot read the store's kind is refused naming those that can."""
+def _with_method(options: TrainOptions, kind: str, store: str | None) -> TrainOptions:
+    """The options with the method that runs: --method, or the kind's default (said once the run is checked); a
+    method that cannot read the store's kind is refused naming those that can."""
     if options.method is None:
-        method = runkinds.get(kind).default_method
-        log(f"method: {method} (what a {kind} store trains with unless --method says otherwise; `hsk methods` lists "
-            "them)")
-        options = dataclasses.replace(options, method=method)
+        options = dataclasses.replace(options, method=runkinds.get(kind).default_method)
     check_reads(get_method(options.method), kind, store or "a live teacher's targets")
     return options
 
