@@ -21,9 +21,9 @@ docs/guide/adding-a-store-kind.md walks through a kind's files.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any
 
 from hskstore.errors import UserError
 from hskstore.plugins import RUN_KINDS, plugin
@@ -34,6 +34,9 @@ from pipelines.core.threads import THREADS_HELP
 _DECLARED = {"task": "pipelines.kinds.task:RUN_KIND", "mlm": "pipelines.kinds.mlm:RUN_KIND",
              "clm": "pipelines.kinds.clm:RUN_KIND", "seq2seq": "pipelines.kinds.seq2seq:RUN_KIND"}
 _KINDS: dict[str, RunKind] = {}
+
+
+Log = Callable[[str], object]  # where a kind's command says what it did (typer.echo on the command line)
 
 
 class UnknownRunKindError(UserError, ValueError):
@@ -61,7 +64,7 @@ class RunKind:
     def help_heading(self) -> str:
         return self.heading or f"{self.name} stores (--objective {self.name})"
 
-    def load(self, part: str) -> Any:
+    def load(self, part: str) -> Callable[..., None]:
         """The object one of its entry points names ("dump", "prepare", "teacher", "evaluate")."""
         where = getattr(self, part)
         if where is None:

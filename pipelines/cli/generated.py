@@ -17,7 +17,6 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import typer
 
@@ -52,7 +51,7 @@ class FlagTable:
             if section != DEFAULT:
                 self.sections.setdefault(section, []).append(f.name)
 
-    def extra(self, name: str, annotation: Any, default: Any, section: str = DEFAULT) -> None:
+    def extra(self, name: str, annotation: object, default: object, section: str = DEFAULT) -> None:
         """An option the command declares itself (its selector, --set), or an argument."""
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if isinstance(default, typer.models.ArgumentInfo) else (
             inspect.Parameter.KEYWORD_ONLY)
@@ -66,13 +65,13 @@ class FlagTable:
         order += [h for h in self.sections if h not in order]
         return {h: tuple(self.sections[h]) for h in order}
 
-    def command(self, body: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+    def command(self, body: Callable[[dict[str, object]], None]) -> Callable[..., None]:
         """A function Typer reads as a command with these options, calling body(values)."""
         # arguments first; the click context tells a flag given from one left at its default
         context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
         params = sorted([context, *self.params.values()], key=lambda p: p.kind)
 
-        def run(**values: Any) -> None:
+        def run(**values: object) -> None:
             body(values)
 
         run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -80,7 +79,7 @@ class FlagTable:
         return run
 
 
-def given_names(values: dict[str, Any]) -> set[str]:
+def given_names(values: dict[str, object]) -> set[str]:
     """The options given on the command line (not left at their defaults)."""
     ctx = values.get("ctx")
     if ctx is None:  # called from Python: whatever is not None was given
@@ -90,8 +89,8 @@ def given_names(values: dict[str, Any]) -> set[str]:
     return {name for name, source in sources.items() if getattr(source, "name", None) == "COMMANDLINE"}
 
 
-def kind_options(table: FlagTable, options: type, kind: str, selector: str, values: dict[str, Any],
-                 common: type, sets: list[str] | None = None) -> Any:
+def kind_options(table: FlagTable, options: type, kind: str, selector: str, values: dict[str, object],
+                 common: type, sets: list[str] | None = None) -> object:
     """The options dataclass of the selected `kind` from the flags given; one given for another kind is refused
     (`selector` names a kind in the refusal: "--objective {}")."""
     own = {f.name for f in dataclasses.fields(options)}
@@ -112,5 +111,5 @@ def kind_options(table: FlagTable, options: type, kind: str, selector: str, valu
     return build(options, chosen, lambda name, known: UserError(f"{name}: not an option of {kind}; its: {known}"))
 
 
-def common_options(common: type, values: dict[str, Any]) -> Any:
+def common_options(common: type, values: dict[str, object]) -> object:
     return common(**{f.name: values[f.name] for f in dataclasses.fields(common) if f.name in values})

@@ -51,7 +51,7 @@ def flag_name(field: dataclasses.Field) -> str:
     return longs[0].split("/")[0] if longs else "--" + field.name.replace("_", "-")
 
 
-def build(options: type, values: dict[str, Any], refuse: Callable[[str, str], Exception]) -> Any:
+def build(options: type, values: dict[str, object], refuse: Callable[[str, str], Exception]) -> object:
     """`options` from the given `values` (the fields not given keep their defaults). A name that is not a field
     is refused with `refuse(name, field list)`."""
     known = {f.name for f in dataclasses.fields(options)}
@@ -61,13 +61,13 @@ def build(options: type, values: dict[str, Any], refuse: Callable[[str, str], Ex
     return options(**values)
 
 
-def plain_type(hint: Any) -> Any:
+def plain_type(hint: object) -> object:
     """`X | None` -> X (a flag's value type; None stays its default)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if len(args) == 1 and type(None) in typing.get_args(hint) else hint
 
 
-def coerce(options: type, name: str, text: str, error: Callable[[str], Exception]) -> Any:
+def coerce(options: type, name: str, text: str, error: Callable[[str], Exception]) -> object:
     """A `--set NAME=VALUE` string as the type of the field `name` of `options`."""
     hints = typing.get_type_hints(options)
     if name not in hints:

@@ -9,15 +9,18 @@ field of `ClmDumpOptions` below, passed on to the request in `request()`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hskstore.errors import UserError
 from hskstore.format.config import ConfigError
 from pipelines.core.flags import flag
 from pipelines.kinds import lm_flags
-from pipelines.runkinds import FORWARD, DumpCommon, EvalCommon, RunKind, TeacherCommon
+
+if TYPE_CHECKING:  # the request the dump reads (torch: imported when the dump runs)
+    from pipelines.dump.clm import ClmRequest
+
+from pipelines.runkinds import FORWARD, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon
 
 LM = lm_flags.HEADING
 
@@ -45,7 +48,7 @@ class ClmDumpOptions:
     shard_rows: int = flag(64, "Examples per shard.", section=FORWARD)
     precision: str = flag("auto", "The teacher forward's arithmetic.", section=FORWARD)
 
-    def request(self) -> Any:
+    def request(self) -> ClmRequest:
         """The dump's request (pipelines.dump.clm.ClmRequest), checked before the teacher loads."""
         from hskstore.format.clm import Support, check_positions
         from pipelines.dump.clm import ClmRequest
@@ -57,7 +60,7 @@ class ClmDumpOptions:
         return request
 
 
-def dump(options: ClmDumpOptions, common: DumpCommon, log: Callable[[str], Any]) -> None:
+def dump(options: ClmDumpOptions, common: DumpCommon, log: Log) -> None:
     from pipelines.core.devices import pick_device
     from pipelines.core.threads import use_threads
     from pipelines.dump.clm import dump_clm
@@ -84,7 +87,7 @@ class ClmTeacherOptions:
     max_length: int | None = flag(None, "Max tokens [default: the task's].")
 
 
-def teacher(options: ClmTeacherOptions, common: TeacherCommon, device: str, log: Callable[[str], Any]) -> None:
+def teacher(options: ClmTeacherOptions, common: TeacherCommon, device: str, log: Log) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.kinds.clm_teacher import train_clm_teacher
 
@@ -108,7 +111,7 @@ class ClmEvalOptions:
                            "causal-LM store packs them).", "--block-size")
 
 
-def evaluate(model: str, options: ClmEvalOptions, common: EvalCommon, device: str, log: Callable[[str], Any]) -> None:
+def evaluate(model: str, options: ClmEvalOptions, common: EvalCommon, device: str, log: Log) -> None:
     import json
 
     from pipelines.train.run.lm_eval import evaluate_lm

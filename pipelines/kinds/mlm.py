@@ -6,14 +6,12 @@ BertForMaskedLM head) pipelines.train.kinds.mlm_teacher. It has no evaluation of
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from hskstore.format.config import BATCH_SIZE, MASK_SEED, MAX_LENGTH, MLM_BOUNDS, SHARD_ROWS, TOP_K, ConfigError
 from pipelines.core.flags import flag
 from pipelines.kinds import lm_flags
-from pipelines.runkinds import FORWARD, DumpCommon, RunKind, TeacherCommon
+from pipelines.runkinds import FORWARD, DumpCommon, Log, RunKind, TeacherCommon
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class MlmDumpOptions:
     precision: str = flag("auto", "The teacher forward's arithmetic: a masked-LM dump runs in fp32.", section=FORWARD)
 
 
-def dump(options: MlmDumpOptions, common: DumpCommon, log: Callable[[str], Any]) -> None:
+def dump(options: MlmDumpOptions, common: DumpCommon, log: Log) -> None:
     if options.precision not in ("auto", "fp32"):  # not silently ignored: the MLM dump's forward is fp32
         raise ConfigError(f"--precision {options.precision}: a masked-LM dump (--objective mlm) runs its teacher in "
                           "fp32")
@@ -66,7 +64,7 @@ class MlmTeacherOptions:
     train_layers: int = flag(0, "--objective mlm: also train the top N encoder layers.")
 
 
-def teacher(options: MlmTeacherOptions, common: TeacherCommon, device: str, log: Callable[[str], Any]) -> None:
+def teacher(options: MlmTeacherOptions, common: TeacherCommon, device: str, log: Log) -> None:
     from pipelines.dump.mlm import load_corpus
     from pipelines.train.kinds.mlm_teacher import train_mlm_teacher
 

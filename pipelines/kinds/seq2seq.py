@@ -8,14 +8,17 @@ pipelines.train.run.s2s_eval. It has no teacher fine-tuning of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hskstore.format.config import MAX_LENGTH, ConfigError
 from pipelines.core.flags import flag
 from pipelines.kinds import lm_flags
-from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, RunKind
+
+if TYPE_CHECKING:  # the request the dump reads (torch: imported when the dump runs)
+    from pipelines.dump.seq2seq import Seq2seqRequest
+
+from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, Log, RunKind
 
 LM = lm_flags.HEADING
 
@@ -49,7 +52,7 @@ class Seq2seqDumpOptions:
     shard_rows: int = flag(256, "Examples per shard.", section=FORWARD)
     precision: str = flag("auto", "The teacher forward's arithmetic.", section=FORWARD)
 
-    def request(self) -> Any:
+    def request(self) -> Seq2seqRequest:
         """The dump's request (pipelines.dump.seq2seq.Seq2seqRequest), checked before the teacher loads."""
         from hskstore.format.clm import Support
         from pipelines.dump.seq2seq import Seq2seqRequest, typed_prompt
@@ -62,7 +65,7 @@ class Seq2seqDumpOptions:
         return request
 
 
-def dump(options: Seq2seqDumpOptions, common: DumpCommon, log: Callable[[str], Any]) -> None:
+def dump(options: Seq2seqDumpOptions, common: DumpCommon, log: Log) -> None:
     from pipelines.core.devices import pick_device
     from pipelines.core.threads import use_threads
     from pipelines.dump.seq2seq import dump_seq2seq, load_pairs
@@ -94,7 +97,7 @@ class Seq2seqEvalOptions:
 
 
 def evaluate(model: str, options: Seq2seqEvalOptions, common: EvalCommon, device: str,
-             log: Callable[[str], Any]) -> None:
+             log: Log) -> None:
     import json
 
     from pipelines.dump.seq2seq import load_pairs, typed_prompt

@@ -7,10 +7,9 @@ and its models are scored on the task's dev data (pipelines.train.run.evaluate).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hskstore.errors import UserError
 from hskstore.format.config import (
@@ -31,7 +30,11 @@ from hskstore.format.config import (
     HSKConfig,
 )
 from pipelines.core.flags import flag
-from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, RunKind, TeacherCommon, warn
+
+if TYPE_CHECKING:  # what the dump reads (torch: imported when the dump runs)
+    from pipelines.dump.stage import DumpOptions
+
+from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon, warn
 
 HEADING = "The knowledge of a task store (--task --config)"
 
@@ -87,14 +90,14 @@ class TaskDumpOptions:
             raise UserError(f"--layers takes comma-separated layer numbers like '4,8,12', got {self.layers!r}"
                             ) from None
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> dict[str, object]:
         """The keyword arguments of the dump's data loading."""
         return dict(split=self.split, data_dir=self.data_dir, data_file=self.data_file, limit=self.limit,
                     label_column=self.label_column,
                     text_columns=self.text_columns.split(",") if self.text_columns else None)
 
 
-def dump(options: TaskDumpOptions, common: DumpCommon, log: Callable[[str], Any]) -> None:
+def dump(options: TaskDumpOptions, common: DumpCommon, log: Log) -> None:
     """A task store: a fine-tuned classifier's logits and the HSK of --config."""
     layers = options.layer_list()
     parsed = HSKConfig.parse(options.config) if options.config else None
@@ -135,8 +138,8 @@ def _task_teacher(task: str, teacher: str | None) -> str:
     return teacher
 
 
-def _run(task: str, stage: Any, teacher: str, out: str, options: TaskDumpOptions, threads: int | None,
-         log: Callable[[str], Any]) -> None:
+def _run(task: str, stage: DumpOptions, teacher: str, out: str, options: TaskDumpOptions, threads: int | None,
+         log: Log) -> None:
     """A task dump in this process, or on a dask cluster (--workers/--scheduler)."""
     from pipelines.core.threads import use_threads
 
@@ -168,7 +171,7 @@ class TaskTeacherOptions:
     eval_limit: int | None = flag(None, "Evaluate on only the first N dev examples.")
 
 
-def teacher(options: TaskTeacherOptions, common: TeacherCommon, device: str, log: Callable[[str], Any]) -> None:
+def teacher(options: TaskTeacherOptions, common: TeacherCommon, device: str, log: Log) -> None:
     from pipelines.core.tasks import default_teacher_dir, get_task
     from pipelines.train.kinds.teacher import fine_tune_teacher
 
@@ -194,7 +197,7 @@ class TaskEvalOptions:
                                      "task.", "--allow-task-mismatch")
 
 
-def evaluate(model: str, options: TaskEvalOptions, common: EvalCommon, device: str, log: Callable[[str], Any]) -> None:
+def evaluate(model: str, options: TaskEvalOptions, common: EvalCommon, device: str, log: Log) -> None:
     import json
 
     from pipelines.train.run.evaluate import evaluate_model
