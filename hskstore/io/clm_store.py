@@ -6,8 +6,6 @@ token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
 from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode, domain_checks
@@ -96,6 +94,4 @@ class ClmStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a causal-LM store: train from it with --method clm-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A smaller store of this one (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`

@@ -380,8 +380,12 @@ class HSKStore:
     def refuse_task_training(self) -> None:
         """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
 
-    def derive(self, out: str, **options) -> dict:
-        """A smaller store of a kind that derives by support (`hsk derive --support`); the others refuse."""
+    derives_by_support = False  # `hsk derive --support` makes smaller ones (hskstore.share.support_derive)
+
+    def refuse_support_derive(self) -> None:
+        """Raise ConfigError unless a smaller store of this kind comes by support (`hsk derive --support`)."""
+        if self.derives_by_support:
+            return
         raise ConfigError(f"{self.url} is a {self.objective} store: --support derives causal-LM stores; derive a task "
                           "store with --config ND,NL,W")
 

@@ -7,8 +7,6 @@ counts what each kind of knowledge costs per pair: the teacher's output (sequenc
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
 from ..format.config import ConfigError
@@ -113,6 +111,4 @@ class Seq2seqStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a seq2seq store: train from it with --method s2s-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A store of a smaller support (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`
