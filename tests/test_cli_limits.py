@@ -97,6 +97,7 @@ def test_a_second_train_on_a_run_folder_in_use_is_refused(store, tmp_path):
     assert not (run / ".hsk-lease.json").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_train_leaves_no_run_folder(store, tmp_path):
     run = tmp_path / "run"
     one_line(hsk(*train_args(store, run, "--method", "no-such-method"), timeout=60), "no-such-method")
