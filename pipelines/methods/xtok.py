@@ -70,12 +70,6 @@ def _build_alm(o: AlmOptions, ctx: Context) -> list[Stage]:
     return _stage(o, kd)
 
 
-def _check(o: XtokOptions, ctx: Context) -> str | None:
-    if ctx.meta.objective != "clm":
-        return "needs a causal-LM store (`hsk dump --objective clm`)"
-    return None
-
-
 NEEDS = ("a causal-LM store with its block text (`hsk dump --objective clm`; stores written before the text "
          "arrays need a re-dump)")
 ULD = register(Method(
@@ -84,7 +78,7 @@ ULD = register(Method(
     "byte boundaries",
     store_needs=NEEDS,
     paper="Boizard et al., 'Towards Cross-Tokenizer Distillation: the Universal Logit Distillation Loss' (2024)",
-    options=XtokOptions, build=_build_uld, check=_check, objective="clm"))
+    options=XtokOptions, build=_build_uld, kinds=("clm",)))
 ALM = register(Method(
     name="alm",
     summary="another tokenizer: (1 - l) CE + l (binary KL of chunk likelihoods between shared byte boundaries + "
@@ -92,4 +86,4 @@ ALM = register(Method(
     store_needs=NEEDS,
     paper="Minixhofer et al., 'Universal Cross-Tokenizer Distillation via Approximate Likelihood Matching' (2025); "
     "Wan et al., 'Knowledge Fusion of Large Language Models' (FuseLLM, MinED, 2024)",
-    options=AlmOptions, build=_build_alm, check=_check, objective="clm"))
+    options=AlmOptions, build=_build_alm, kinds=("clm",)))

@@ -164,7 +164,7 @@ def other_tokenizer_methods(meta: StoreMeta) -> tuple[str, ...]:
 
     names = []
     for method in all_methods():
-        if method.objective != "clm":
+        if "clm" not in method.kinds:
             continue
         try:
             stages = method.stages(method.make_options(), Context(None, None, meta))
