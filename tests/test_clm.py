@@ -304,6 +304,34 @@ def test_a_two_layer_student_trains_from_the_store(stores, tmp_path, store, extr
     assert AutoModelForCausalLM.from_pretrained(out / "best").config.num_hidden_layers == 2
 
 
+@pytest.mark.parametrize("store", ["top8", "sample16"])
+def test_a_batch_holding_only_the_short_last_block_keeps_its_masks_aligned(stores, store):
+    """The stream cuts input_ids to the batch's longest block; the stored support's mask is cut with them, so the
+    corpus's short last block alone in a batch gives logits and a KD mask of the same width."""
+    from pipelines.train.kinds.clm import lm_batch
+
+    opened = open_store(str(stores[store]))
+    last = opened.read(slice(len(opened) - 1, len(opened)))
+    width = int(last["length"][0])
+    assert width < opened.clm.block_size  # the corpus ends in a short block
+    last["input_ids"] = last["input_ids"][:, :width]  # as pipelines.train.data.stream trims it
+    batch = lm_batch(last, opened.clm, "cpu", None)
+    assert batch["kd_mask"].shape == batch["input_ids"].shape == (1, width)
+    assert batch["kd_ids"].shape[0] == int(batch["kd_mask"].sum()) > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5, 200])
+def test_clm_kd_trains_at_every_batch_size(stores, tmp_path, batch_size):
+    """One epoch at batch size 1 puts the short last block alone in a batch (the crash of issue 59); 2 and 5
+    leave a remainder, 200 holds the whole store."""
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(stores["top8"]), "--student", "first2", "--method", "clm-kd",
+                 "--batch-size", str(batch_size), "--epochs", "1", "--device", "cpu", "--no-progress",
+                 "--out", str(out)]) == 0
+    blocks = len(open_store(str(stores["top8"])))
+    assert json.loads((out / "summary.json").read_text())["steps"] == -(-blocks // batch_size)
+
+
 def test_kd_from_the_store_lowers_the_kl_to_the_teacher(stores, clm_teacher, tmp_path):
     """More steps of clm-kd bring the student's distribution closer to the teacher's on the store's blocks."""
     from transformers import AutoModelForCausalLM

@@ -96,18 +96,19 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, 
         return batch
     if sel is None:
         return batch
-    batch.update(support_batch(decode(raw, sel), device))
+    batch.update(support_batch(decode(raw, sel), device, ids.shape[1]))
     return batch
 
 
-def support_batch(targets: LMTargets, device: str) -> dict[str, torch.Tensor]:
+def support_batch(targets: LMTargets, device: str, width: int | None = None) -> dict[str, torch.Tensor]:
     """The stored support of a batch for the KD terms: the kept positions' mask [B, T] and their ids,
-    probabilities and used slots [N kept, S]."""
-    kept = targets.kept
+    probabilities and used slots [N kept, S]. `width`: the batch's inputs were cut to its longest row (the
+    stream trims input_ids), so the mask is cut with them; positions past every row's length keep nothing."""
+    kept = targets.kept[:, :width]
     return {"kd_mask": torch.as_tensor(kept, device=device),
-            "kd_ids": torch.as_tensor(targets.ids[kept], device=device),
-            "kd_probs": torch.as_tensor(targets.probs[kept], device=device),
-            "kd_used": torch.as_tensor(targets.used[kept], device=device)}
+            "kd_ids": torch.as_tensor(targets.ids[:, :width][kept], device=device),
+            "kd_probs": torch.as_tensor(targets.probs[:, :width][kept], device=device),
+            "kd_used": torch.as_tensor(targets.used[:, :width][kept], device=device)}
 
 
 class _Maker:
