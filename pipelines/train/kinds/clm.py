@@ -43,7 +43,8 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     from pipelines.core.models import ModelLoadError, load_config, load_tokenizer, resolve_model
 
     match = _FIRST.fullmatch(student.strip().lower())
-    source = teacher if match else resolve_model(student)
+    # a named base ("smollm2") is its offline folder, never a hub id
+    source = resolve_model(teacher) if match else resolve_model(student)
     kwargs = {}
     if match:
         depth = load_config(teacher).num_hidden_layers
@@ -137,11 +138,12 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live)
 
 
-def _teacher(source: StoreSource, override: str | None) -> str:
-    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
+def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
+    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM);
+    `required` (a first<k> student, a live teacher): not found is refused naming --teacher."""
     from pipelines.dump.clm import load_clm_teacher
 
-    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"))
+    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"), required=required)
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
@@ -150,8 +152,9 @@ def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
                           "beside the student)")
     source = plan.source
-    teacher = _teacher(source, options.teacher)
-    if plan.method_options.target == "live":
+    live = plan.method_options.target == "live"
+    teacher = _teacher(source, options.teacher, live or _FIRST.fullmatch(student.strip().lower()) is not None)
+    if live:
         from pipelines.dump.clm import load_clm_teacher
 
         source.teacher = load_clm_teacher(teacher, device).requires_grad_(False)

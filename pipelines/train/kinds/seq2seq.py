@@ -100,7 +100,8 @@ def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, r
     sel = plan.store.s2s
     on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)
-    teacher = plan.source.teacher_path(options.teacher, load=lambda name: arch.load(name, "cpu"))
+    teacher = plan.source.teacher_path(options.teacher, load=lambda name: arch.load(name, "cpu"),
+                                       required=_FIRST.fullmatch(student.strip().lower()) is not None)
     model, tokenizer, init = seq2seq_student(student, teacher, arch)
     check_vocabulary(model, tokenizer, plan.source.metadata, log)
     learns = "the teacher's output" if on == "teacher" else "the reference"
