@@ -138,6 +138,11 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live)
 
 
+def clm_feed(store: Any, method_options: Any) -> ClmFeed:
+    """The feed of a causal-LM store read without a live teacher (the Hugging Face Trainer's)."""
+    return ClmFeed(store)
+
+
 def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
     """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM);
     `required` (a first<k> student, a live teacher): not found is refused naming --teacher."""

@@ -93,6 +93,11 @@ class Seq2seqFeed:
         return _Maker(self.store.s2s, self.on, _kd(stage), device)
 
 
+def seq2seq_feed(store: Any, method_options: Any) -> Seq2seqFeed:
+    """The feed of a seq2seq store: the target the method's options learn (the Hugging Face Trainer's)."""
+    return Seq2seqFeed(store, sequence_of(method_options, store.metadata.selection))
+
+
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
                     log: Callable[[str], Any], **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
