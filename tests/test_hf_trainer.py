@@ -14,8 +14,8 @@ from conftest import make_tiny_bert, save_tiny_seq2seq, save_tiny_teacher
 
 from hskstore import open_store
 from hskstore.format.config import ConfigError, HSKConfig
-from pipelines.dump.stage import DumpOptions, dump
 from pipelines.cli import main
+from pipelines.dump.stage import DumpOptions, dump
 from pipelines.integrations.hf import (
     DistillTrainer,
     LMDistillTrainer,
