@@ -55,11 +55,13 @@ class StorePlan:
                         None, batch_size, self.identity(student, batch_size), done_note=done_note)
 
 
-def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str) -> StorePlan:
-    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error."""
+def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str, *,
+                   data_parallel: bool = False) -> StorePlan:
+    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error.
+    `data_parallel`: the kind runs under torchrun (its terms average over the global batch: losses.Counter)."""
     if store is None:
         raise ConfigError(f"--method {options.method} distils from {needs}: give --store")
-    if ranks.distributed:
+    if ranks.distributed and not data_parallel:
         raise ConfigError(f"--method {options.method} runs in one process: start it without torchrun")
     source = StoreSource(open_store(store))
     check_expected_store(source, options.expect_store)
