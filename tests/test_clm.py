@@ -510,3 +510,17 @@ def test_a_teacher_given_as_a_relative_path_is_found_from_any_folder(clm_teacher
     assert refused.returncode == 2 and len(err) == 1, refused.stderr
     assert "runs/my-lm" in err[0] and "--teacher" in err[0], err
     assert tree_hashes(tmp_path / "moved") == before and not (elsewhere / "run2").exists()
+
+
+def test_bf16_applies_to_clm_kd(stores, tmp_path):
+    """--precision bf16 runs the student's forward under bf16 autocast, as for task runs: recorded, and a loss near
+    the fp32 one but not its bits."""
+    def run(precision: str) -> tuple[dict, float]:
+        out = tmp_path / precision
+        assert _train(stores["top8"], out, "--precision", precision, "--log-every", "1", "--max-steps", "2") == 0
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return json.loads((out / "summary.json").read_text()), [r["loss"] for r in records if "loss" in r][0]
+
+    (bf16, low), (fp32, full) = run("bf16"), run("fp32")
+    assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
+    assert low != full and low == pytest.approx(full, rel=0.02)
