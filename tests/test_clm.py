@@ -524,3 +524,73 @@ def test_bf16_applies_to_clm_kd(stores, tmp_path):
     (bf16, low), (fp32, full) = run("bf16"), run("fp32")
     assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert low != full and low == pytest.approx(full, rel=0.02)
+
+
+# --- what a new LM user met (issue 59): one line naming the fix, files unchanged --------------------------------
+
+
+def _newcomer_files(tmp_path: Path) -> dict[str, Path]:
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(128, 256)) * 8)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("source\ttarget\nthe film is good\tit is good\n", encoding="utf-8")
+    return {"binary": binary, "pairs": pairs, "folder": tmp_path}
+
+
+NEWCOMER = {
+    "eval a causal LM on a task": (lambda f, s, t: ["eval", t, "--task", "sst2"],
+                                   "is a language model (LlamaForCausalLM), not a classifier"),
+    "two ways to evaluate": (lambda f, s, t: ["eval", t, "--task", "sst2", "--pairs-file", str(f["pairs"])],
+                             "takes one of --task, --text-file or --pairs-file, got --task and --pairs-file"),
+    "binary text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["binary"])], "is not UTF-8 text (byte 0"),
+    "folder as text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["folder"])], "is a folder"),
+    "no target tokens": (lambda f, s, t: ["eval", t, "--pairs-file", str(f["pairs"]), "--max-target", "0"],
+                         "--max-target 0: pass 1 or more"),
+    "prompt not UTF-8": (lambda f, s, t: ["eval", t, "--pairs-file", str(f["pairs"]), "--prompt", "\udcff{source}"],
+                         "is not UTF-8 text (character 0)"),
+    "a task for clm-kd": (lambda f, s, t: ["train", "--store", s, "--student", "first2", "--method", "clm-kd",
+                                           "--task", "sst2", "--device", "cpu", "--out", str(f["folder"] / "run")],
+                          "holds no task: drop --task"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEWCOMER))
+def test_a_newcomers_mistake_is_one_line_naming_the_fix(case, stores, clm_teacher, tmp_path, capsys):
+    files = _newcomer_files(tmp_path)
+    args, says = NEWCOMER[case]
+    before = tree_hashes(tmp_path), tree_hashes(stores["top8"])
+    assert main(args(files, str(stores["top8"]), str(clm_teacher))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert (tree_hashes(tmp_path), tree_hashes(stores["top8"])) == before
+
+
+def test_a_classifier_as_causal_lm_teacher_is_named(teacher_dir, clm_corpus, tmp_path, capsys):
+    """A BERT classifier (its WordPiece tokenizer has no EOS) given to --objective clm: said to be a classifier."""
+    assert main(["dump", "--objective", "clm", "--teacher", str(teacher_dir), "--text-file", str(clm_corpus),
+                 "--device", "cpu", "--out", str(tmp_path / "x.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ForSequenceClassification, not a causal LM" in err[0], err
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_seq2seq_eval_defaults_to_the_stores_prompt(clm_teacher, tmp_path, capsys):
+    """A decoder-only student of a seq2seq store is evaluated with the store's prompt unless --prompt says
+    otherwise (the default prompt scored the user's student 0.27 BLEU against 0.41)."""
+    from pipelines.train.run.s2s_eval import stored_prompt
+
+    pairs = _newcomer_files(tmp_path)["pairs"]
+    store = tmp_path / "s2s.zarr"
+    assert main(["dump", "--objective", "seq2seq", "--teacher", str(clm_teacher), "--data-file", str(pairs),
+                 "--prompt", "Say: {source}\\nAnswer:", "--max-length", "24", "--max-target", "8", "--no-progress",
+                 "--device", "cpu", "--out", str(store)]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "--store", str(store), "--method", "s2s-kd", "--student", "first1", "--max-steps", "1",
+                 "--device", "cpu", "--no-progress", "--out", str(run)]) == 0
+    assert stored_prompt(str(run / "best"))[0] == "Say: {source}\nAnswer:"
+    assert stored_prompt(str(clm_teacher)) == (None, None)
+    pytest.importorskip("sacrebleu")
+    capsys.readouterr()
+    assert main(["eval", str(run / "best"), "--pairs-file", str(pairs), "--max-length", "24", "--max-target", "4",
+                 "--device", "cpu"]) == 0
+    assert "prompt: 'Say: {source}\\nAnswer:', the one" in capsys.readouterr().out

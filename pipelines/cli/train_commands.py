@@ -268,9 +268,16 @@ def _eval_task(model: str, task: str, split: str, data_dir: str | None, batch_si
 def _eval_pairs(model: str, pairs_file: str, text_columns: str | None, prompt: str | None, max_source: int,
                 max_target: int, batch_size: int, device: str, limit: int | None, as_json: bool) -> None:
     from pipelines.dump.seq2seq import load_pairs, typed_prompt
-    from pipelines.train.run.s2s_eval import evaluate_pairs
+    from pipelines.train.run.s2s_eval import evaluate_pairs, stored_prompt
 
+    for flag, value in (("--max-length", max_source), ("--max-target", max_target)):
+        if value < 1:
+            raise UserError(f"{flag} {value}: pass 1 or more tokens")
     pairs = load_pairs(data_file=pairs_file, text_columns=text_columns, limit=limit)
+    if prompt is None:
+        prompt, said = stored_prompt(model)
+        if said and not as_json:
+            typer.echo(said)
     result = evaluate_pairs(model, pairs, prompt=typed_prompt(prompt), max_source=max_source, max_target=max_target,
                             batch_size=batch_size, device=device)
     if as_json:
@@ -347,7 +354,12 @@ def eval_(
     ),
 ) -> None:
     check_threads(threads)
-    if sum(x is not None for x in (task, text_file, pairs_file)) != 1:
+    ways = (("--task", task), ("--text-file", text_file), ("--pairs-file", pairs_file))
+    given = [flag for flag, value in ways if value is not None]
+    if len(given) > 1:
+        raise UserError(f"hsk eval takes one of --task, --text-file or --pairs-file, got {' and '.join(given)}: "
+                        "evaluate one way per command")
+    if not given:
         raise UserError("hsk eval needs one of --task (a classifier on a task's dev data), --text-file (a causal "
                         "LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF)")
     from pipelines.core.devices import pick_device

@@ -84,6 +84,16 @@ def check_encoder(config, role: str) -> str | None:
     return None
 
 
+_GENERATIVE = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # transformers' class name endings
+
+
+def language_model(config: Any) -> str | None:
+    """The generative class a checkpoint was saved as (LlamaForCausalLM, T5ForConditionalGeneration, ...), or None
+    (an encoder, a classifier, or no architectures recorded)."""
+    found = [a for a in getattr(config, "architectures", None) or [] if str(a).endswith(_GENERATIVE)]
+    return found[0] if found else None
+
+
 def _what_to_pass(what: str) -> str:
     """The advice that works for what is being loaded (a hint that leads to a second error is no hint)."""
     return _WHAT_TO_PASS_FINE_TUNED if what == FINE_TUNED else _WHAT_TO_PASS
@@ -347,6 +357,10 @@ def load_classifier(
             output_loading_info=True, **kwargs,
         )
     missing = head_keys(model, info.get("missing_keys") or [])
+    if missing and require_head and language_model(config):
+        raise ModelLoadError(f"{name_or_path} is a language model ({language_model(config)}), not a classifier: "
+                             "its perplexity is `hsk eval MODEL --text-file FILE` (a seq2seq model's BLEU: "
+                             "--pairs-file FILE), and it distils with `hsk dump --objective clm` or seq2seq")
     if missing and require_head:
         raise ModelLoadError(
             f"{name_or_path} has no trained classification head ({', '.join(missing[:4])} not in its checkpoint): "

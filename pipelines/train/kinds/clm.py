@@ -152,10 +152,10 @@ def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], Any], **_: Any) -> RunParts:
+                log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
-                          "beside the student)", data_parallel=True)
+                          "beside the student)", data_parallel=True, task=task)
     source = plan.source
     live = plan.method_options.target == "live"
     teacher = _teacher(source, options.teacher, live or _FIRST.fullmatch(student.strip().lower()) is not None)

@@ -99,9 +99,9 @@ def seq2seq_feed(store: Any, method_options: Any) -> Seq2seqFeed:
 
 
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                    log: Callable[[str], Any], **_: Any) -> RunParts:
+                    log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
-    plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True)
+    plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True, task=task)
     sel = plan.store.s2s
     on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)

@@ -56,7 +56,7 @@ class StorePlan:
 
 
 def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str, *,
-                   data_parallel: bool = False) -> StorePlan:
+                   data_parallel: bool = False, task: str | None = None) -> StorePlan:
     """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error.
     `data_parallel`: the kind runs under torchrun (its terms average over the global batch: losses.Counter)."""
     if store is None:
@@ -64,6 +64,9 @@ def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs
     if ranks.distributed and not data_parallel:
         raise ConfigError(f"--method {options.method} runs in one process: start it without torchrun")
     source = StoreSource(open_store(store))
+    if task is not None:  # a task of the command line that this run would not read
+        raise ConfigError(f"--task {task}: {store} is a {source.store.objective} store, which holds no task: drop "
+                          "--task")
     check_expected_store(source, options.expect_store)
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)
