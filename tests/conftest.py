@@ -42,6 +42,22 @@ TINY_VOCAB: list[str] = list(
 )
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`pytest -n 2`, the README's test command), one torch thread per worker: two workers of
+    two threads each on CI's two cores would wait on each other. The variables reach the `hsk` processes the
+    tests start too, so an in-process dump and a subprocess one still run on the same thread count."""
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist: torch's defaults
+        return
+    for name in _THREAD_VARIABLES:
+        os.environ.setdefault(name, "1")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     """The original glue_data files shipped in ../shared/data/glue (skips the test if absent)."""
@@ -231,11 +247,7 @@ def _torch_threads_restored():
     dump), and dask sets OMP_NUM_THREADS and friends in the environment of the process that starts a
     cluster; run in-process by a test, either would leak into the next test's dumps, whose stores record
     the thread count (it changes float bits on CPU) and then refuse a resume from a subprocess."""
-    import os
-    import sys
-
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    env = {name: os.environ.get(name) for name in names}
+    env = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
     torch = sys.modules.get("torch")
     before = torch.get_num_threads() if torch is not None else None
     yield
@@ -353,6 +365,32 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
 
 
+def dump_args(teacher: str | Path, glue_dir: str | Path, out: str | Path | None, *extra: str, task: str = "sst2",
+              config: str | None = "2,4,0.25", rows: int = 24, shard_rows: int = 8, max_length: int = 32,
+              batch_size: int | None = None, student_layers: int | None = None, split: str | None = None) -> list[str]:
+    """`hsk dump` arguments of a small CPU store of GLUE rows (without --out when out is None). A test file's own
+    variant is these keywords (a `functools.partial` at its top); `extra` comes last, so a repeated option wins."""
+    args = ["dump", "--task", task, "--teacher", str(teacher), "--data-dir", str(glue_dir), "--limit", str(rows),
+            "--shard-rows", str(shard_rows), "--max-length", str(max_length), "--no-progress", "--device", "cpu"]
+    for flag, value in (("--config", config), ("--student-layers", student_layers), ("--batch-size", batch_size),
+                        ("--split", split), ("--out", out)):
+        if value is not None:
+            args += [flag, str(value)]
+    return [*args, *extra]
+
+
+@pytest.fixture(scope="session")
+def sst2_store(tmp_path_factory: pytest.TempPathFactory, teacher_dir: Path, glue_dir: Path) -> Path:
+    """A folder holding `sst2.zarr`, as the README's dump names it: 24 SST-2 rows of `teacher_dir` in 3 shards
+    (config 2,4,0.5); tests read it and never write into it."""
+    from pipelines.cli import main
+
+    folder = tmp_path_factory.mktemp("readme")
+    args = dump_args(teacher_dir, glue_dir, folder / "sst2.zarr", config="2,4,0.5", student_layers=2, batch_size=8)
+    assert main(args) == 0
+    return folder
+
+
 def hsk_env(**extra: str | None) -> dict[str, str]:
     """The environment of an `hsk` process a test starts: this checkout importable, the hub offline, no fault
     injected; `extra` on top (a None value unsets the variable)."""
@@ -394,6 +432,18 @@ def run_group(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: str |
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def one_error_line(result: tuple[int, str, str], *words: str) -> str:
+    """The one `hsk: error: ...` line of a refused `hsk(...)` run (exit status 2, no traceback), holding `words`."""
+    code, out, err = result
+    assert code == 2, out + err
+    assert "Traceback" not in out + err, err
+    lines = [ln for ln in (out + err).splitlines() if ln.startswith("hsk: error: ")]
+    assert len(lines) == 1, out + err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
 def tree_hashes(root: Path) -> dict[str, str]:
     """Every entry under root, links not followed: a file by its sha256, a link by its target, a folder as such."""
     import hashlib
@@ -433,3 +483,20 @@ def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory, glue_dir: Path) -> P
 def clm_teacher(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path) -> Path:
     """A tiny random Llama (4 layers, d 32, vocabulary 300) with its tokenizer."""
     return save_tiny_causal_lm(tmp_path_factory.mktemp("clm_teacher"), bpe_tokenizer, "llama")
+
+
+def clm_dump_args(teacher: Path, corpus: Path, out: Path, *extra: str, support: str = "topk:8") -> list[str]:
+    """`hsk dump --objective clm` of a small store: 40 documents in blocks of 16 tokens, 8 blocks a shard."""
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(corpus), "--support", support,
+            "--block-size", "16", "--limit", "40", "--shard-rows", "8", "--batch-size", "8", "--no-progress",
+            "--device", "cpu", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="session")
+def small_clm_store(tmp_path_factory: pytest.TempPathFactory, clm_teacher: Path, clm_corpus: Path) -> Path:
+    """A small top-8 causal-LM store of the tiny Llama (clm_dump_args); tests copy it before changing it."""
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("small_clm") / "lm.zarr"
+    assert main(clm_dump_args(clm_teacher, clm_corpus, out)) == 0
+    return out

@@ -541,7 +541,7 @@ NEWCOMER = {
     "eval a causal LM on a task": (lambda f, s, t: ["eval", t, "--task", "sst2"],
                                    "is a language model (LlamaForCausalLM), not a classifier"),
     "two ways to evaluate": (lambda f, s, t: ["eval", t, "--task", "sst2", "--pairs-file", str(f["pairs"])],
-                             "takes one of --task, --text-file or --pairs-file, got --task and --pairs-file"),
+                             "given --task and --pairs-file: keep one"),
     "binary text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["binary"])], "is not UTF-8 text (byte 0"),
     "folder as text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["folder"])], "is a folder"),
     "no target tokens": (lambda f, s, t: ["eval", t, "--pairs-file", str(f["pairs"]), "--max-target", "0"],
@@ -594,3 +594,17 @@ def test_seq2seq_eval_defaults_to_the_stores_prompt(clm_teacher, tmp_path, capsy
     assert main(["eval", str(run / "best"), "--pairs-file", str(pairs), "--max-length", "24", "--max-target", "4",
                  "--device", "cpu"]) == 0
     assert "prompt: 'Say: {source}\\nAnswer:', the one" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [("dump", "--objective", "clm", "--support", "topk:²"),
+                                  ("dump", "--objective", "seq2seq", "--support", "topk:4", "--decode", "beam:²"),
+                                  ("derive", "STORE", "--support", "topk:²")])
+def test_a_number_written_in_superscript_is_one_line(small_clm_store, clm_teacher, clm_corpus, tmp_path, args):
+    from conftest import hsk
+
+    args = [str(small_clm_store) if a == "STORE" else a for a in args]
+    source = ["--text-file", str(clm_corpus)] if "clm" in args else ["--data-file", str(clm_corpus)]
+    extra = [] if args[0] == "derive" else ["--teacher", str(clm_teacher), *source, "--device", "cpu"]
+    code, _, err = hsk(*args, *extra, "--out", str(tmp_path / "o.zarr"), timeout=90)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "²" in err and not (tmp_path / "o.zarr").exists()

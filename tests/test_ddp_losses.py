@@ -84,6 +84,7 @@ def _one_and_two(argv: list[str], one: Path, two: Path) -> None:
     assert ranked.returncode == 0, ranked.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(RUNS))
 def test_one_process_and_two_ranks_give_the_same_loss_and_weights(method, stores, tmp_path):
     store, args = RUNS[method]
@@ -122,6 +123,7 @@ def lm_stores(tmp_path_factory, clm_teacher, clm_corpus) -> dict[str, str]:
     return {"clm-kd": str(root / "clm.zarr"), "s2s-kd": str(root / "s2s.zarr")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["clm-kd", "s2s-kd"])
 def test_lm_methods_give_the_same_loss_and_weights_on_two_ranks(method, lm_stores, tmp_path):
     """clm-kd and s2s-kd average CE and KD over the global batch's positions (the ranks' blocks keep different

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import kinds
+from .domain import DomainCheck, finite, ids_below, lengths_within
 from .schema import ArraySpec, described_as, ids_dtype, task_entry
 
 MLM = "mlm"  # meta["objective"] of a masked-LM store
@@ -51,6 +52,15 @@ class MaskedLMSelection:
                 "random_token_rate": self.random_token_rate, "mask_seed": self.mask_seed, "keep_rate": self.keep_rate,
                 "max_masked": self.max_masked, "top_k": self.top_k, "unit": self.unit}
 
+    def label(self) -> tuple[str, None]:
+        """(config, codec): how a catalog and the card's title name this selection."""
+        return f"top-{self.top_k}", None
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        return (f"masked as BERT does ({self.mask_rate} of tokens, seed {self.mask_seed}); top-{self.top_k} logits "
+                "and log-sum-exp kept per masked position")
+
 
 def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     """A masked-LM store: the masked inputs and, per masked position, the teacher's top-k and log-sum-exp."""
@@ -75,6 +85,14 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
         spec(f"{GROUP}/topk_logits", (m, k), "float32"),
         spec(f"{GROUP}/lse", (m,), "float32"),
     ]
+
+
+def domain_checks(meta: Mapping[str, Any]) -> list[DomainCheck]:
+    """The rules of a masked-LM store's arrays (hskstore.format.domain): its ids below the tokenizer's vocabulary,
+    lengths within the rows, the teacher's logits and log-sum-exps finite."""
+    vocab = meta["tokenizer"]["vocab_size"]
+    return [*(ids_below(name, vocab) for name in ("input_ids", f"{GROUP}/labels", f"{GROUP}/topk_ids")),
+            lengths_within("length", 0, meta["max_length"]), finite(f"{GROUP}/topk_logits"), finite(f"{GROUP}/lse")]
 
 
 # name -> (axes after rows, description, section of docs/STORE_FORMAT.md, units): what generic Zarr tools show.
@@ -105,4 +123,4 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     MLM, "a masked-LM teacher's top-k per masked position (`hsk dump --objective mlm`, LightPAFF)",
     array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.mlm_store:MLMStore", trains=("mlm",),
-    record_groups=frozenset({GROUP}), selection_type=MaskedLMSelection))
+    record_groups=frozenset({GROUP}), selection_type=MaskedLMSelection, category="fill-mask"))

@@ -23,16 +23,21 @@ import numpy as np
 from .. import codecs
 from . import kinds
 from .clm import (
-    SUPPORTS,
     LMTargets,
     Support,
     check_positions,
     decode_support,
     described_support,
+    fraction_problem,
     id_bits,
+    positive_problem,
+    support_checks,
+    support_problem,
     support_specs,
+    vocabulary_problem,
 )
 from .config import ConfigError
+from .domain import MAX_WIDTH, DomainCheck, first_problem, ids_below, int_within, lengths_within
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 SEQ2SEQ = "seq2seq"
@@ -63,7 +68,7 @@ class Decoding:
             return None
         if strategy == "greedy" and not number:
             return cls("greedy", 1, max_new_tokens)
-        if strategy == "beam" and number.isdigit() and 2 <= int(number) <= 64:
+        if strategy == "beam" and number.isascii() and number.isdigit() and 2 <= int(number) <= 64:
             return cls("beam", int(number), max_new_tokens)
         raise ConfigError(f"--decode {text!r}: pass none, greedy or beam:N (2 <= N <= 64 beams)")
 
@@ -114,15 +119,33 @@ class Seq2seqSelection:
         return sel
 
     def _problem(self) -> str | None:
-        """What makes a read selection unusable (None: nothing)."""
-        if self.architecture not in ARCHITECTURES or self.id_bits != id_bits(self.vocab_size):
-            return f"architecture {self.architecture!r}, {self.id_bits} bits per id"
-        has_support = self.support in SUPPORTS and self.slots >= 1 and self.supports_on in TARGETS
-        if self.support is not None and not has_support:
-            return f"support {self.support!r} with {self.slots} slots on {self.supports_on!r}"
-        if self.decoding is not None and self.decoding.get("strategy") not in STRATEGIES:
-            return f"decoding {self.decoding!r}"
-        return None
+        """What makes a read selection unusable, out of its domain or contradicting itself (None: nothing)."""
+        if self.architecture not in ARCHITECTURES:
+            return f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+        last = self.vocab_size - 1 if isinstance(self.vocab_size, int) else 0
+        return first_problem((
+            vocabulary_problem(self.vocab_size, self.id_bits), int_within("max_source", self.max_source, 1, MAX_WIDTH),
+            int_within("max_target", self.max_target, 1, MAX_WIDTH), int_within("eos_id", self.eos_id, 0, last),
+            int_within("pad_id", self.pad_id, 0, last),
+            None if self.decoder_start_id is None else int_within("decoder_start_id", self.decoder_start_id, 0, last),
+            self._support_problem(), self._decoding_problem(), fraction_problem("positions", self.positions),
+            positive_problem("temperature", self.temperature)))
+
+    def _support_problem(self) -> str | None:
+        if self.support is None:
+            return None if self.slots == 0 else f"slots {self.slots!r} without a support"
+        if self.supports_on not in TARGETS or self.supports_on == "teacher" and self.decoding is None:
+            return f"supports_on {self.supports_on!r} is not a stored target"
+        return support_problem(self)
+
+    def _decoding_problem(self) -> str | None:
+        if self.decoding is None:
+            return None
+        d = self.decoding
+        if not isinstance(d, dict) or d.get("strategy") not in STRATEGIES:
+            return f"decoding {d!r} is not greedy or beam search"
+        return first_problem((int_within("decoding.beams", d.get("beams"), 1, 64),
+                              int_within("decoding.max_new_tokens", d.get("max_new_tokens"), 1, MAX_WIDTH)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +155,22 @@ class Seq2seqSelection:
         if self.support is None:
             return None
         return Support(self.support, self.k if self.support == "topk" else self.draws)
+
+    def label(self) -> tuple[str | None, str | None]:
+        """(config, codec): how a catalog and the card's title name this selection: the decoding and the support."""
+        parts = [p for p in ((self.decoding or {}).get("strategy"), self.described and str(self.described)) if p]
+        return "+".join(parts) or None, self.logprob_codec
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        parts = []
+        if self.decoding:
+            parts.append(f"the teacher's {self.decoding.get('strategy')} output per source")
+        if self.support == "topk":
+            parts.append(f"top-{self.k} ids and log-probs ({self.logprob_codec}) per {self.supports_on} target token")
+        elif self.support == "sample":
+            parts.append(f"{self.draws} sampled ids per {self.supports_on} target token (RS-KD)")
+        return "; ".join(parts) or "the pairs"
 
     @property
     def id_bytes(self) -> int:
@@ -236,6 +275,19 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     return specs
 
 
+def domain_checks(sel: Seq2seqSelection) -> list[DomainCheck]:
+    """Every rule of a seq2seq store's arrays (hskstore.format.domain), in the order they are checked: the ids of
+    each sequence below the vocabulary, its length within its array, then the support over its target."""
+    widths = {"source": sel.max_source, "reference": sel.max_target, "teacher": sel.max_target}
+    checks = []
+    for target, width in widths.items():
+        if target != "teacher" or sel.decoding is not None:
+            checks += [ids_below(f"{target}_ids", sel.vocab_size), lengths_within(f"{target}_length", 0, width)]
+    if sel.support is not None:
+        checks += support_checks(sel, GROUP, f"{sel.supports_on}_length", sel.max_target)
+    return checks
+
+
 _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
     "row": ((), "pair index", None),
     "text_hash": ((), "first 8 bytes (little-endian) of BLAKE2b-512 over source_ids then reference_ids (whole rows) "
@@ -269,4 +321,4 @@ KIND = kinds.register(kinds.StoreKind(
     SEQ2SEQ, "source/target pairs with the teacher's output and per-target-token distributions on a sparse "
     "support (`hsk dump --objective seq2seq`)", array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}),
     "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",), inputs=("source_ids", "reference_ids"),
-    selection_type=Seq2seqSelection))
+    selection_type=Seq2seqSelection, category="text2text-generation"))

@@ -1,4 +1,4 @@
-"""The reader of causal-LM stores (hskstore.format.clm): decoded targets, `hsk info`, the card, derive.
+"""The reader of causal-LM stores (hskstore.format.clm): decoded targets, `hsk info`, derive.
 
 `store.targets(shard)` gives a shard's teacher distributions decoded (LMTargets); `hsk info` counts bytes per
 token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
@@ -6,12 +6,11 @@ token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
-from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode
+from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode, domain_checks
 from ..format.config import ConfigError
+from ..format.domain import DomainCheck
 from . import info
 from .reader import HSKStore
 
@@ -29,6 +28,9 @@ class ClmStore(HSKStore):
     @property
     def clm(self) -> ClmSelection:
         return self.selection_record
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.clm)
 
     def support(self) -> tuple[ClmSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""
@@ -92,44 +94,4 @@ class ClmStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a causal-LM store: train from it with --method clm-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A smaller store of this one (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        sel = meta["selection"]
-        size = sel.get("k") if sel.get("support") == "topk" else sel.get("draws")
-        return f"causal-LM next-token distributions ({sel.get('support')}:{size})", "text-generation"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        sel = meta["selection"]
-        return f"""
-# {fields['pretty_name']}
-
-A causal-LM store written by hsk: the teacher `{meta['teacher']['name']}` ran once over {fields['rows']}
-blocks of {sel['block_size']} tokens and kept, per position, its next-token distribution on a sparse
-support ({sel['support']}: {cls.preprocessing(meta)}). Students train from it without the teacher
-(`hsk train --method clm-kd`). The metadata in `zarr.json` (attribute `hsk`) is the authority;
-`hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-targets = store.targets(store.read_shard(0))   # ids, probs, kept, input_ids per block
-```
-"""
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        if sel.get("support") == "topk":
-            return (f"top-{sel.get('k')} next-token ids and log-probs ({sel.get('logprob_codec')}) per position, "
-                    "the tail mass recoverable")
-        return f"{sel.get('draws')} ids drawn from the teacher per position (RS-KD), distinct ids and counts"
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        size = selection.get("k") if selection.get("support") == "topk" else selection.get("draws")
-        return f"{selection.get('support')}:{size}", selection.get("logprob_codec")
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`

@@ -10,10 +10,11 @@ import numpy as np
 import zarr
 
 from ..codecs import UnknownCodecError
-from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, shown
+from ..errors import CorruptStoreError, IncompleteStoreError, StoreError, UnverifiedStoreError, printable, shown
 from ..format import codec, kinds
 from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
+from ..format.domain import DomainCheck, first_breach
 from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
 from ..format.meta import TASK, StoreMeta, objective_of
 from ..format.schema import (
@@ -32,8 +33,10 @@ from ..format.schema import (
     shard_bounds,
 )
 from ..format.shard_codec import ShardLayout
-from . import card, info
+from ..plugins import PluginError
+from . import info
 from .access import raise_if_access
+from .card import render_card  # noqa: F401 (where writers and tests have taken it from)
 from .location import is_local, local_path, object_reader, url_problem, zarr_location
 from .outputs import recover_swap
 from .zarr_adapter import read_many, read_shards
@@ -70,14 +73,36 @@ def check_layout(meta: dict) -> list[ArraySpec]:
         raise CorruptStoreError("layout.shard_rows is not a multiple of layout.chunk_rows")
     if not (isinstance(layout.get("n_width"), int) and layout["n_width"] >= 0):
         raise CorruptStoreError(f"layout.n_width {layout.get('n_width')!r} is not a width")
+    return _described_arrays(meta)
+
+
+def _described_arrays(meta: dict) -> list[ArraySpec]:
+    """The array specs of `meta` by its kind: damage refused in one line, an installed kind's failure blamed on
+    its package, a kind or codec this hsk lacks named."""
     try:
         return array_specs(meta)
     except kinds.UnknownKindError as exc:  # not damage: a kind this hsk does not know
         raise StoreError(str(exc)) from None
-    except UnknownCodecError:  # not damage either: the caller names the codec a package here should provide
+    except (UnknownCodecError, PluginError):  # not damage either: the message names the package to install or fix
         raise
-    except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError
+    except (Exception, SystemExit) as exc:  # ConfigError is a ValueError
+        package = _package_of(meta)
+        if package is not None:  # an installed kind's array_specs: its bug or this store's damage, said both ways
+            raise PluginError(f"the store kind {meta.get('objective')!r} of {package} cannot describe this store's "
+                              f"arrays ({exc.__class__.__name__}: {printable(exc)}): the package has a bug or the "
+                              f"store is damaged; update or uninstall {package.split()[0]}, or re-copy the "
+                              "store") from None
+        if not isinstance(exc, (KeyError, TypeError, ValueError)):
+            raise
         raise CorruptStoreError(f"metadata cannot describe the arrays ({exc.__class__.__name__}: {exc})") from None
+
+
+def _package_of(meta: dict) -> str | None:
+    """The installed package whose kind the metadata names (None: hsk's own kind, or no kind at all)."""
+    try:
+        return kinds.kind_of(meta).package
+    except Exception:
+        return None
 
 
 def _expected_shapes(meta: dict, specs: list[ArraySpec]) -> dict[str, tuple]:
@@ -166,7 +191,7 @@ class HSKStore:
 
     `open_store` gives it as its kind's class (hskstore.format.kinds): TaskStore, or the reader each other kind
     declares (MLMStore, ClmStore, ...); each owns what differs between them (its selection, `hsk info` report,
-    card, what derive accepts, what a trainer may read). `meta` is the metadata dict as stored, `metadata` its
+    what derive accepts, what a trainer may read). `meta` is the metadata dict as stored, `metadata` its
     typed view (hskstore.format.meta.StoreMeta).
     """
 
@@ -355,30 +380,14 @@ class HSKStore:
     def refuse_task_training(self) -> None:
         """Raise ConfigError when the task methods (`hsk train`) cannot distil from this store."""
 
-    def derive(self, out: str, **options) -> dict:
-        """A smaller store of a kind that derives by support (`hsk derive --support`); the others refuse."""
+    derives_by_support = False  # `hsk derive --support` makes smaller ones (hskstore.share.support_derive)
+
+    def refuse_support_derive(self) -> None:
+        """Raise ConfigError unless a smaller store of this kind comes by support (`hsk derive --support`)."""
+        if self.derives_by_support:
+            return
         raise ConfigError(f"{self.url} is a {self.objective} store: --support derives causal-LM stores; derive a task "
                           "store with --config ND,NL,W")
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        """(what the store keeps, in a few words; its Hugging Face task category) for its card."""
-        raise NotImplementedError
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        """The card's text below its front matter."""
-        raise NotImplementedError
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        """How the stored knowledge was computed, in one clause (croissant's rai:dataPreprocessingProtocol)."""
-        raise NotImplementedError
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        """(config, codec) as `hsk ls` shows them, from a selection that may be damaged."""
-        raise NotImplementedError
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
         return shard_bounds(self.meta, shard)
@@ -467,7 +476,24 @@ class HSKStore:
                         f"{self.url}: array {name} rows {start}:{stop} do not match their checksum; the store "
                         "is corrupted. Re-copy it or dump again."
                     )
+            self._check_domain(shard, data)
         return data
+
+    def domain_checks(self) -> list[DomainCheck]:
+        """The rules its arrays' values obey (hskstore.format.domain), checked on every verified shard read; a
+        kind's reader lists its kind's (none here)."""
+        return []
+
+    def _check_domain(self, shard: int, data: dict[str, np.ndarray]) -> None:
+        if "_domain" not in self.__dict__:
+            self._domain = self.domain_checks()
+        breach = first_breach(data, self._domain)
+        if breach is not None:
+            start, stop = self.shard_bounds(shard)
+            raise CorruptStoreError(
+                f"{self.url}: array {breach.array} of shard {shard} (rows {start}:{stop}) {breach.rule}: no hsk "
+                "dump writes that; the store is forged or damaged. Re-copy it or dump again."
+            )
 
     def dense(self, data: dict[str, np.ndarray], layer: KeptLayer | str) -> np.ndarray:
         """Zero-filled teacher vectors [n, N^L, d] float32 of a kept layer (docs/METHOD.md section 3)."""
@@ -558,42 +584,12 @@ class TaskStore(HSKStore):
     def format_report(self, report: dict) -> str:
         return info.format_task_report(self, report)
 
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return meta["selection"]["config"], "text-classification"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        return card.task_body(meta, fields, name)
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        return (f"hidden-state knowledge kept at config {sel.get('config')} ({sel.get('token_strategy')} tokens, "
-                f"{sel.get('width_strategy')} width, {sel.get('value_dtype')} values)")
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        return selection.get("config"), selection.get("value_dtype")
-
 
 def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
     """The store class that metadata (typed, or the stored dict) describes: its kind's reader
     (hskstore.format.kinds)."""
     objective = meta.objective if isinstance(meta, StoreMeta) else objective_of(meta)
     return kinds.get(objective).reader_class()
-
-
-def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
-    """The card's text: front matter, then what the store is for and how to open it (hskstore.io.card).
-
-    `name` is how the examples refer to the store (its folder name: the card stays true when the
-    store is copied elsewhere).
-    """
-    kind = store_type(meta)
-    meta = card.shareable(meta)
-    fields = card.front_matter(meta, stored_bytes, *kind.card_headline(meta))
-    return card.with_front_matter(fields, kind.card_body(meta, fields, name))
 
 
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:

@@ -1,4 +1,4 @@
-"""The reader of sequence-to-sequence stores (hskstore.format.seq2seq): targets, `hsk info`, the card, derive.
+"""The reader of sequence-to-sequence stores (hskstore.format.seq2seq): targets, `hsk info`, derive.
 
 `store.targets(rows)` gives the stored supports decoded (LMTargets over the target they sit on); `hsk info`
 counts what each kind of knowledge costs per pair: the teacher's output (sequence-level KD) and the supports
@@ -7,12 +7,11 @@ counts what each kind of knowledge costs per pair: the teacher's output (sequenc
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
 from ..format.config import ConfigError
-from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode
+from ..format.domain import DomainCheck
+from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode, domain_checks
 from . import info
 from .reader import HSKStore
 
@@ -32,6 +31,9 @@ class Seq2seqStore(HSKStore):
         if self.s2s.support is None:
             raise ConfigError(f"{self.url} keeps no word-level support (dumped without --support): nothing to derive")
         return self.s2s, GROUP, self.s2s.max_target
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.s2s)
 
     def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
         """Rows read with read_shard / read (every array) -> the decoded supports over their target."""
@@ -109,47 +111,4 @@ class Seq2seqStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a seq2seq store: train from it with --method s2s-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A store of a smaller support (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return f"sequence-to-sequence teacher knowledge ({cls.preprocessing(meta)})", "text2text-generation"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        return f"""
-# {fields['pretty_name']}
-
-A sequence-to-sequence store written by hsk: the teacher `{meta['teacher']['name']}` ran once over
-{fields['rows']} source/target pairs and kept {cls.preprocessing(meta)}. Students train from it without the
-teacher (`hsk train --method s2s-kd`). The metadata in `zarr.json` (attribute `hsk`) is the authority;
-`hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-rows = store.read_shard(0)   # source_ids, reference_ids (and teacher_ids, s2s/ supports) per pair
-```
-"""
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        parts = []
-        if sel.get("decoding"):
-            parts.append(f"the teacher's {sel['decoding'].get('strategy')} output per source")
-        if sel.get("support") == "topk":
-            parts.append(f"top-{sel.get('k')} ids and log-probs ({sel.get('logprob_codec')}) per "
-                         f"{sel.get('supports_on')} target token")
-        elif sel.get("support") == "sample":
-            parts.append(f"{sel.get('draws')} sampled ids per {sel.get('supports_on')} target token (RS-KD)")
-        return "; ".join(parts) or "the pairs"
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        size = selection.get("k") if selection.get("support") == "topk" else selection.get("draws")
-        decoding = (selection.get("decoding") or {}).get("strategy")
-        parts = [p for p in (decoding, selection.get("support") and f"{selection['support']}:{size}") if p]
-        return "+".join(parts) or None, selection.get("logprob_codec")
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`

@@ -233,7 +233,7 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
     vocab = model.config.vocab_size
     sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
                             logprob_codec=request.logprob_codec, positions=request.positions,
-                            sample_seed=request.sample_seed)
+                            sample_seed=request.sample_seed, limit_tokens=request.max_tokens)
     blocks, lengths = tokenize_corpus(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
     if int(blocks.max(initial=0)) >= vocab:
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "

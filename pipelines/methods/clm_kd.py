@@ -67,8 +67,6 @@ def _build(o: ClmKDOptions, ctx: Context) -> list[Stage]:
 
 
 def _check(o: ClmKDOptions, ctx: Context) -> str | None:
-    if ctx.meta.objective != "clm":
-        return "needs a causal-LM store (`hsk dump --objective clm`)"
     if o.temperature != 1.0 and o.target == "store" and (ctx.meta.selection["support"] != "topk" or o.tail):
         return ("a temperature other than 1 needs the ids' probabilities alone: --set tail=false on a top-K store, "
                 "or --set target=live (a tail bucket or sampled counts have no tempered form)")
@@ -85,6 +83,6 @@ CLM_KD = register(
         options=ClmKDOptions,
         build=_build,
         check=_check,
-        objective="clm",
+        kinds=("clm",),
     )
 )
