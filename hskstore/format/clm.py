@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -186,6 +186,86 @@ def pack_blocks(documents: list[list[int]], block_size: int, eos_id: int,
     if n and len(stream) % block_size:
         lengths[-1] = len(stream) % block_size
     return blocks, lengths
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Consecutive rows of a packed stream (`pack_stream`): blocks, lengths, and where they start and end in the
+    stream of documents: the mark of the document holding the first (next) token and how many of its tokens (its
+    ids then EOS) earlier rows hold; `marks` are those of the documents whose first token is in these rows."""
+
+    blocks: np.ndarray  # [n, block_size] int64
+    lengths: np.ndarray  # [n] int32
+    start: Any
+    start_skip: int
+    end: Any
+    end_skip: int
+    marks: list
+    last: bool  # no rows follow
+
+
+def pack_stream(documents: Iterable[tuple[Sequence[int], Any]], block_size: int, eos_id: int, rows: int,
+                max_tokens: int | None = None, skip: int = 0) -> Iterator[PackedRows]:
+    """pack_blocks over a stream of (ids, mark) documents, `rows` blocks at a time, holding no more than one
+    document beyond them: the same blocks for the same documents. The first document's first `skip` tokens (its
+    ids then EOS) are dropped: earlier rows hold them (a resumed stream)."""
+    chunk = rows * block_size
+    budget = max_tokens if max_tokens is not None else -1
+    held: list[np.ndarray] = []
+    size, starts = 0, []  # starts: (offset in held tokens, mark, tokens of that document before it)
+    out = None
+    for ids, mark in documents:
+        doc = np.empty(len(ids) + 1, dtype=np.int64)
+        doc[:-1] = ids
+        doc[-1] = eos_id
+        if skip:
+            doc, starts_at, skip = doc[skip:], skip, 0
+        else:
+            starts_at = 0
+        if budget >= 0:
+            doc = doc[:budget]
+            budget -= len(doc)
+        if len(doc):
+            starts.append((size, mark, starts_at))
+            held.append(doc)
+            size += len(doc)
+        while size >= chunk:
+            tokens = np.concatenate(held)
+            if out is not None:
+                yield out
+            out = _rows(tokens[:chunk], starts, chunk, block_size, eos_id)
+            held, size = [tokens[chunk:]], size - chunk
+            starts = _after(starts, chunk)
+        if budget == 0:
+            break
+    if size:
+        if out is not None:
+            yield out
+        out = _rows(np.concatenate(held), starts, size, block_size, eos_id)
+    if out is not None:
+        yield replace(out, last=True)
+
+
+def _rows(tokens: np.ndarray, starts: list, cut: int, block_size: int, eos_id: int) -> PackedRows:
+    n = -(-len(tokens) // block_size)
+    blocks = np.full((n, block_size), eos_id, dtype=np.int64)
+    blocks.reshape(-1)[: len(tokens)] = tokens
+    lengths = np.full(n, block_size, dtype=np.int32)
+    if len(tokens) % block_size:
+        lengths[-1] = len(tokens) % block_size
+    _, end, end_skip = _after(starts, cut)[0]
+    marks = [mark for offset, mark, before in starts if offset < cut and before == 0]
+    return PackedRows(blocks, lengths, starts[0][1], starts[0][2], end, end_skip, marks, False)
+
+
+def _after(starts: list, cut: int) -> list:
+    """The document starts of the held tokens from `cut` on: first the document holding token `cut` (or, when
+    a document ends there, the one that ended, all its tokens counted), with the tokens it had before `cut`."""
+    i = max(j for j, (offset, _, _) in enumerate(starts) if offset <= cut)
+    offset, mark, before = starts[i]
+    if offset == cut:
+        return [(o - cut, m, b) for o, m, b in starts[i:]]
+    return [(0, mark, before + cut - offset), *((o - cut, m, b) for o, m, b in starts[i + 1:])]
 
 
 def kept_positions(entropy: np.ndarray, lengths: np.ndarray, fraction: float) -> np.ndarray:

@@ -101,8 +101,8 @@ DUMP_SECTIONS = {
         "student_layers", "l_top", "layers", "tokens", "ranking", "scores", "width", "width_seed", "values",
         "attention_rows", "max_length", "allow_task_mismatch"),
     "Language-model stores (--objective mlm, clm or seq2seq)": (
-        "objective", "text_file", "support", "decode", "supports_on", "max_target", "prompt", "logprobs", "block_size",
-        "positions", "sample_seed", "limit_tokens", "top_k", "mask_seed"),
+        "objective", "text_file", "dtype", "device_map", "support", "decode", "supports_on", "max_target", "prompt",
+        "logprobs", "block_size", "positions", "sample_seed", "limit_tokens", "top_k", "mask_seed"),
     "The teacher's forward and the writing": (
         "batch_size", "shard_rows", "device", "selection_engine", "precision", "threads", "write_processes", "workers",
         "scheduler", "progress", "overwrite"),
@@ -183,6 +183,10 @@ def dump(
     sample_seed: int = typer.Option(0, help="--objective clm with sample:N: the draws of block r come from a "
                                     "generator seeded (seed, r)."),
     limit_tokens: int = typer.Option(None, help="--objective clm: dump only the first N tokens of the corpus."),
+    dtype: str = typer.Option("auto", help="--objective clm: the teacher's weights loaded as auto (the "
+                              "checkpoint's dtype), float32, bfloat16 or float16; recorded in the store."),
+    device_map: str = typer.Option(None, help="--objective clm: auto spreads the teacher's layers over the visible "
+                                   "devices (accelerate), for a teacher larger than one device."),
     top_k: int = typer.Option(TOP_K.default, TOP_K.flag, help=TOP_K.help),
     mask_seed: int = typer.Option(MASK_SEED.default, MASK_SEED.flag, help=MASK_SEED.help),
     workers: int = typer.Option(
@@ -327,18 +331,25 @@ def _support(text: str, optional: bool = False):
 
 def _dump_clm(o: dict, sharing: dict) -> None:
     from hskstore.format.clm import check_positions
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.dump.clm import ClmRequest, dump_clm
-    from pipelines.dump.mlm import load_corpus
+    from pipelines.dump.corpus import open_corpus
 
     device = _pick_device(o)
     request = ClmRequest(_support(o["support"]), o["logprobs"], o["block_size"], o["positions"], o["sample_seed"],
-                         o["limit_tokens"], *_lm_sizes(o, 8, 64), o["precision"])
+                         o["limit_tokens"], *_lm_sizes(o, 8, 64), o["precision"], o["dtype"], o["device_map"],
+                         o["limit"])
     check_positions(request.positions)
     request.check()
+    if o["workers"] is not None or o["scheduler"] is not None:  # not silently ignored
+        raise ConfigError("--workers/--scheduler: a causal-LM dump runs in one process (one teacher, or one spread "
+                          "over the visible devices with --device-map auto); drop --workers/--scheduler")
     if not o["teacher"] or not o["out"]:
         raise ConfigError("a causal-LM dump needs --teacher (an AutoModelForCausalLM folder or hub id) and --out")
+    if note := cpu_half_warning(o["precision"], device):
+        typer.echo(note, err=True)
     use_threads(o["threads"], "dump")
-    corpus = load_corpus(o["text_file"], o["data_file"], o["text_columns"], o["limit"])
+    corpus = open_corpus(o["text_file"], o["data_file"], o["text_columns"])
     dump_clm(o["teacher"], o["out"], corpus, request, device=device, overwrite=o["overwrite"], progress=o["progress"],
              log=typer.echo, extra_meta=sharing)
     typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")

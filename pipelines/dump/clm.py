@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -26,16 +27,18 @@ from hskstore import __version__
 from hskstore.format.clm import (
     CLM,
     ClmSelection,
+    PackedRows,
     Support,
     block_hashes,
     encode_support,
     kept_positions,
     pack_blocks,
+    pack_stream,
 )
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.io.writer import StoreWriter, writing
-from pipelines.core.data import Examples
+from pipelines.core.data import DataError
 from pipelines.core.models import (
     ModelLoadError,
     load_tokenizer,
@@ -45,12 +48,14 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
+from pipelines.dump.corpus import CorpusSource, ShardCursors, ahead, tokenized
 from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
 from pipelines.dump.stage import compute_record
 
 CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
                     "vocab_size", "precision")
 CLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "pad_id")
+STREAM_KEY = "stream"  # the corpus's signature: a rerun on the same corpus resumes (or reopens) its store
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class ClmRequest:
     batch_size: int = 8
     shard_rows: int = 64
     precision: str = "auto"
+    dtype: str = "auto"  # the teacher's weights: auto (the checkpoint's), float32, bfloat16, float16
+    device_map: str | None = None  # "auto": accelerate spreads the teacher over the visible devices
+    max_documents: int | None = None  # --limit: the corpus's first N documents
 
     def check(self) -> None:
         for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
@@ -74,18 +82,61 @@ class ClmRequest:
                 raise ConfigError(f"{name} {value}: pass a whole number from 1 to {1 << 20}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ConfigError(f"--limit-tokens {self.max_tokens}: pass a positive number of tokens")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r}: pass one of {', '.join(DTYPES)}")
+        if self.device_map not in (None, "auto"):
+            raise ConfigError(f"--device-map {self.device_map!r}: pass auto (accelerate places the teacher's layers "
+                              "on the visible devices), or leave it out for --device")
 
 
-def load_clm_teacher(teacher: str, device: str) -> Any:
-    """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), in float32, in eval mode."""
-    from transformers import AutoModelForCausalLM
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def teacher_dtype(teacher: str, dtype: str) -> torch.dtype:
+    """The weights' dtype: the one asked for, or with auto the checkpoint's (`dtype`/`torch_dtype` in its
+    config; float32 where it records none)."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    from transformers import AutoConfig
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(teacher), dtype=torch.float32)
+        config = AutoConfig.from_pretrained(resolve_model(teacher))
+    except Exception:  # the model load below says what is wrong with the teacher
+        return torch.float32
+    recorded = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(recorded, str):
+        recorded = getattr(torch, recorded, None)
+    return recorded if isinstance(recorded, torch.dtype) and recorded.is_floating_point else torch.float32
+
+
+def load_clm_teacher(teacher: str, device: str, dtype: str = "float32", device_map: str | None = None) -> Any:
+    """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), its weights loaded in `dtype` (not float32
+    under autocast), on `device` or spread by accelerate (`device_map="auto"`), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": teacher_dtype(teacher, dtype)}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(teacher), **kwargs)
     except Exception as exc:  # transformers raises many kinds; say what to pass instead
         raise ModelLoadError(f"cannot load a causal-LM teacher from {teacher} ({str(exc).splitlines()[0][:200]}): "
                              "pass a folder or hub id of an AutoModelForCausalLM (GPT-2, Llama, Qwen2, ...)") from None
-    return model.to(device).eval()
+    return (model if device_map else model.to(device)).eval()
+
+
+def input_device(model: Any, device: str) -> str:
+    """Where a batch's ids go: the device of the teacher's embeddings (its first layer under a device map)."""
+    return str(model.get_input_embeddings().weight.device) if getattr(model, "hf_device_map", None) else device
+
+
+def check_block_size(model: Any, block_size: int, teacher: str) -> None:
+    """A block longer than the teacher's positions is refused before any forward (it would run on, wrong)."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if limit and block_size > limit:
+        raise ConfigError(f"--block-size {block_size}: {teacher} has {limit} positions; pass --block-size {limit} "
+                          "or less")
 
 
 def eos_of(tokenizer: Any, teacher: str) -> int:
@@ -185,14 +236,16 @@ def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows:
 
 
 def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
-    """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape."""
+    """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape; its
+    forward's precision and its weights' dtype recorded only when not float32, as task stores record them."""
     cfg = model.config
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    written = CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1]
     return TeacherRef(
         teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
         architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
-        # the precision recorded only when not fp32, as task stores record it
-        written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
+        dtype=None if dtype == "float32" else dtype, written=written + (("dtype",) if dtype != "float32" else ()),
     )
 
 
@@ -201,74 +254,158 @@ def lm_tokenizer_ref(teacher: str, tokenizer: Any, pad_id: int) -> TokenizerRef:
                         written=CLM_TOKENIZER_KEYS)
 
 
-def clm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_blocks: int,
+def clm_metadata(corpus: CorpusSource, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_rows: int,
                  shard_rows: int, precision: str) -> dict:
+    """The store's record at creation: a streamed corpus's fingerprint and row count are known only at its end
+    (`finalize`); until then the dataset records the corpus's signature, the layout the rows made room for."""
     return StoreMeta(
         objective=CLM,
         task=TaskRef(CLM, "train"),
-        dataset=DataRef(corpus.source, corpus.fingerprint, len(corpus)),
+        dataset=DataRef(corpus.described, f"stream:{corpus.signature}", None),
         teacher=lm_teacher_ref(teacher, model, precision),
         tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.eos_id),
         max_length=sel.block_size,
         selection=sel.to_dict(),
-        layout=Layout.of(n_blocks, sel.slots, shard_rows),
-    ).to_dict()
+        layout=Layout.of(n_rows, sel.slots, shard_rows),
+    ).to_dict() | {STREAM_KEY: {"signature": corpus.signature}}
 
 
-def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, device: str = "cpu",
+def _resumed_record(out: str, meta: dict) -> dict:
+    """`meta` with the layout and dataset of the streamed store already at `out` for the same corpus (its rows,
+    grown as they were written, and once complete its fingerprint), so that the writer resumes or reopens it."""
+    from hskstore.io.writer import _read_meta
+
+    try:
+        existing = _read_meta(out)
+    except Exception:  # not a store: the writer refuses it in its own words
+        return meta
+    if not existing or (existing.get(STREAM_KEY) or {}).get("signature") != meta[STREAM_KEY]["signature"]:
+        return meta
+    return {**meta, "layout": existing["layout"], "dataset": existing["dataset"]}
+
+
+def initial_rows(request: ClmRequest) -> int:
+    """Rows a new store makes room for: all that --limit-tokens can fill, else 16 shards (it grows)."""
+    if request.max_tokens is not None:
+        return max(1, -(-request.max_tokens // request.block_size))
+    return 16 * request.shard_rows
+
+
+def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
              overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
              extra_meta: dict | None = None) -> dict:
-    """Write (or finish) the causal-LM store at `out`; returns its metadata."""
+    """Write (or finish) the causal-LM store at `out` from a streamed corpus; returns its metadata."""
     request.check()
     precision = resolve_forward(request.precision, device)
     tokenizer = load_tokenizer(teacher)
     eos = eos_of(tokenizer, teacher)
-    model = load_clm_teacher(teacher, device)
-    vocab = model.config.vocab_size
-    sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
-                            logprob_codec=request.logprob_codec, positions=request.positions,
+    model = load_clm_teacher(teacher, device, request.dtype, request.device_map)
+    check_block_size(model, request.block_size, teacher)
+    sel = ClmSelection.make(request.support, vocab_size=model.config.vocab_size, block_size=request.block_size,
+                            eos_id=eos, logprob_codec=request.logprob_codec, positions=request.positions,
                             sample_seed=request.sample_seed)
-    blocks, lengths = tokenize_corpus(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
-    if int(blocks.max(initial=0)) >= vocab:
-        raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
-                             f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
-    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
+    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
+    meta = meta if overwrite else _resumed_record(out, meta)
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
     meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
     with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        return _write_shards(writer, out, model, blocks, lengths, sel, request, device, precision, progress, log)
+        run = ShardRun(model, sel, request, input_device(model, device), precision, teacher)
+        return _write_stream(writer, out, corpus, tokenizer, run, progress, log)
 
 
-def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray, lengths: np.ndarray,
-                  sel: ClmSelection, request: ClmRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], Any]) -> dict:
-    pending = writer.pending_shards()
-    if len(pending) < writer.n_shards:
-        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
-    started = time.perf_counter()
+@dataclass(frozen=True)
+class ShardRun:
+    """What computes a shard's arrays from its blocks: the teacher, the support, the batch, device, precision."""
+
+    model: Any
+    sel: ClmSelection
+    request: ClmRequest
+    device: str
+    precision: str
+    teacher: str
+
+    def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
+        vocab = self.sel.vocab_size
+        if int(rows.blocks.max(initial=0)) >= vocab:
+            raise ModelLoadError(f"the tokenizer of {self.teacher} gives ids up to {int(rows.blocks.max())} but the "
+                                 f"model's vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
+        index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
+        return compute_clm_shard(self.model, rows.blocks, rows.lengths, index, self.sel, self.request.batch_size,
+                                 self.device, self.precision)
+
+
+def teacher_line(model: Any) -> str:
+    """The teacher's dtype and memory, for the progress bar."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return f"teacher {dtype} {model.get_memory_footprint() / 2**30:.2f} GiB"
+
+
+def _make_room(writer: StoreWriter, cursors: ShardCursors, shard: int, rows: PackedRows) -> None:
+    """Rows for shard `shard`: the store grows (doubling) while the corpus runs, and takes its exact row count
+    before its last shard is written."""
+    have = writer.metadata.layout.n_rows
+    need = shard * writer.metadata.layout.shard_rows + len(rows.blocks)
+    target = need if rows.last else max(2 * have, need) if need > have else have
+    if target != have:
+        writer.resize_rows(target)
+        cursors.resize(writer.n_shards)
+
+
+def _write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
+                  progress: bool, log: Callable[[str], Any]) -> dict:
+    request, shard_rows = run.request, writer.metadata.layout.shard_rows
+    cursors = ShardCursors(writer.group, writer.n_shards)
+    done = writer.done_shards()
+    first = int(np.argmin(done)) if not done.all() else len(done)
+    start, skip = cursors.resume_point(first)
+    if first:
+        log(f"resuming {out}: {first} shards already written; the corpus is read from file {start.file} at "
+            f"{start.offset}")
+    consumed = first * shard_rows * request.block_size
+    started, tokens = time.perf_counter(), 0
     # Off the CPU, shards are compressed and written by threads while the teacher computes the next one (on a
     # CPU the forward already has every core: pipelines.dump.pipeline says why they take turns there)
-    writes = ShardWrites(writer, default_write_depth(device)) if overlaps_forward(device) else None
+    writes = ShardWrites(writer, default_write_depth(run.device)) if overlaps_forward(run.device) else None
+    bar = tqdm(total=request.max_tokens, initial=min(consumed, request.max_tokens or consumed), unit="tok",
+               unit_scale=True, desc="dump clm", disable=not progress or None)
+    bar.set_postfix_str(teacher_line(run.model))
+    shard = first
     try:
-        for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
-            start, stop = writer.shard_bounds(shard)
-            rows = np.arange(start, stop, dtype=np.int64)
-            arrays = compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
-                                       device, precision)
-            if writes:
-                writes.submit(shard, arrays, {})
-            else:
-                writer.write_shard(shard, arrays)
+        if first < len(done):
+            budget = None if request.max_tokens is None else request.max_tokens - consumed
+            # read, tokenized and packed by a thread, a shard ahead of the teacher
+            documents = corpus.documents(start)
+            if request.max_documents is not None:  # those before the resume point were counted shard by shard
+                documents = islice(documents, request.max_documents - cursors.documents_before(first) + bool(skip))
+            stream = ahead(pack_stream(tokenized(documents, tokenizer), request.block_size,
+                                       run.sel.eos_id, shard_rows, budget, skip))
+            for rows in stream:
+                _make_room(writer, cursors, shard, rows)
+                if shard >= len(done) or not done[shard]:
+                    cursors.record(shard, rows)
+                    arrays = run.arrays(rows, shard * shard_rows)
+                    writes.submit(shard, arrays, {}) if writes else writer.write_shard(shard, arrays)
+                tokens += int(rows.lengths.sum())
+                bar.update(int(rows.lengths.sum()))
+                shard += 1
+            if shard == 0:
+                raise DataError(f"{corpus.described} holds no text")
+            if shard == first:  # the corpus ended where the written shards did
+                writer.resize_rows(first * shard_rows)
         if writes:
             writes.drain()
     finally:
+        bar.close()
         if writes:
             writes.close()
-    meta = writer.finalize().to_dict()
-    tokens = int(lengths.sum())
-    log(f"wrote {len(pending)} shards ({tokens} tokens, support {sel.described}) in "
+    fingerprint, documents = cursors.fingerprint()
+    cursors.remove()
+    meta = writer.finalize(dataset=DataRef(corpus.described, fingerprint, documents),
+                           data_origin={"kind": "stream", "source": corpus.described,
+                                        "signature": corpus.signature}).to_dict()
+    log(f"wrote {shard - first} shards ({tokens} tokens, support {run.sel.described}) in "
         f"{time.perf_counter() - started:.1f}s to {out}")
     return meta
