@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import chunk_bytes, hsk, kill_dump_midway, tree_hashes
 
 from hskstore.format.clm import pack_blocks, pack_stream
 from pipelines.cli import main
 from pipelines.dump import corpus as corpus_module
 from pipelines.dump.corpus import CURSORS, Cursor, open_corpus
-from tests.conftest import chunk_bytes, hsk, kill_dump_midway, tree_hashes
 
 
 def _args(teacher: Path, text: Path, *extra: str) -> list[str]:
