@@ -338,18 +338,18 @@ def _dump_clm(o: dict, sharing: dict) -> None:
     device = _pick_device(o)
     request = ClmRequest(_support(o["support"]), o["logprobs"], o["block_size"], o["positions"], o["sample_seed"],
                          o["limit_tokens"], *_lm_sizes(o, 8, 64), o["precision"], o["dtype"], o["device_map"],
-                         o["limit"])
+                         o["limit"], o["workers"], o["scheduler"], o["threads"])
     check_positions(request.positions)
     request.check()
-    if o["workers"] is not None or o["scheduler"] is not None:  # not silently ignored
-        raise ConfigError("--workers/--scheduler: a causal-LM dump runs in one process (one teacher, or one spread "
-                          "over the visible devices with --device-map auto); drop --workers/--scheduler")
     if not o["teacher"] or not o["out"]:
         raise ConfigError("a causal-LM dump needs --teacher (an AutoModelForCausalLM folder or hub id) and --out")
     if note := cpu_half_warning(o["precision"], device):
         typer.echo(note, err=True)
-    use_threads(o["threads"], "dump")
     corpus = open_corpus(o["text_file"], o["data_file"], o["text_columns"])
+    if request.workers is not None or request.scheduler is not None:
+        from pipelines.dump.clm_distributed import dump_clm_distributed as dump_clm
+    else:
+        use_threads(o["threads"], "dump")
     dump_clm(o["teacher"], o["out"], corpus, request, device=device, overwrite=o["overwrite"], progress=o["progress"],
              log=typer.echo, extra_meta=sharing)
     typer.echo(f"done: {o['out']} (see `hsk info {o['out']}`)")

@@ -14,7 +14,7 @@ provenance (teacher weights hash, tokenizer vocabulary hash, corpus fingerprint)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -74,6 +74,9 @@ class ClmRequest:
     dtype: str = "auto"  # the teacher's weights: auto (the checkpoint's), float32, bfloat16, float16
     device_map: str | None = None  # "auto": accelerate spreads the teacher over the visible devices
     max_documents: int | None = None  # --limit: the corpus's first N documents
+    workers: int | None = None  # a local dask cluster of N processes (pipelines/dump/clm_distributed.py)
+    scheduler: str | None = None  # or a running one
+    threads_per_worker: int | None = None
 
     def check(self) -> None:
         for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
@@ -291,29 +294,55 @@ def initial_rows(request: ClmRequest) -> int:
     return 16 * request.shard_rows
 
 
-def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
-             overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
-             extra_meta: dict | None = None) -> dict:
-    """Write (or finish) the causal-LM store at `out` from a streamed corpus; returns its metadata."""
+@dataclass
+class ClmPlan:
+    """A causal-LM dump made ready to run: the tokenizer, the teacher, the support and the store's record."""
+
+    tokenizer: Any
+    model: Any
+    sel: ClmSelection
+    meta: StoreMeta
+
+
+def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str, overwrite: bool,
+             compute: dict, extra_meta: dict | None = None, device_map: str | None = None,
+             load_on: str | None = None) -> ClmPlan:
+    """Load the tokenizer and teacher (on `load_on`, default `device`, where the forward runs), check the request
+    against them, and make the store's record (`compute`: how its bytes are computed; a resume must match it)."""
     request.check()
     precision = resolve_forward(request.precision, device)
     tokenizer = load_tokenizer(teacher)
     eos = eos_of(tokenizer, teacher)
-    model = load_clm_teacher(teacher, device, request.dtype, request.device_map)
+    model = load_clm_teacher(teacher, load_on or device, request.dtype, device_map)
     check_block_size(model, request.block_size, teacher)
     sel = ClmSelection.make(request.support, vocab_size=model.config.vocab_size, block_size=request.block_size,
                             eos_id=eos, logprob_codec=request.logprob_codec, positions=request.positions,
                             sample_seed=request.sample_seed)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
     meta = meta if overwrite else _resumed_record(out, meta)
+    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}))
+
+
+def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
+             overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
+             extra_meta: dict | None = None) -> dict:
+    """Write (or finish) the causal-LM store at `out` from a streamed corpus; returns its metadata."""
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
-    meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
-    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+    plan = plan_clm(teacher, out, corpus, request, device=device, overwrite=overwrite, extra_meta=extra_meta,
+                    compute=compute_record(request.batch_size, device), device_map=request.device_map)
+    with writing(out, plan.meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        run = ShardRun(model, sel, request, input_device(model, device), precision, teacher)
-        return _write_stream(writer, out, corpus, tokenizer, run, progress, log)
+        run = ShardRun(plan.model, plan.sel, request, input_device(plan.model, device),
+                       resolve_forward(request.precision, device), teacher)
+        return write_stream(writer, out, corpus, plan.tokenizer, run, progress, log)
+
+
+def check_ids(blocks: np.ndarray, vocab: int, teacher: str) -> None:
+    if int(blocks.max(initial=0)) >= vocab:
+        raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
+                             f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
 
 
 @dataclass(frozen=True)
@@ -328,10 +357,7 @@ class ShardRun:
     teacher: str
 
     def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
-        vocab = self.sel.vocab_size
-        if int(rows.blocks.max(initial=0)) >= vocab:
-            raise ModelLoadError(f"the tokenizer of {self.teacher} gives ids up to {int(rows.blocks.max())} but the "
-                                 f"model's vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
+        check_ids(rows.blocks, self.sel.vocab_size, self.teacher)
         index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
         return compute_clm_shard(self.model, rows.blocks, rows.lengths, index, self.sel, self.request.batch_size,
                                  self.device, self.precision)
@@ -354,8 +380,34 @@ def _make_room(writer: StoreWriter, cursors: ShardCursors, shard: int, rows: Pac
         cursors.resize(writer.n_shards)
 
 
-def _write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
-                  progress: bool, log: Callable[[str], Any]) -> dict:
+class LocalShards:
+    """Shards computed here and written by this process (by threads while the next one computes, off the CPU: on
+    a CPU the forward already has every core, pipelines.dump.pipeline says why they take turns there)."""
+
+    def __init__(self, writer: StoreWriter, run: ShardRun):
+        self.writer, self.run = writer, run
+        self.writes = ShardWrites(writer, default_write_depth(run.device)) if overlaps_forward(run.device) else None
+
+    def put(self, shard: int, rows: PackedRows, first_row: int) -> None:
+        arrays = self.run.arrays(rows, first_row)
+        if self.writes:
+            self.writes.submit(shard, arrays, {})
+        else:
+            self.writer.write_shard(shard, arrays)
+
+    def drain(self) -> None:
+        if self.writes:
+            self.writes.drain()
+
+    def close(self) -> None:
+        if self.writes:
+            self.writes.close()
+
+
+def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
+                  progress: bool, log: Callable[[str], Any], sink: Any = None) -> dict:
+    """Stream the corpus into the store's pending shards (`sink` computes and writes each: this process's
+    LocalShards, or a cluster's), then finalize it with the corpus's fingerprint."""
     request, shard_rows = run.request, writer.metadata.layout.shard_rows
     cursors = ShardCursors(writer.group, writer.n_shards)
     done = writer.done_shards()
@@ -365,29 +417,18 @@ def _write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer
         log(f"resuming {out}: {first} shards already written; the corpus is read from file {start.file} at "
             f"{start.offset}")
     consumed = first * shard_rows * request.block_size
-    started, tokens = time.perf_counter(), 0
-    # Off the CPU, shards are compressed and written by threads while the teacher computes the next one (on a
-    # CPU the forward already has every core: pipelines.dump.pipeline says why they take turns there)
-    writes = ShardWrites(writer, default_write_depth(run.device)) if overlaps_forward(run.device) else None
+    started, tokens, shard = time.perf_counter(), 0, first
+    sink = sink or LocalShards(writer, run)
     bar = tqdm(total=request.max_tokens, initial=min(consumed, request.max_tokens or consumed), unit="tok",
                unit_scale=True, desc="dump clm", disable=not progress or None)
     bar.set_postfix_str(teacher_line(run.model))
-    shard = first
     try:
         if first < len(done):
-            budget = None if request.max_tokens is None else request.max_tokens - consumed
-            # read, tokenized and packed by a thread, a shard ahead of the teacher
-            documents = corpus.documents(start)
-            if request.max_documents is not None:  # those before the resume point were counted shard by shard
-                documents = islice(documents, request.max_documents - cursors.documents_before(first) + bool(skip))
-            stream = ahead(pack_stream(tokenized(documents, tokenizer), request.block_size,
-                                       run.sel.eos_id, shard_rows, budget, skip))
-            for rows in stream:
+            for rows in _packed(corpus, tokenizer, request, run.sel.eos_id, shard_rows, cursors, first):
                 _make_room(writer, cursors, shard, rows)
                 if shard >= len(done) or not done[shard]:
                     cursors.record(shard, rows)
-                    arrays = run.arrays(rows, shard * shard_rows)
-                    writes.submit(shard, arrays, {}) if writes else writer.write_shard(shard, arrays)
+                    sink.put(shard, rows, shard * shard_rows)
                 tokens += int(rows.lengths.sum())
                 bar.update(int(rows.lengths.sum()))
                 shard += 1
@@ -395,12 +436,10 @@ def _write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer
                 raise DataError(f"{corpus.described} holds no text")
             if shard == first:  # the corpus ended where the written shards did
                 writer.resize_rows(first * shard_rows)
-        if writes:
-            writes.drain()
+        sink.drain()
     finally:
         bar.close()
-        if writes:
-            writes.close()
+        sink.close()
     fingerprint, documents = cursors.fingerprint()
     cursors.remove()
     meta = writer.finalize(dataset=DataRef(corpus.described, fingerprint, documents),
@@ -409,3 +448,16 @@ def _write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer
     log(f"wrote {shard - first} shards ({tokens} tokens, support {run.sel.described}) in "
         f"{time.perf_counter() - started:.1f}s to {out}")
     return meta
+
+
+def _packed(corpus: CorpusSource, tokenizer: Any, request: ClmRequest, eos: int, shard_rows: int,
+            cursors: ShardCursors, first: int) -> Iterator[PackedRows]:
+    """The rows of shard `first` on, read from where it starts in the corpus (the end the shard before it
+    recorded), tokenized and packed by a thread a shard ahead of the teacher."""
+    start, skip = cursors.resume_point(first)
+    documents = corpus.documents(start)
+    if request.max_documents is not None:  # those before the resume point were counted shard by shard
+        documents = islice(documents, request.max_documents - cursors.documents_before(first) + bool(skip))
+    consumed = first * shard_rows * request.block_size
+    budget = None if request.max_tokens is None else request.max_tokens - consumed
+    return ahead(pack_stream(tokenized(documents, tokenizer), request.block_size, eos, shard_rows, budget, skip))
