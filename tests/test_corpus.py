@@ -111,6 +111,8 @@ def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(reference, 
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
     assert seeks == [resume_at]  # one read, from the recorded cursor: nothing before it read again
     assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(reference)
+    resumed, whole = (zarr.open_group(str(p), mode="r").attrs["hsk"] for p in (tmp_path / "k.zarr", reference))
+    assert resumed["dataset"] == whole["dataset"]  # the fingerprint's chain taken up where the kill left it
     assert main(["verify", str(tmp_path / "k.zarr")]) == 0
 
 

@@ -426,8 +426,9 @@ def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer:
         if first < len(done):
             for rows in _packed(corpus, tokenizer, request, run.sel.eos_id, shard_rows, cursors, first):
                 _make_room(writer, cursors, shard, rows)
-                if shard >= len(done) or not done[shard]:
-                    cursors.record(shard, rows)
+                pending = shard >= len(done) or not done[shard]
+                cursors.advance(shard, rows, record=pending)
+                if pending:
                     sink.put(shard, rows, shard * shard_rows)
                 tokens += int(rows.lengths.sum())
                 bar.update(int(rows.lengths.sum()))

@@ -16,8 +16,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
 from hskstore.format.config import ConfigError
 from pipelines.core.data import DataError
 
@@ -191,9 +189,7 @@ def tokenized(documents: Iterator[tuple[str, Cursor]], tokenizer, batch: int = T
 def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple[list[int], tuple[Cursor, bytes]]]:
     ids = tokenizer([text for text, _ in pending], add_special_tokens=False)["input_ids"]
     for (text, cursor), doc in zip(pending, ids, strict=True):
-        encoded = text.encode("utf-8")
-        digest = hashlib.blake2b(len(encoded).to_bytes(8, "little") + encoded, digest_size=16).digest()
-        yield doc, (cursor, digest)
+        yield doc, (cursor, document_digest(text))
 
 
 _DONE = object()
@@ -235,37 +231,58 @@ def ahead(items: Iterator, depth: int = 2) -> Iterator:
 
 
 CURSORS = "_progress/stream"  # int64 [shards, 9]: start cursor, its skip, end cursor, its skip, documents
-DIGESTS = "_progress/corpus"  # uint8 [shards, 16]: BLAKE2b over the digests of the documents starting in the shard
-_STREAM_FINGERPRINT = b"hsk-corpus-stream-v1\n"
+CHAINS = "_progress/corpus"  # uint8 [shards, 32]: the corpus fingerprint's chain after the shard's documents
+STREAM_SEED = b"hsk-corpus-stream-v1\n"
+
+
+def document_digest(text: str) -> bytes:
+    """BLAKE2b-128 of a document's UTF-8 bytes, length-prefixed (8 bytes, little-endian)."""
+    encoded = text.encode("utf-8")
+    return hashlib.blake2b(len(encoded).to_bytes(8, "little") + encoded, digest_size=16).digest()
+
+
+def chained(chain: bytes, digests: list[bytes]) -> bytes:
+    """The fingerprint's chain after these documents: SHA-256 of the chain so far and each document's digest."""
+    for digest in digests:
+        chain = hashlib.sha256(chain + digest).digest()
+    return chain
 
 
 class ShardCursors:
-    """Where each written shard's rows start and end in the corpus, and a digest of its documents: a dump's own
-    bookkeeping, beside the writer's progress records, removed when the store is finalized."""
+    """Where each written shard's rows start and end in the corpus, and the corpus fingerprint's chain after its
+    documents (those whose first token it holds): a dump's own bookkeeping beside the writer's progress records,
+    removed when the store is finalized. The chain makes the fingerprint of the whole corpus, in order, without
+    reading again what a resumed dump has already written."""
 
     def __init__(self, group, n_shards: int):
         self.group = group
         if CURSORS not in group:
             group.create_array(CURSORS, shape=(n_shards, 9), dtype="int64", chunks=(1, 9), fill_value=0)
-            group.create_array(DIGESTS, shape=(n_shards, 16), dtype="uint8", chunks=(1, 16), fill_value=0)
+            group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
+        self.chain = hashlib.sha256(STREAM_SEED).digest()
 
     def resize(self, n_shards: int) -> None:
         self.group[CURSORS].resize((n_shards, 9))
-        self.group[DIGESTS].resize((n_shards, 16))
+        self.group[CHAINS].resize((n_shards, 32))
 
-    def record(self, shard: int, rows) -> None:
-        """Before the shard itself (whose done flag is the commit): a resume after it reads its end."""
+    def advance(self, shard: int, rows, record: bool) -> None:
+        """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
+        flag is the commit, when `record` (a shard already written is not recorded again)."""
+        self.chain = chained(self.chain, [mark[1] for mark in rows.marks])
+        if not record:
+            return
         end = rows.end[0] if rows.end is not None else Cursor()
         self.group[CURSORS][shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
                                       len(rows.marks)]
-        digest = hashlib.blake2b(b"".join(mark[1] for mark in rows.marks), digest_size=16).digest()
-        self.group[DIGESTS][shard] = list(digest)
+        self.group[CHAINS][shard] = list(self.chain)
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
-        """Where shard `shard` starts: the end of the one before it (the corpus's start for the first)."""
+        """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
+        is taken up from there."""
         if shard == 0:
             return Cursor(), 0
         row = [int(v) for v in self.group[CURSORS][shard - 1]]
+        self.chain = bytes(self.group[CHAINS][shard - 1])
         return Cursor(*row[4:7]), row[7]
 
     def documents_before(self, shard: int) -> int:
@@ -273,11 +290,10 @@ class ShardCursors:
         return int(self.group[CURSORS][:shard, 8].sum()) if shard else 0
 
     def fingerprint(self) -> tuple[str, int]:
-        """The corpus as read (its documents' digests, shard by shard) and how many documents it held."""
-        digests = np.ascontiguousarray(self.group[DIGESTS][:])
-        docs = int(self.group[CURSORS][:, 8].sum())
-        return hashlib.sha256(_STREAM_FINGERPRINT + digests.tobytes()).hexdigest(), docs
+        """The corpus as read (hex of the chain after the last shard) and how many documents it held."""
+        cursors = self.group[CURSORS]
+        return bytes(self.group[CHAINS][cursors.shape[0] - 1]).hex(), int(cursors[:, 8].sum())
 
     def remove(self) -> None:
-        for name in (CURSORS, DIGESTS):
+        for name in (CURSORS, CHAINS):
             del self.group[name]
