@@ -58,6 +58,7 @@ def write_corpus(path: Path, tokens: int, seed: int = 0) -> int:
     with open(path, "w", encoding="utf-8") as f:
         while written < tokens:
             lengths = rng.integers(5, 200, 10_000)
+            lengths = lengths[: int(np.searchsorted(np.cumsum(lengths + 1), tokens - written)) + 1]
             words = names[rng.integers(0, WORDS, int(lengths.sum()))]
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             f.write("".join(" ".join(words[a:b]) + "\n" for a, b in zip(bounds[:-1], bounds[1:], strict=True)))

@@ -187,9 +187,18 @@ def tokenized(documents: Iterator[tuple[str, Cursor]], tokenizer, batch: int = T
 
 
 def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple[list[int], tuple[Cursor, bytes]]]:
-    ids = tokenizer([text for text, _ in pending], add_special_tokens=False)["input_ids"]
+    ids = encode_ids(tokenizer, [text for text, _ in pending])
     for (text, cursor), doc in zip(pending, ids, strict=True):
         yield doc, (cursor, document_digest(text))
+
+
+def encode_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids of each text without special tokens, as `tokenizer(texts, add_special_tokens=False)` gives them;
+    a fast tokenizer's backend is called directly (its batch API without offsets: half the time per token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 _DONE = object()
