@@ -211,6 +211,16 @@ def examples_fingerprint(columns: list[list[str]], labels: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def corpus_stream_fingerprint(texts: list[str]) -> str:
+    """A causal-LM store's `dataset.fingerprint`: the SHA-256 chain over each document's length-prefixed BLAKE2b-128."""
+    chain = hashlib.sha256(b"hsk-corpus-stream-v1\n").digest()
+    for text in texts:
+        data = text.encode("utf-8")
+        chain = hashlib.sha256(chain + hashlib.blake2b(len(data).to_bytes(8, "little") + data, digest_size=16)
+                               .digest()).digest()
+    return chain.hex()
+
+
 def shard_index(raw: bytes, n_chunks: int) -> list[tuple[int, int] | None]:
     """(offset, length) of each inner chunk of a shard object ("Shard objects"); None for a chunk not stored."""
     index = raw[-(16 * n_chunks + 4):]

@@ -608,3 +608,23 @@ def test_a_number_written_in_superscript_is_one_line(small_clm_store, clm_teache
     code, _, err = hsk(*args, *extra, "--out", str(tmp_path / "o.zarr"), timeout=90)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "²" in err and not (tmp_path / "o.zarr").exists()
+
+
+def test_a_bf16_teacher_is_loaded_as_bf16_at_half_the_memory_and_recorded(clm_teacher, clm_corpus, tmp_path):
+    from pipelines.dump.clm import load_clm_teacher
+
+    full, half = (load_clm_teacher(str(clm_teacher), "cpu", dtype) for dtype in ("float32", "bfloat16"))
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert half.get_memory_footprint() == pytest.approx(full.get_memory_footprint() / 2, rel=0.01)
+    out = _dump(tmp_path, clm_teacher, clm_corpus, "topk:4", "bf16.zarr", "--dtype", "bfloat16", "--limit-tokens", "64")
+    assert open_store(str(out)).metadata.teacher.dtype == "bfloat16"
+    assert open_store(str(_dump(tmp_path, clm_teacher, clm_corpus, "topk:4", "fp32.zarr", "--limit-tokens", "64"))
+                      ).metadata.teacher.dtype is None  # float32 (this checkpoint's) recorded as before: not at all
+    assert main(["verify", str(out)]) == 0
+
+
+def test_device_map_auto_on_a_cpu_gives_the_plain_dumps_bytes(clm_teacher, clm_corpus, tmp_path):
+    plain = _dump(tmp_path, clm_teacher, clm_corpus, "topk:4", "plain.zarr", "--limit-tokens", "96")
+    mapped = _dump(tmp_path, clm_teacher, clm_corpus, "topk:4", "mapped.zarr", "--limit-tokens", "96",
+                   "--device-map", "auto")
+    assert chunk_bytes(mapped) == chunk_bytes(plain)

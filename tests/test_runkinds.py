@@ -45,7 +45,7 @@ def test_the_registry_and_every_kind_declaration_import_without_torch():
 @pytest.mark.parametrize("extra, owner", [(["--task", "sst2"], "--objective task and seq2seq"),
                                           (["--config", "3,8,0.2"], "--objective task"),
                                           (["--decode", "greedy"], "--objective seq2seq"),
-                                          (["--workers", "2"], "--objective task")])
+                                          (["--write-processes", "2"], "--objective task")])
 def test_a_flag_of_another_kind_is_refused_naming_its_kind(extra, owner, clm_teacher, clm_corpus, tmp_path):
     """`hsk dump --objective clm` with a task or seq2seq flag: one line naming the flag and its kind, nothing
     written, the corpus and the teacher unchanged (before, the flag was accepted and ignored)."""

@@ -27,8 +27,8 @@ import torch
 from hskstore import open_store
 from hskstore.io.writer import writing
 from pipelines.cli import main as hsk
-from pipelines.core.data import Examples
 from pipelines.dump.clm import ClmRequest, clm_metadata, compute_clm_shard, eos_of, load_clm_teacher, tokenize_corpus
+from pipelines.dump.corpus import CorpusSource, open_corpus
 from pipelines.train.run.lm_eval import read_documents
 
 DERIVED_TOPK = [(k, codec) for k in (128, 32, 8, 1) for codec in ("float16", "int8", "int4", "nf3")]
@@ -79,7 +79,7 @@ def _forward(model, blocks: np.ndarray, batch: int, device: str, precision: str)
             model(input_ids=torch.as_tensor(blocks[start:start + batch], device=device)).logits.sum().item()
 
 
-def _dump(model, tokenizer, teacher: str, corpus: Examples, blocks: np.ndarray, lengths: np.ndarray,
+def _dump(model, tokenizer, teacher: str, corpus: CorpusSource, blocks: np.ndarray, lengths: np.ndarray,
           request: ClmRequest, out: Path, device: str, precision: str) -> None:
     from hskstore.format.clm import ClmSelection
 
@@ -114,7 +114,7 @@ def measure_speed(teacher: str, text_file: str, tokens: int, block: int, batch: 
     precision = resolve_forward("auto", device)
     tokenizer, model = load_tokenizer(teacher), _teacher_model(teacher, device, random_weights)
     docs = read_documents(text_file)
-    corpus = Examples(texts=(docs,), labels=np.full(len(docs), -1), rows=np.arange(len(docs)), source=text_file)
+    corpus = open_corpus(text_file, None, None)
     blocks, lengths = tokenize_corpus(tokenizer, docs, block, eos_of(tokenizer, teacher), tokens)
     request = ClmRequest(Support.parse(support), block_size=block, batch_size=batch, shard_rows=16)
     _forward(model, blocks[:batch], batch, device, precision)  # warm-up

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -254,6 +254,136 @@ def pack_blocks(documents: list[list[int]], block_size: int, eos_id: int,
     if n and len(stream) % block_size:
         lengths[-1] = len(stream) % block_size
     return blocks, lengths
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    """A document's UTF-8 bytes and how many of them each of its tokens owns (its ids then its EOS; `owned_bytes`):
+    what a streamed dump packs beside the ids to keep each block's text (`clm/text`, `clm/token_bytes`)."""
+
+    owned: np.ndarray  # [tokens + 1] int64, summing to len(data)
+    data: bytes
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Consecutive rows of a packed stream (`pack_stream`): blocks, lengths, and where they start and end in the
+    stream of documents: the mark of the document holding the first (next) token and how many of its tokens (its
+    ids then EOS) earlier rows hold; `marks` are those of the documents whose first token is in these rows. With
+    documents' text, each block's token byte lengths and its text (else None)."""
+
+    blocks: np.ndarray  # [n, block_size] int64
+    lengths: np.ndarray  # [n] int32
+    start: Any
+    start_skip: int
+    end: Any
+    end_skip: int
+    marks: list
+    last: bool  # no rows follow
+    token_bytes: np.ndarray | None = None  # [n, block_size] uint16
+    texts: list[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Tokens held by pack_stream, with the bytes each owns and those bytes (None: no text)."""
+
+    tokens: np.ndarray
+    owned: np.ndarray | None = None
+    data: bytes | None = None
+
+    def part(self, lo: int, hi: int | None = None) -> _Piece:
+        if self.owned is None:
+            return _Piece(self.tokens[lo:hi])
+        owned = self.owned[lo:hi]
+        first = int(self.owned[:lo].sum())
+        return _Piece(self.tokens[lo:hi], owned, self.data[first:first + int(owned.sum())])
+
+    @staticmethod
+    def joined(pieces: list[_Piece]) -> _Piece:
+        if pieces[0].owned is None:
+            return _Piece(np.concatenate([p.tokens for p in pieces]))
+        return _Piece(np.concatenate([p.tokens for p in pieces]), np.concatenate([p.owned for p in pieces]),
+                      b"".join(p.data for p in pieces))
+
+
+def _document(ids: Sequence[int], eos_id: int, text: list) -> _Piece:
+    doc = np.empty(len(ids) + 1, dtype=np.int64)
+    doc[:-1] = ids
+    doc[-1] = eos_id
+    return _Piece(doc, text[0].owned, text[0].data) if text else _Piece(doc)
+
+
+def pack_stream(documents: Iterable[tuple], block_size: int, eos_id: int, rows: int,
+                max_tokens: int | None = None, skip: int = 0) -> Iterator[PackedRows]:
+    """pack_blocks over a stream of (ids, mark) documents, `rows` blocks at a time, holding no more than one
+    document beyond them: the same blocks for the same documents. The first document's first `skip` tokens (its
+    ids then EOS) are dropped: earlier rows hold them (a resumed stream). Documents given as (ids, mark,
+    DocumentText) also give each block's text and its tokens' byte lengths (pack_token_bytes' bytes)."""
+    chunk = rows * block_size
+    budget = max_tokens if max_tokens is not None else -1
+    held: list[_Piece] = []
+    size, starts = 0, []  # starts: (offset in held tokens, mark, tokens of that document before it)
+    out = None
+    for ids, mark, *text in documents:
+        doc = _document(ids, eos_id, text)
+        starts_at, skip = skip, 0
+        if budget >= 0:
+            doc = doc.part(starts_at, starts_at + budget)
+            budget -= len(doc.tokens)
+        elif starts_at:
+            doc = doc.part(starts_at)
+        if len(doc.tokens):
+            starts.append((size, mark, starts_at))
+            held.append(doc)
+            size += len(doc.tokens)
+        while size >= chunk:
+            whole = _Piece.joined(held)
+            if out is not None:
+                yield out
+            out = _rows(whole.part(0, chunk), starts, chunk, block_size, eos_id)
+            held, size = [whole.part(chunk)], size - chunk
+            starts = _after(starts, chunk)
+        if budget == 0:
+            break
+    if size:
+        if out is not None:
+            yield out
+        out = _rows(_Piece.joined(held), starts, size, block_size, eos_id)
+    if out is not None:
+        yield replace(out, last=True)
+
+
+def _rows(piece: _Piece, starts: list, cut: int, block_size: int, eos_id: int) -> PackedRows:
+    tokens = piece.tokens
+    n = -(-len(tokens) // block_size)
+    blocks = np.full((n, block_size), eos_id, dtype=np.int64)
+    blocks.reshape(-1)[: len(tokens)] = tokens
+    lengths = np.full(n, block_size, dtype=np.int32)
+    if len(tokens) % block_size:
+        lengths[-1] = len(tokens) % block_size
+    _, end, end_skip = _after(starts, cut)[0]
+    marks = [mark for offset, mark, before in starts if offset < cut and before == 0]
+    token_bytes, texts = _block_text(piece, n, block_size) if piece.owned is not None else (None, None)
+    return PackedRows(blocks, lengths, starts[0][1], starts[0][2], end, end_skip, marks, False, token_bytes, texts)
+
+
+def _block_text(piece: _Piece, n: int, block_size: int) -> tuple[np.ndarray, list[bytes]]:
+    """Each block's tokens' byte lengths and its text: the bytes its tokens own, in order."""
+    token_bytes = np.zeros((n, block_size), dtype=np.uint16)
+    token_bytes.reshape(-1)[: len(piece.owned)] = piece.owned
+    cut = np.concatenate([[0], np.cumsum(token_bytes.sum(1, dtype=np.int64))])
+    return token_bytes, [piece.data[cut[i]:cut[i + 1]] for i in range(n)]
+
+
+def _after(starts: list, cut: int) -> list:
+    """The document starts of the held tokens from `cut` on: first the document holding token `cut` (or, when
+    a document ends there, the one that ended, all its tokens counted), with the tokens it had before `cut`."""
+    i = max(j for j, (offset, _, _) in enumerate(starts) if offset <= cut)
+    offset, mark, before = starts[i]
+    if offset == cut:
+        return [(o - cut, m, b) for o, m, b in starts[i:]]
+    return [(0, mark, before + cut - offset), *((o - cut, m, b) for o, m, b in starts[i + 1:])]
 
 
 def kept_positions(entropy: np.ndarray, lengths: np.ndarray, fraction: float) -> np.ndarray:
@@ -558,34 +688,38 @@ def token_ends(char_offsets: list[tuple[int, int]], text: str) -> np.ndarray:
     return np.maximum.accumulate(starts[np.clip(ends, 0, len(text))]) if len(ends) else ends
 
 
+def owned_bytes(ends: np.ndarray, n_bytes: int) -> np.ndarray:
+    """int64 [tokens + 1]: the bytes of a document each token owns (token_ends' deltas), its EOS the rest; a
+    one-line ConfigError where one token would own more than token_bytes (uint16) holds."""
+    owned = np.diff(np.concatenate([[0], ends, [n_bytes]])).astype(np.int64)
+    if len(owned) and int(owned.max()) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"a token of the corpus spans {int(owned.max())} bytes (more than {MAX_TOKEN_BYTES}): "
+                          "split the documents' whitespace runs")
+    return owned
+
+
 def pack_token_bytes(ends: list[np.ndarray], texts: list[str], block_size: int,
                      max_tokens: int | None = None) -> tuple[np.ndarray, list[bytes]]:
     """(token_bytes [n, block_size] uint16, each block's text) of documents packed as pack_blocks packs their ids
     (each document's tokens then its EOS): token i owns the bytes from the previous token's end to its own, the
     first from the document's start, the EOS the rest of the document, so the blocks' texts concatenated are the
-    documents' bytes concatenated (cut where `max_tokens` cuts the tokens)."""
-    deltas, raw = [], []
-    for doc_ends, text in zip(ends, texts, strict=True):
-        data = text.encode("utf-8")
-        deltas.append(np.diff(np.concatenate([[0], doc_ends, [len(data)]])))
-        raw.append(data)
-    stream = np.concatenate(deltas) if deltas else np.zeros(0, dtype=np.int64)
-    stream = stream[:max_tokens] if max_tokens is not None else stream
-    if len(stream) and int(stream.max()) > MAX_TOKEN_BYTES:
-        raise ConfigError(f"a token of the corpus spans {int(stream.max())} bytes (more than {MAX_TOKEN_BYTES}): "
-                          "split the documents' whitespace runs")
-    corpus = b"".join(raw)
-    n = -(-len(stream) // block_size)
-    token_bytes = np.zeros((n, block_size), dtype=np.uint16)
-    token_bytes.reshape(-1)[: len(stream)] = stream
-    cut = np.concatenate([[0], np.cumsum(token_bytes.sum(1, dtype=np.int64))])
-    return token_bytes, [corpus[cut[i]:cut[i + 1]] for i in range(n)]
+    documents' bytes concatenated (cut where `max_tokens` cuts the tokens). pack_stream gives the same."""
+    documents = [(np.zeros(len(e), dtype=np.int64), i, DocumentText(owned_bytes(e, len(t.encode("utf-8"))),
+                                                                    t.encode("utf-8")))
+                 for i, (e, t) in enumerate(zip(ends, texts, strict=True))]
+    parts = list(pack_stream(documents, block_size, 0, 1 << 20, max_tokens))
+    if not parts:
+        return np.zeros((0, block_size), dtype=np.uint16), []
+    return np.concatenate([p.token_bytes for p in parts]), [t for p in parts for t in p.texts]
 
 
 def text_array(texts: list[bytes], width: int) -> np.ndarray:
-    """uint8 [n, width]: each block's text, zero-padded."""
+    """uint8 [n, width]: each block's text, zero-padded; a one-line ConfigError for a text wider than `width`."""
     out = np.zeros((len(texts), width), dtype=np.uint8)
     for i, data in enumerate(texts):
+        if len(data) > width:
+            raise ConfigError(f"a block's text spans {len(data)} bytes, more than the store's width of {width} "
+                              "(block size x the teacher's longest token): split the documents' whitespace runs")
         out[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
     return out
 

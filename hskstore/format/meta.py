@@ -160,6 +160,8 @@ class TeacherRef(_NamedRecord):
     # The forward's arithmetic (`hsk dump --precision`). Recorded only when not fp32, so fp32 stores keep the
     # bytes (and content address) of stores written before the option existed.
     precision: str | None = None
+    # The dtype of an LM teacher's weights as loaded (`hsk dump --dtype`), recorded only when not float32.
+    dtype: str | None = None
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

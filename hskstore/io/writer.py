@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import zarr
@@ -429,9 +429,25 @@ class StoreWriter:
         self.group[PROGRESS_DONE][shard] = 1
         _fault("after-shard-written")
 
-    def finalize(self) -> StoreMeta:
+    def resize_rows(self, n_rows: int) -> None:
+        """Give the store n_rows rows (its arrays and progress records resized, their data untouched): a store
+        whose rows are counted as they are written (a streamed corpus) grows, then gets its exact count before
+        its last shard is written. Only the process that drives the writers calls it, between their writes."""
+        record = self.metadata.updated(layout=replace(self.metadata.layout, n_rows=int(n_rows)))
+        shards = record.layout.n_shards
+        for spec in self.specs:
+            array = self._arrays[spec.name]
+            array.resize((int(n_rows), *array.shape[1:]))
+            self._layouts[spec.name] = ShardLayout.of(array)
+        for name in (PROGRESS_DONE, PROGRESS_DIGESTS):
+            array = self.group[name]
+            array.resize((shards, *array.shape[1:]))
+        self.group.attrs[META_KEY] = record.to_dict()
+        self.metadata = record
+
+    def finalize(self, **updates) -> StoreMeta:
         """Mark the store complete with per-array checksums and the manifest; every shard must be done.
-        Returns the metadata recorded."""
+        `updates`: record fields known only now (a streamed corpus's fingerprint). Returns the metadata recorded."""
         if self.lease is not None:
             self.lease.check()
         pending = self.pending_shards()
@@ -443,7 +459,10 @@ class StoreWriter:
         checksums = {
             spec.name: array_checksum([bytes(d) for d in digests[:, i]]) for i, spec in enumerate(self.specs)
         }
-        record = self.metadata.updated(
+        origin = updates.pop("data_origin", None)  # recorded where finalize records it, after the sizes
+        record = self.metadata.updated(**updates)
+        record = record.updated(
+            identity=identity(record.to_dict()),  # the same unless `updates` or resize_rows changed a field
             checksums=checksums,
             # what identifies the inputs: the checksums of the token arrays its kind names
             inputs_hash=array_checksum(
@@ -453,7 +472,7 @@ class StoreWriter:
             # what the arrays take on storage, in the root metadata: a catalog lists it without opening the card
             stored_bytes=stored_bytes(self.group, [spec.name for spec in self.specs]),
             # lineage: the data file's sha256 (or hub id); derived stores inherit theirs
-            data_origin=self.metadata.data_origin or data_origin(self.metadata.dataset.source),
+            data_origin=origin or self.metadata.data_origin or data_origin(self.metadata.dataset.source),
         )
         record = record.updated(manifest=compute_manifest(record.to_dict(), list_arrays(self.group)))
         meta = record.to_dict()

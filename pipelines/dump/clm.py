@@ -14,8 +14,9 @@ provenance (teacher weights hash, tokenizer vocabulary hash, corpus fingerprint)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -29,20 +30,20 @@ from hskstore.format.clm import (
     TEXT,
     TOKEN_BYTES,
     ClmSelection,
+    PackedRows,
     Support,
     actual_logprobs,
     block_hashes,
     encode_support,
     kept_positions,
     pack_blocks,
-    pack_token_bytes,
+    pack_stream,
     text_array,
-    token_ends,
 )
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.io.writer import StoreWriter, writing
-from pipelines.core.data import Examples
+from pipelines.core.data import DataError
 from pipelines.core.models import (
     ModelLoadError,
     load_tokenizer,
@@ -52,12 +53,14 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
+from pipelines.dump.corpus import CorpusSource, ShardCursors, ahead, tokenized
 from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
 from pipelines.dump.stage import compute_record
 
 CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
                     "vocab_size", "precision")
 CLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "pad_id")
+STREAM_KEY = "stream"  # the corpus's signature: a rerun on the same corpus resumes (or reopens) its store
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,12 @@ class ClmRequest:
     batch_size: int = 8
     shard_rows: int = 64
     precision: str = "auto"
+    dtype: str = "auto"  # the teacher's weights: auto (the checkpoint's), float32, bfloat16, float16
+    device_map: str | None = None  # "auto": accelerate spreads the teacher over the visible devices
+    max_documents: int | None = None  # --limit: the corpus's first N documents
+    workers: int | None = None  # a local dask cluster of N processes (pipelines/dump/clm_distributed.py)
+    scheduler: str | None = None  # or a running one
+    threads_per_worker: int | None = None
 
     def check(self) -> None:
         for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
@@ -81,18 +90,61 @@ class ClmRequest:
                 raise ConfigError(f"{name} {value}: pass a whole number from 1 to {1 << 20}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ConfigError(f"--limit-tokens {self.max_tokens}: pass a positive number of tokens")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r}: pass one of {', '.join(DTYPES)}")
+        if self.device_map not in (None, "auto"):
+            raise ConfigError(f"--device-map {self.device_map!r}: pass auto (accelerate places the teacher's layers "
+                              "on the visible devices), or leave it out for --device")
 
 
-def load_clm_teacher(teacher: str, device: str) -> Any:
-    """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), in float32, in eval mode."""
-    from transformers import AutoModelForCausalLM
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def teacher_dtype(teacher: str, dtype: str) -> torch.dtype:
+    """The weights' dtype: the one asked for, or with auto the checkpoint's (`dtype`/`torch_dtype` in its
+    config; float32 where it records none)."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    from transformers import AutoConfig
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(teacher), dtype=torch.float32)
+        config = AutoConfig.from_pretrained(resolve_model(teacher))
+    except Exception:  # the model load below says what is wrong with the teacher
+        return torch.float32
+    recorded = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(recorded, str):
+        recorded = getattr(torch, recorded, None)
+    return recorded if isinstance(recorded, torch.dtype) and recorded.is_floating_point else torch.float32
+
+
+def load_clm_teacher(teacher: str, device: str, dtype: str = "float32", device_map: str | None = None) -> Any:
+    """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), its weights loaded in `dtype` (not float32
+    under autocast), on `device` or spread by accelerate (`device_map="auto"`), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": teacher_dtype(teacher, dtype)}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(teacher), **kwargs)
     except Exception as exc:  # transformers raises many kinds; say what to pass instead
         raise ModelLoadError(f"cannot load a causal-LM teacher from {teacher} ({str(exc).splitlines()[0][:200]}): "
                              "pass a folder or hub id of an AutoModelForCausalLM (GPT-2, Llama, Qwen2, ...)") from None
-    return model.to(device).eval()
+    return (model if device_map else model.to(device)).eval()
+
+
+def input_device(model: Any, device: str) -> str:
+    """Where a batch's ids go: the device of the teacher's embeddings (its first layer under a device map)."""
+    return str(model.get_input_embeddings().weight.device) if getattr(model, "hf_device_map", None) else device
+
+
+def check_block_size(model: Any, block_size: int, teacher: str) -> None:
+    """A block longer than the teacher's positions is refused before any forward (it would run on, wrong)."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if limit and block_size > limit:
+        raise ConfigError(f"--block-size {block_size}: {teacher} has {limit} positions; pass --block-size {limit} "
+                          "or less")
 
 
 def eos_of(tokenizer: Any, teacher: str) -> int:
@@ -114,31 +166,21 @@ def tokenize_corpus(tokenizer: Any, texts: list[str], block_size: int, eos_id: i
     return pack_blocks(documents, block_size, eos_id, max_tokens)
 
 
-@dataclass(frozen=True)
-class CorpusBlocks:
-    """The corpus packed into blocks, with each block's text and its tokens' byte lengths (None: a slow
-    tokenizer gives no offsets, and the store keeps no text arrays)."""
-
-    blocks: np.ndarray
-    lengths: np.ndarray
-    token_bytes: np.ndarray | None = None
-    texts: list[bytes] | None = None
-
-    @property
-    def text_bytes(self) -> int | None:
-        return None if self.texts is None else max([len(t) for t in self.texts] + [1])
-
-
-def tokenize_corpus_text(tokenizer: Any, texts: list[str], block_size: int, eos_id: int,
-                         max_tokens: int | None = None) -> CorpusBlocks:
-    """As tokenize_corpus, and (a fast tokenizer) where each token ends in the text: char offsets -> bytes."""
+def text_bytes_bound(tokenizer: Any, block_size: int) -> int | None:
+    """The width of a block's text in the store (`clm/text`), known before the corpus is read: block_size x the
+    UTF-8 bytes of the longest token of the vocabulary (at least a character's 4; the zero padding compresses
+    away). None for a slow tokenizer, which gives no offsets: the store keeps no text arrays."""
     if not getattr(tokenizer, "is_fast", False):
-        return CorpusBlocks(*tokenize_corpus(tokenizer, texts, block_size, eos_id, max_tokens))
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    blocks, lengths = pack_blocks(encoded["input_ids"], block_size, eos_id, max_tokens)
-    ends = [token_ends(offsets, text) for offsets, text in zip(encoded["offset_mapping"], texts, strict=True)]
-    token_bytes, block_text = pack_token_bytes(ends, texts, block_size, max_tokens)
-    return CorpusBlocks(blocks, lengths, token_bytes, block_text)
+        return None
+    pieces = tokenizer.backend_tokenizer.decode_batch([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return block_size * max([4, *(len(piece.encode("utf-8")) for piece in pieces)])
+
+
+def shard_text(rows: PackedRows, sel: ClmSelection) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows' (token_bytes, text) arrays when the store keeps them."""
+    if sel.text_bytes is None or rows.texts is None:
+        return None
+    return rows.token_bytes, text_array(rows.texts, sel.text_bytes)
 
 
 def _row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
@@ -237,14 +279,16 @@ def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows:
 
 
 def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
-    """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape."""
+    """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape; its
+    forward's precision and its weights' dtype recorded only when not float32, as task stores record them."""
     cfg = model.config
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    written = CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1]
     return TeacherRef(
         teacher, revision=model_revision(teacher), weights_hash=weights_hash(model),
         architecture=type(model).__name__, model_type=cfg.model_type, num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, precision=None if precision == FP32 else precision,
-        # the precision recorded only when not fp32, as task stores record it
-        written=CLM_TEACHER_KEYS if precision != FP32 else CLM_TEACHER_KEYS[:-1],
+        dtype=None if dtype == "float32" else dtype, written=written + (("dtype",) if dtype != "float32" else ()),
     )
 
 
@@ -253,82 +297,211 @@ def lm_tokenizer_ref(teacher: str, tokenizer: Any, pad_id: int) -> TokenizerRef:
                         written=CLM_TOKENIZER_KEYS)
 
 
-def clm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_blocks: int,
+def clm_metadata(corpus: CorpusSource, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_rows: int,
                  shard_rows: int, precision: str) -> dict:
+    """The store's record at creation: a streamed corpus's fingerprint and row count are known only at its end
+    (`finalize`); until then the dataset records the corpus's signature, the layout the rows made room for."""
     return StoreMeta(
         objective=CLM,
         task=TaskRef(CLM, "train"),
-        dataset=DataRef(corpus.source, corpus.fingerprint, len(corpus)),
+        dataset=DataRef(corpus.described, f"stream:{corpus.signature}", None),
         teacher=lm_teacher_ref(teacher, model, precision),
         tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.eos_id),
         max_length=sel.block_size,
         selection=sel.to_dict(),
-        layout=Layout.of(n_blocks, sel.slots, shard_rows),
-    ).to_dict()
+        layout=Layout.of(n_rows, sel.slots, shard_rows),
+    ).to_dict() | {STREAM_KEY: {"signature": corpus.signature}}
 
 
-def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, device: str = "cpu",
-             overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
-             extra_meta: dict | None = None) -> dict:
-    """Write (or finish) the causal-LM store at `out`; returns its metadata."""
+def _resumed_record(out: str, meta: dict) -> dict:
+    """`meta` with the layout and dataset of the streamed store already at `out` for the same corpus (its rows,
+    grown as they were written, and once complete its fingerprint), so that the writer resumes or reopens it."""
+    from hskstore.io.writer import _read_meta
+
+    try:
+        existing = _read_meta(out)
+    except Exception:  # not a store: the writer refuses it in its own words
+        return meta
+    if not existing or (existing.get(STREAM_KEY) or {}).get("signature") != meta[STREAM_KEY]["signature"]:
+        return meta
+    return {**meta, "layout": existing["layout"], "dataset": existing["dataset"]}
+
+
+def initial_rows(request: ClmRequest) -> int:
+    """Rows a new store makes room for: all that --limit-tokens can fill, else 16 shards (it grows)."""
+    if request.max_tokens is not None:
+        return max(1, -(-request.max_tokens // request.block_size))
+    return 16 * request.shard_rows
+
+
+@dataclass
+class ClmPlan:
+    """A causal-LM dump made ready to run: the tokenizer, the teacher, the support and the store's record."""
+
+    tokenizer: Any
+    model: Any
+    sel: ClmSelection
+    meta: StoreMeta
+
+
+def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str, overwrite: bool,
+             compute: dict, extra_meta: dict | None = None, device_map: str | None = None,
+             load_on: str | None = None) -> ClmPlan:
+    """Load the tokenizer and teacher (on `load_on`, default `device`, where the forward runs), check the request
+    against them, and make the store's record (`compute`: how its bytes are computed; a resume must match it)."""
     request.check()
     precision = resolve_forward(request.precision, device)
     tokenizer = load_tokenizer(teacher)
     eos = eos_of(tokenizer, teacher)
-    model = load_clm_teacher(teacher, device)
-    vocab = model.config.vocab_size
-    packed = tokenize_corpus_text(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
-    blocks = packed.blocks
-    sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
-                            logprob_codec=request.logprob_codec, positions=request.positions,
+    model = load_clm_teacher(teacher, load_on or device, request.dtype, device_map)
+    check_block_size(model, request.block_size, teacher)
+    sel = ClmSelection.make(request.support, vocab_size=model.config.vocab_size, block_size=request.block_size,
+                            eos_id=eos, logprob_codec=request.logprob_codec, positions=request.positions,
                             sample_seed=request.sample_seed, limit_tokens=request.max_tokens,
-                            text_bytes=packed.text_bytes)
-    if int(blocks.max(initial=0)) >= vocab:
-        raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
-                             f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
-    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
+                            text_bytes=text_bytes_bound(tokenizer, request.block_size))
+    meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
+    meta = meta if overwrite else _resumed_record(out, meta)
+    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}))
+
+
+def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
+             overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
+             extra_meta: dict | None = None) -> dict:
+    """Write (or finish) the causal-LM store at `out` from a streamed corpus; returns its metadata."""
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
-    meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
-    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+    plan = plan_clm(teacher, out, corpus, request, device=device, overwrite=overwrite, extra_meta=extra_meta,
+                    compute=compute_record(request.batch_size, device), device_map=request.device_map)
+    with writing(out, plan.meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        return _write_shards(writer, out, model, packed, sel, request, device, precision, progress, log)
+        run = ShardRun(plan.model, plan.sel, request, input_device(plan.model, device),
+                       resolve_forward(request.precision, device), teacher)
+        return write_stream(writer, out, corpus, plan.tokenizer, run, progress, log)
 
 
-def _shard_text(packed: CorpusBlocks, sel: ClmSelection, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
-    if packed.texts is None:
-        return None
-    return packed.token_bytes[start:stop], text_array(packed.texts[start:stop], sel.text_bytes)
+def check_ids(blocks: np.ndarray, vocab: int, teacher: str) -> None:
+    if int(blocks.max(initial=0)) >= vocab:
+        raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
+                             f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
 
 
-def _write_shards(writer: StoreWriter, out: str, model: Any, packed: CorpusBlocks, sel: ClmSelection,
-                  request: ClmRequest, device: str, precision: str, progress: bool, log: Callable[[str], Any]) -> dict:
-    blocks, lengths = packed.blocks, packed.lengths
-    pending = writer.pending_shards()
-    if len(pending) < writer.n_shards:
-        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
-    started = time.perf_counter()
-    # Off the CPU, shards are compressed and written by threads while the teacher computes the next one (on a
-    # CPU the forward already has every core: pipelines.dump.pipeline says why they take turns there)
-    writes = ShardWrites(writer, default_write_depth(device)) if overlaps_forward(device) else None
+@dataclass(frozen=True)
+class ShardRun:
+    """What computes a shard's arrays from its blocks: the teacher, the support, the batch, device, precision."""
+
+    model: Any
+    sel: ClmSelection
+    request: ClmRequest
+    device: str
+    precision: str
+    teacher: str
+
+    def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
+        check_ids(rows.blocks, self.sel.vocab_size, self.teacher)
+        index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
+        return compute_clm_shard(self.model, rows.blocks, rows.lengths, index, self.sel, self.request.batch_size,
+                                 self.device, self.precision, shard_text(rows, self.sel))
+
+
+def teacher_line(model: Any) -> str:
+    """The teacher's dtype and memory, for the progress bar."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return f"teacher {dtype} {model.get_memory_footprint() / 2**30:.2f} GiB"
+
+
+def _make_room(writer: StoreWriter, cursors: ShardCursors, shard: int, rows: PackedRows) -> None:
+    """Rows for shard `shard`: the store grows (doubling) while the corpus runs, and takes its exact row count
+    before its last shard is written."""
+    have = writer.metadata.layout.n_rows
+    need = shard * writer.metadata.layout.shard_rows + len(rows.blocks)
+    target = need if rows.last else max(2 * have, need) if need > have else have
+    if target != have:
+        writer.resize_rows(target)
+        cursors.resize(writer.n_shards)
+
+
+class LocalShards:
+    """Shards computed here and written by this process (by threads while the next one computes, off the CPU: on
+    a CPU the forward already has every core, pipelines.dump.pipeline says why they take turns there)."""
+
+    def __init__(self, writer: StoreWriter, run: ShardRun):
+        self.writer, self.run = writer, run
+        self.writes = ShardWrites(writer, default_write_depth(run.device)) if overlaps_forward(run.device) else None
+
+    def put(self, shard: int, rows: PackedRows, first_row: int) -> None:
+        arrays = self.run.arrays(rows, first_row)
+        if self.writes:
+            self.writes.submit(shard, arrays, {})
+        else:
+            self.writer.write_shard(shard, arrays)
+
+    def drain(self) -> None:
+        if self.writes:
+            self.writes.drain()
+
+    def close(self) -> None:
+        if self.writes:
+            self.writes.close()
+
+
+def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
+                  progress: bool, log: Callable[[str], Any], sink: Any = None) -> dict:
+    """Stream the corpus into the store's pending shards (`sink` computes and writes each: this process's
+    LocalShards, or a cluster's), then finalize it with the corpus's fingerprint."""
+    request, shard_rows = run.request, writer.metadata.layout.shard_rows
+    cursors = ShardCursors(writer.group, writer.n_shards)
+    done = writer.done_shards()
+    first = int(np.argmin(done)) if not done.all() else len(done)
+    start, skip = cursors.resume_point(first)
+    if first:
+        log(f"resuming {out}: {first} shards already written; the corpus is read from file {start.file} at "
+            f"{start.offset}")
+    consumed = first * shard_rows * request.block_size
+    started, tokens, shard = time.perf_counter(), 0, first
+    sink = sink or LocalShards(writer, run)
+    bar = tqdm(total=request.max_tokens, initial=min(consumed, request.max_tokens or consumed), unit="tok",
+               unit_scale=True, desc="dump clm", disable=not progress or None)
+    bar.set_postfix_str(teacher_line(run.model))
     try:
-        for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
-            start, stop = writer.shard_bounds(shard)
-            rows = np.arange(start, stop, dtype=np.int64)
-            arrays = compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
-                                       device, precision, _shard_text(packed, sel, start, stop))
-            if writes:
-                writes.submit(shard, arrays, {})
-            else:
-                writer.write_shard(shard, arrays)
-        if writes:
-            writes.drain()
+        if first < len(done):
+            for rows in _packed(corpus, tokenizer, request, run.sel, shard_rows, cursors, first):
+                _make_room(writer, cursors, shard, rows)
+                pending = shard >= len(done) or not done[shard]
+                cursors.advance(shard, rows, record=pending)
+                if pending:
+                    sink.put(shard, rows, shard * shard_rows)
+                tokens += int(rows.lengths.sum())
+                bar.update(int(rows.lengths.sum()))
+                shard += 1
+            if shard == 0:
+                raise DataError(f"{corpus.described} holds no text")
+            if shard == first:  # the corpus ended where the written shards did
+                writer.resize_rows(first * shard_rows)
+        sink.drain()
     finally:
-        if writes:
-            writes.close()
-    meta = writer.finalize().to_dict()
-    tokens = int(lengths.sum())
-    log(f"wrote {len(pending)} shards ({tokens} tokens, support {sel.described}) in "
+        bar.close()
+        sink.close()
+    fingerprint, documents = cursors.fingerprint()
+    cursors.remove()
+    meta = writer.finalize(dataset=DataRef(corpus.described, fingerprint, documents),
+                           data_origin={"kind": "stream", "source": corpus.described,
+                                        "signature": corpus.signature}).to_dict()
+    log(f"wrote {shard - first} shards ({tokens} tokens, support {run.sel.described}) in "
         f"{time.perf_counter() - started:.1f}s to {out}")
     return meta
+
+
+def _packed(corpus: CorpusSource, tokenizer: Any, request: ClmRequest, sel: ClmSelection, shard_rows: int,
+            cursors: ShardCursors, first: int) -> Iterator[PackedRows]:
+    """The rows of shard `first` on, read from where it starts in the corpus (the end the shard before it
+    recorded), tokenized and packed by a thread a shard ahead of the teacher (with each block's text when the
+    store keeps it)."""
+    start, skip = cursors.resume_point(first)
+    documents = corpus.documents(start)
+    if request.max_documents is not None:  # those before the resume point were counted shard by shard
+        documents = islice(documents, request.max_documents - cursors.documents_before(first) + bool(skip))
+    consumed = first * shard_rows * request.block_size
+    budget = None if request.max_tokens is None else request.max_tokens - consumed
+    stream = tokenized(documents, tokenizer, text=sel.text_bytes is not None)
+    return ahead(pack_stream(stream, request.block_size, sel.eos_id, shard_rows, budget, skip))

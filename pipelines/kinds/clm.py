@@ -20,7 +20,7 @@ from pipelines.kinds import lm_flags
 if TYPE_CHECKING:  # the request the dump reads (torch: imported when the dump runs)
     from pipelines.dump.clm import ClmRequest
 
-from pipelines.runkinds import FORWARD, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon
+from pipelines.runkinds import FORWARD, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon, warn
 
 LM = lm_flags.HEADING
 
@@ -44,17 +44,27 @@ class ClmDumpOptions:
     sample_seed: int = flag(0, "--objective clm with sample:N: the draws of block r come from a generator seeded "
                             "(seed, r).", section=LM)
     limit_tokens: int | None = flag(None, "--objective clm: dump only the first N tokens of the corpus.", section=LM)
+    dtype: str = flag("auto", "--objective clm: the teacher's weights loaded as auto (the checkpoint's dtype), "
+                      "float32, bfloat16 or float16; recorded in the store.", section=LM)
+    device_map: str | None = flag(None, "--objective clm: auto spreads the teacher's layers over the visible devices "
+                                  "(accelerate), for a teacher larger than one device.", section=LM)
     batch_size: int = flag(8, "Teacher batch size.", section=FORWARD)
     shard_rows: int = flag(64, "Examples per shard.", section=FORWARD)
     precision: str = flag("auto", "The teacher forward's arithmetic.", section=FORWARD)
+    workers: int | None = flag(None, "Dump on a local dask cluster of N processes, each computing and writing whole "
+                               "shards (one GPU per worker with --device cuda).", section=FORWARD)
+    scheduler: str | None = flag(None, "Dump on a running dask cluster (tcp://HOST:PORT); every worker must reach "
+                                 "the teacher, the data it is sent and --out.", section=FORWARD)
 
-    def request(self) -> ClmRequest:
-        """The dump's request (pipelines.dump.clm.ClmRequest), checked before the teacher loads."""
+    def request(self, threads: int | None = None) -> ClmRequest:
+        """The dump's request (pipelines.dump.clm.ClmRequest), checked before the teacher loads (`threads`: per dask
+        worker with --workers/--scheduler)."""
         from hskstore.format.clm import Support, check_positions
         from pipelines.dump.clm import ClmRequest
 
         request = ClmRequest(Support.parse(self.support), self.logprobs, self.block_size, self.positions,
-                             self.sample_seed, self.limit_tokens, self.batch_size, self.shard_rows, self.precision)
+                             self.sample_seed, self.limit_tokens, self.batch_size, self.shard_rows, self.precision,
+                             self.dtype, self.device_map, self.limit, self.workers, self.scheduler, threads)
         check_positions(request.positions)
         request.check()
         return request
@@ -62,16 +72,22 @@ class ClmDumpOptions:
 
 def dump(options: ClmDumpOptions, common: DumpCommon, log: Log) -> None:
     from pipelines.core.devices import pick_device
+    from pipelines.core.precision import cpu_half_warning
     from pipelines.core.threads import use_threads
     from pipelines.dump.clm import dump_clm
-    from pipelines.dump.mlm import load_corpus
+    from pipelines.dump.corpus import open_corpus
 
     device = pick_device(common.device)
-    request = options.request()
+    request = options.request(common.threads)
     if not common.teacher or not common.out:
         raise ConfigError("a causal-LM dump needs --teacher (an AutoModelForCausalLM folder or hub id) and --out")
-    use_threads(common.threads, "dump")
-    corpus = load_corpus(options.text_file, options.data_file, options.text_columns, options.limit)
+    if note := cpu_half_warning(options.precision, device):
+        warn(note)
+    corpus = open_corpus(options.text_file, options.data_file, options.text_columns)
+    if request.workers is not None or request.scheduler is not None:
+        from pipelines.dump.clm_distributed import dump_clm_distributed as dump_clm
+    else:
+        use_threads(common.threads, "dump")
     dump_clm(common.teacher, common.out, corpus, request, device=device, overwrite=common.overwrite,
              progress=common.progress, log=log, extra_meta=common.sharing())
     log(f"done: {common.out} (see `hsk info {common.out}`)")

@@ -1,0 +1,191 @@
+"""Causal-LM capture at scale (`hsk dump --objective clm`, streamed): does memory or the time to the first shard
+grow with the corpus, what rate does capture reach, and what does the host cost per token?
+
+    python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7        # peak RSS, first shard, tokens/s by size
+    python benchmarks/lm/capture_scale.py null --tokens 1e7             # the host's share, µs per token
+    python benchmarks/lm/capture_scale.py limit --text big.txt --teacher T --limit-tokens 8192   # a big text, cut
+
+`scale` runs each capture as its own `hsk dump` process (peak RSS from /usr/bin/time) with a tiny random Llama
+(2 layers, d 32) over a word-level tokenizer of 512 words, on generated corpora of one document per line: compute
+is small, so what grows with the corpus shows. `null` runs the dump in this process with the teacher's forward
+and its support choice replaced by fixed arrays of the same shape (the "null teacher"): what remains is the host's
+share (reading, tokenizing, packing, encoding, digests, writes), per token. `limit` is the issue's case: a large
+text file captured with --limit-tokens. Everything is written under a temporary folder, removed after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = 510  # + EOS and UNK: a vocabulary of 512
+BLOCK = 256
+
+
+def build_teacher(out: Path) -> Path:
+    """A tiny random Llama over a word-level tokenizer (w0 ... w509, EOS): negligible compute per token."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(WORDS)} | {"<unk>": WORDS, "</s>": WORDS + 1}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", unk_token="<unk>")
+    config = LlamaConfig(vocab_size=WORDS + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=BLOCK,
+                         eos_token_id=WORDS + 1, bos_token_id=WORDS + 1, pad_token_id=WORDS + 1)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def write_corpus(path: Path, tokens: int, seed: int = 0) -> int:
+    """Documents of 5-200 words, one per line, until `tokens` tokens (words + one EOS each); returns the bytes."""
+    rng = np.random.default_rng(seed)
+    names = np.array([f"w{i}" for i in range(WORDS)])
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < tokens:
+            lengths = rng.integers(5, 200, 10_000)
+            lengths = lengths[: int(np.searchsorted(np.cumsum(lengths + 1), tokens - written)) + 1]
+            words = names[rng.integers(0, WORDS, int(lengths.sum()))]
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            f.write("".join(" ".join(words[a:b]) + "\n" for a, b in zip(bounds[:-1], bounds[1:], strict=True)))
+            written += int(lengths.sum()) + len(lengths)
+    return path.stat().st_size
+
+
+def _hsk_dump(args: list[str], out: Path) -> dict:
+    """One `hsk dump` process: wall seconds, seconds to its first shard written, peak RSS (MiB)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "pipelines.cli", *args, "--out", str(out)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = None
+    while proc.poll() is None:
+        if first is None and _shards_done(out) > 0:
+            first = time.perf_counter() - started
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    stdout, stderr = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"hsk dump failed ({proc.returncode}): {stderr[-2000:]}")
+    rss = int(next(line for line in stderr.splitlines() if line.startswith("maxrss_kb=")).split("=")[1])
+    return {"wall_s": round(wall, 2), "first_shard_s": round(first if first is not None else wall, 2),
+            "peak_rss_mib": round(rss / 1024, 1), "log": stdout.strip().splitlines()[-2:]}
+
+
+def _shards_done(out: Path) -> int:
+    import zarr
+
+    try:
+        return int(zarr.open_group(str(out), mode="r")["_progress/done"][:].sum())
+    except Exception:  # not created yet
+        return 0
+
+
+def _dump_args(teacher: Path, text: Path, extra: list[str]) -> list[str]:
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(text), "--support",
+            "topk:8", "--block-size", str(BLOCK), "--shard-rows", "64", "--batch-size", "16", "--device", "cpu",
+            "--no-progress", *extra]
+
+
+def scale(sizes: list[float], work: Path) -> list[dict]:
+    teacher = build_teacher(work / "teacher")
+    rows = []
+    for size in sizes:
+        text = work / f"corpus-{int(size)}.txt"
+        corpus_bytes = write_corpus(text, int(size))
+        result = _hsk_dump(_dump_args(teacher, text, []), work / f"s-{int(size)}.zarr")
+        import zarr
+
+        tokens = int(zarr.open_group(str(work / f"s-{int(size)}.zarr"), mode="r")["length"][:].sum())
+        rows.append({"tokens": tokens, "corpus_mb": round(corpus_bytes / 1e6, 1), **result,
+                     "tokens_per_s": round(tokens / result["wall_s"])})
+        print(json.dumps(rows[-1]), flush=True)
+        text.unlink()
+    return rows
+
+
+def null(tokens: float, work: Path) -> dict:
+    """The dump in this process with a null teacher: the host's share per token."""
+    import torch
+
+    import pipelines.dump.clm as clm
+    from hskstore.format.clm import Support, block_hashes, encode_support, kept_positions
+    from pipelines.dump.corpus import open_corpus
+
+    torch.set_num_threads(1)
+    teacher = build_teacher(work / "teacher")
+    text = work / "null.txt"
+    write_corpus(text, int(tokens))
+    fixed: dict = {}
+
+    def null_shard(model, blocks, lengths, rows, sel, batch_size, device, precision):
+        key = blocks.shape
+        if key not in fixed:  # what the device hands over: ids [n, T, K] int32, log-probs fp16
+            rng = np.random.default_rng(0)
+            ids = rng.integers(0, sel.vocab_size, (*blocks.shape, sel.k)).astype(np.int32)
+            fixed[key] = (ids, np.log(rng.dirichlet(np.ones(sel.k), blocks.shape)).astype(np.float16))
+        ids, weights = fixed[key]
+        kept = kept_positions(np.zeros(blocks.shape), lengths, sel.positions)
+        arrays = encode_support(ids, weights, kept, sel)
+        arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
+        return arrays
+
+    clm.compute_clm_shard = null_shard
+    request = clm.ClmRequest(Support.parse("topk:8"), block_size=BLOCK, batch_size=16, shard_rows=64)
+    corpus = open_corpus(str(text), None, None)
+    started, cpu = time.perf_counter(), time.process_time()
+    clm.dump_clm(str(teacher), str(work / "null.zarr"), corpus, request, progress=False, log=lambda _: None)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    import zarr
+
+    real = int(zarr.open_group(str(work / "null.zarr"), mode="r")["length"][:].sum())
+    return {"tokens": real, "wall_s": round(wall, 2), "host_us_per_token": round(wall / real * 1e6, 3),
+            "cpu_us_per_token": round(cpu / real * 1e6, 3)}  # CPU time of every thread: less sensitive to load
+
+
+def limit(text: str, teacher: str, limit_tokens: int, work: Path) -> dict:
+    args = ["dump", "--objective", "clm", "--teacher", teacher, "--text-file", text, "--support", "topk:8",
+            "--limit-tokens", str(limit_tokens), "--device", "cpu", "--no-progress"]
+    return {"text_mb": round(Path(text).stat().st_size / 1e6, 1), "limit_tokens": limit_tokens,
+            **_hsk_dump(args, work / "limit.zarr")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("scale", "null", "limit"))
+    parser.add_argument("--tokens", type=float, nargs="+", default=[1e6, 1e7])
+    parser.add_argument("--text")
+    parser.add_argument("--teacher")
+    parser.add_argument("--limit-tokens", type=int, default=8192)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hsk-capture-") as tmp:
+        work = Path(tmp)
+        if args.what == "scale":
+            result = scale(args.tokens, work)
+        elif args.what == "null":
+            result = null(args.tokens[0], work)
+        else:
+            result = limit(args.text, args.teacher, args.limit_tokens, work)
+    result = {"what": args.what, "result": result, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+    print(json.dumps(result, indent=1))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""A causal-LM dump's corpus as a stream: documents read, tokenized and packed as the teacher consumes them,
+so that memory and the time to the first shard do not grow with the corpus (`hsk dump --objective clm`).
+
+Sources: a UTF-8 text file (one document per non-empty line), a folder or glob of them, JSON lines or Parquet
+with a named text column; local paths or fsspec URLs (s3://...); anything else `--data-file` reads (CSV, TSV)
+is read whole, as before. Every document has a `Cursor` (file, byte offset or row, part of its line), so a
+resumed dump seeks to where its first pending shard starts instead of reading the corpus again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hskstore.format.clm import DocumentText, owned_bytes, token_ends
+from hskstore.format.config import ConfigError
+from pipelines.core.data import DataError
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", "")
+TOKENIZE_DOCS = 512  # documents per tokenizer call: the fast tokenizer's batch API, off the teacher's thread
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """Where a document starts: the file's index in the source's sorted list, the byte offset of its line (text,
+    JSON lines) or its row (tables), and which part of that line (str.splitlines parts, as the whole-file read
+    split it)."""
+
+    file: int = 0
+    offset: int = 0
+    part: int = 0
+
+    def to_list(self) -> list[int]:
+        return [self.file, self.offset, self.part]
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """The files of a corpus, their format (text | jsonl | parquet | table) and the text column of a table."""
+
+    files: tuple[str, ...]
+    sizes: tuple[int, ...]
+    kind: str
+    column: str | None
+    described: str
+
+    @property
+    def signature(self) -> str:
+        """What identifies the corpus before it is read (names, sizes, format): a resume must find the same."""
+        text = json.dumps([self.kind, self.column, [f.rsplit("/", 1)[-1] for f in self.files], self.sizes])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def documents(self, start: Cursor = Cursor()) -> Iterator[tuple[str, Cursor]]:
+        """(text, cursor) of every document from `start` on."""
+        read = {"text": _text_documents, "jsonl": _jsonl_documents, "parquet": _parquet_documents,
+                "table": _table_documents}[self.kind]
+        for index in range(start.file, len(self.files)):
+            first = start if index == start.file else Cursor(index)
+            yield from read(self, index, first)
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def open_corpus(text_file: str | None, data_file: str | None, column: str | None) -> CorpusSource:
+    """The corpus `--text-file` (a file, folder or glob of UTF-8 text) or `--data-file` (JSON lines, Parquet, CSV,
+    TSV; `--text-columns` names the column) names; a one-line DataError or ConfigError when there is none."""
+    if bool(text_file) == bool(data_file):
+        raise ConfigError("an LM dump (--objective mlm or clm) reads raw text: pass --text-file (one text per line; "
+                          "a file, folder or glob) or --data-file")
+    flag, given = ("--text-file", text_file) if text_file else ("--data-file", data_file)
+    fs, path = _fs(given)
+    if any(ch in path for ch in "*?["):
+        files = sorted(fs.glob(path))
+    elif fs.isdir(path):
+        files = sorted(p for p in fs.find(path) if not p.rsplit("/", 1)[-1].startswith("."))
+    elif fs.isfile(path):
+        files = [path]
+    else:
+        raise DataError(f"{flag} {given}: no such file, folder or glob")
+    files = [f for f in files if fs.isfile(f)]
+    if not files:
+        raise DataError(f"{flag} {given}: no files there; pass a text file, a folder of them or a glob (data/*.txt)")
+    kind = "text" if text_file else _table_kind(files[0])
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    urls = tuple(f if protocol in ("file", "local") else f"{protocol}://{f}" for f in files)
+    sizes = tuple(int(fs.size(f)) for f in files)
+    return CorpusSource(urls, sizes, kind, column, f"{'text' if text_file else 'table'}:{given}")
+
+
+def _table_kind(path: str) -> str:
+    name = path.lower()
+    return "jsonl" if name.endswith((".jsonl", ".ndjson")) else "parquet" if name.endswith(".parquet") else "table"
+
+
+def _lines(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, int]]:
+    """(decoded line, byte offset) from `start` on; a one-line DataError at bytes that are not UTF-8 text."""
+    import fsspec
+
+    path = source.files[index]
+    with fsspec.open(path, "rb") as handle:
+        handle.seek(start.offset)
+        offset = start.offset
+        for raw in handle:
+            if b"\0" in raw:
+                raise DataError(f"{path}: binary data (a NUL byte) in the line at byte {offset}: pass UTF-8 text, "
+                                "one document per line")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: the line at byte {offset} is not UTF-8 ({exc.reason} at byte "
+                                f"{offset + exc.start}): pass UTF-8 text, one document per line") from None
+            yield line, offset
+            offset += len(raw)
+
+
+def _text_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+    for line, offset in _lines(source, index, start):
+        parts = line.splitlines() if line.strip() else ()  # the whole-file read split lines at \r, \x0c, ... too
+        for part, text in enumerate(parts):
+            if (offset, part) >= (start.offset, start.part) and text.strip():
+                yield text.strip(), Cursor(index, offset, part)
+
+
+def _jsonl_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+    column = source.column or "text"
+    for line, offset in _lines(source, index, start):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line).get(column)
+        except (ValueError, AttributeError):
+            raise DataError(f"{source.files[index]}: the line at byte {offset} is not a JSON object") from None
+        if value is not None and str(value).strip():
+            yield str(value), Cursor(index, offset)
+
+
+def _parquet_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(source.files[index], "rb") as handle:
+        table = pq.ParquetFile(handle)
+        column = source.column or table.schema_arrow.names[0]
+        if column not in table.schema_arrow.names:
+            raise DataError(f"{source.files[index]} has no column {column!r}; its columns: "
+                            f"{', '.join(table.schema_arrow.names)}: pass --text-columns")
+        row = 0
+        for group in range(table.num_row_groups):
+            rows = table.metadata.row_group(group).num_rows
+            if row + rows > start.offset:  # row groups before the start are never read
+                values = table.read_row_group(group, columns=[column]).column(0).to_pylist()
+                yield from _rows_from(values, row, max(start.offset - row, 0), index)
+            row += rows
+
+
+def _rows_from(values: list, first_row: int, skip: int, index: int) -> Iterator[tuple[str, Cursor]]:
+    for i in range(skip, len(values)):
+        if values[i] is not None and str(values[i]).strip():
+            yield str(values[i]), Cursor(index, first_row + i)
+
+
+def _table_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+    from pipelines.dump.mlm import load_corpus
+
+    texts = load_corpus(None, source.files[index], source.column).texts[0]  # CSV/TSV: read whole, as before
+    yield from _rows_from(texts, 0, start.offset, index)
+
+
+def tokenized(documents: Iterator[tuple[str, Cursor]], tokenizer, batch: int = TOKENIZE_DOCS, text: bool = False
+              ) -> Iterator[tuple]:
+    """(ids, (cursor, digest of the text)) per document, tokenized `batch` documents per call; with `text`, also
+    the document's DocumentText (its bytes and those each token owns, from the fast tokenizer's offsets)."""
+    encode = _encode_text if text else _encode
+    pending: list[tuple[str, Cursor]] = []
+    for item in documents:
+        pending.append(item)
+        if len(pending) == batch:
+            yield from encode(pending, tokenizer)
+            pending = []
+    if pending:
+        yield from encode(pending, tokenizer)
+
+
+def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
+    ids = encode_ids(tokenizer, [text for text, _ in pending])
+    for (text, cursor), doc in zip(pending, ids, strict=True):
+        yield doc, (cursor, document_digest(text))
+
+
+def _encode_text(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
+    encoded = tokenizer([text for text, _ in pending], add_special_tokens=False, return_offsets_mapping=True)
+    for (text, cursor), ids, offsets in zip(pending, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        data = text.encode("utf-8")
+        yield ids, (cursor, document_digest(text)), DocumentText(owned_bytes(token_ends(offsets, text), len(data)),
+                                                                 data)
+
+
+def encode_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The ids of each text without special tokens, as `tokenizer(texts, add_special_tokens=False)` gives them;
+    a fast tokenizer's backend is called directly (its batch API without offsets: half the time per token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+_DONE = object()
+
+
+def ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """`items`, computed by a thread up to `depth` ahead of the consumer (reading and tokenizing beside the
+    teacher's forward); its exceptions are raised here, in order."""
+    box: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        box.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            box.put((_DONE, None))
+        except BaseException as exc:  # handed to the consumer
+            box.put((_DONE, exc))
+
+    thread = threading.Thread(target=fill, name="hsk-corpus", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = box.get()
+            if exc is not None:
+                raise exc
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+CURSORS = "_progress/stream"  # int64 [shards, 9]: start cursor, its skip, end cursor, its skip, documents
+CHAINS = "_progress/corpus"  # uint8 [shards, 32]: the corpus fingerprint's chain after the shard's documents
+STREAM_SEED = b"hsk-corpus-stream-v1\n"
+
+
+def document_digest(text: str) -> bytes:
+    """BLAKE2b-128 of a document's UTF-8 bytes, length-prefixed (8 bytes, little-endian)."""
+    encoded = text.encode("utf-8")
+    return hashlib.blake2b(len(encoded).to_bytes(8, "little") + encoded, digest_size=16).digest()
+
+
+def chained(chain: bytes, digests: list[bytes]) -> bytes:
+    """The fingerprint's chain after these documents: SHA-256 of the chain so far and each document's digest."""
+    for digest in digests:
+        chain = hashlib.sha256(chain + digest).digest()
+    return chain
+
+
+class ShardCursors:
+    """Where each written shard's rows start and end in the corpus, and the corpus fingerprint's chain after its
+    documents (those whose first token it holds): a dump's own bookkeeping beside the writer's progress records,
+    removed when the store is finalized. The chain makes the fingerprint of the whole corpus, in order, without
+    reading again what a resumed dump has already written."""
+
+    def __init__(self, group, n_shards: int):
+        self.group = group
+        if CURSORS not in group:
+            group.create_array(CURSORS, shape=(n_shards, 9), dtype="int64", chunks=(1, 9), fill_value=0)
+            group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
+        self.chain = hashlib.sha256(STREAM_SEED).digest()
+
+    def resize(self, n_shards: int) -> None:
+        self.group[CURSORS].resize((n_shards, 9))
+        self.group[CHAINS].resize((n_shards, 32))
+
+    def advance(self, shard: int, rows, record: bool) -> None:
+        """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
+        flag is the commit, when `record` (a shard already written is not recorded again)."""
+        self.chain = chained(self.chain, [mark[1] for mark in rows.marks])
+        if not record:
+            return
+        end = rows.end[0] if rows.end is not None else Cursor()
+        self.group[CURSORS][shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
+                                      len(rows.marks)]
+        self.group[CHAINS][shard] = list(self.chain)
+
+    def resume_point(self, shard: int) -> tuple[Cursor, int]:
+        """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
+        is taken up from there."""
+        if shard == 0:
+            return Cursor(), 0
+        row = [int(v) for v in self.group[CURSORS][shard - 1]]
+        self.chain = bytes(self.group[CHAINS][shard - 1])
+        return Cursor(*row[4:7]), row[7]
+
+    def documents_before(self, shard: int) -> int:
+        """Documents whose first token is in the shards before `shard`."""
+        return int(self.group[CURSORS][:shard, 8].sum()) if shard else 0
+
+    def fingerprint(self) -> tuple[str, int]:
+        """The corpus as read (hex of the chain after the last shard) and how many documents it held."""
+        cursors = self.group[CURSORS]
+        return bytes(self.group[CHAINS][cursors.shape[0] - 1]).hex(), int(cursors[:, 8].sum())
+
+    def remove(self) -> None:
+        for name in (CURSORS, CHAINS):
+            del self.group[name]

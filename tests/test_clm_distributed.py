@@ -1,0 +1,84 @@
+"""The causal-LM dump on dask.distributed (pipelines/dump/clm_distributed.py): the driver streams and packs the
+corpus, workers compute and write whole shards; the bytes of one process, also when a worker is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import zarr
+from conftest import chunk_bytes
+
+from hskstore import open_store
+from hskstore.format.schema import PROGRESS_DONE
+from pipelines.cli import main
+
+
+def _args(teacher, corpus, out, *extra: str) -> list[str]:
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(corpus), "--support",
+            "topk:4", "--block-size", "16", "--shard-rows", "4", "--batch-size", "4", "--limit-tokens", "1600",
+            "--no-progress", "--device", "cpu", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def one_process(clm_teacher, clm_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clm_dask") / "one.zarr"
+    assert main(_args(clm_teacher, clm_corpus, out)) == 0
+    return out
+
+
+@pytest.fixture
+def cluster():
+    """A LocalCluster of 2 worker processes (with nannies, which restart a killed worker)."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as c, Client(c) as client:
+        yield c, client
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_has_its_shard_recomputed_and_the_bytes_are_one_process(
+        one_process, clm_teacher, clm_corpus, tmp_path, cluster):
+    local_cluster, client = cluster
+    out = tmp_path / "k.zarr"
+    args = _args(clm_teacher, clm_corpus, out, "--scheduler", local_cluster.scheduler_address, "--threads",
+                 str(torch.get_num_threads()))
+    status: dict = {}
+    driver = threading.Thread(target=lambda: status.update(code=main(args)))
+    driver.start()
+    killed = None
+    deadline = time.time() + 180
+    while killed is None and driver.is_alive() and time.time() < deadline:
+        try:
+            done = zarr.open_group(str(out), mode="r")[PROGRESS_DONE][:]
+        except Exception:  # the store is not created yet
+            done = None
+        busy = [addr for addr, tasks in client.processing().items() if tasks]
+        if done is not None and done.sum() >= 2 and busy:
+            pids = client.run(os.getpid)
+            killed = (pids[busy[0]], int(done.sum()))
+            os.kill(killed[0], signal.SIGKILL)  # the worker process itself, mid-shard
+        time.sleep(0.01)
+    driver.join(timeout=300)
+    assert killed is not None, "the kill should land mid-dump"
+    assert status.get("code") == 0
+    assert open_store(str(out)).meta["checksums"] == open_store(str(one_process)).meta["checksums"]
+    assert chunk_bytes(out) == chunk_bytes(one_process)
+    assert main(["verify", str(out)]) == 0
+    assert killed[0] not in client.run(os.getpid).values()  # that process is gone; the nanny started another
+
+
+@pytest.mark.slow
+def test_two_local_workers_write_the_bytes_of_one_process(one_process, clm_teacher, clm_corpus, tmp_path, capsys):
+    out = tmp_path / "two.zarr"
+    assert main(_args(clm_teacher, clm_corpus, out, "--workers", "2", "--threads", str(torch.get_num_threads()))) == 0
+    assert "local cluster of 2 processes" in capsys.readouterr().out
+    assert chunk_bytes(out) == chunk_bytes(one_process)
+    assert open_store(str(out)).meta["dataset"] == open_store(str(one_process)).meta["dataset"]

@@ -1,0 +1,161 @@
+"""A causal-LM dump's streamed corpus (pipelines/dump/corpus.py, hskstore.format.clm.pack_stream): the same blocks
+as the whole-corpus packing, read from files, folders, JSON lines and Parquet, resumed from the recorded cursor
+without reading the corpus before it; refusals of what it cannot read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from conftest import chunk_bytes, hsk, kill_dump_midway, tree_hashes
+
+from hskstore.format.clm import DocumentText, owned_bytes, pack_blocks, pack_stream, pack_token_bytes
+from pipelines.cli import main
+from pipelines.dump import corpus as corpus_module
+from pipelines.dump.corpus import CURSORS, Cursor, open_corpus
+
+
+def _args(teacher: Path, text: Path, *extra: str) -> list[str]:
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(text), "--support", "topk:4",
+            "--block-size", "16", "--shard-rows", "4", "--batch-size", "4", "--no-progress", "--device", "cpu",
+            *extra]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streamed_packing_is_the_whole_corpus_packing_and_resumes_from_any_end(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        docs = [list(rng.integers(1, 50, rng.integers(0, 12))) for _ in range(rng.integers(0, 30))]
+        block, rows = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+        limit = None if rng.random() < 0.5 else int(rng.integers(1, 200))
+        blocks, lengths = pack_blocks(docs, block, 0, limit)
+        parts = list(pack_stream(((d, i) for i, d in enumerate(docs)), block, 0, rows, limit))
+        assert sum(len(p.blocks) for p in parts) == len(blocks)
+        if not parts:
+            continue
+        assert (np.concatenate([p.blocks for p in parts]) == blocks).all()
+        assert (np.concatenate([p.lengths for p in parts]) == lengths).all()
+        assert [p.last for p in parts] == [False] * (len(parts) - 1) + [True]
+        for k, part in enumerate(parts[:-1]):  # a resume from the end a part records: the rest, exactly
+            used = (k + 1) * rows * block
+            rest = pack_stream(((d, i) for i, d in enumerate(docs) if i >= part.end), block, 0, rows,
+                               None if limit is None else limit - used, part.end_skip)
+            assert (np.concatenate([p.blocks for p in rest]) == blocks[(k + 1) * rows:]).all()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_streamed_text_is_the_whole_corpus_text_and_resumes_from_any_end(seed):
+    """The blocks' token byte lengths and texts, packed a few rows at a time and resumed where a part ends, are
+    the whole corpus's (pack_token_bytes): every byte once, in order, each block's own."""
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        texts = ["".join(rng.choice(list("ab é€"), rng.integers(1, 14))) for _ in range(rng.integers(1, 12))]
+        ends = [np.sort(rng.integers(0, len(t.encode()) + 1, rng.integers(0, 8))) for t in texts]
+        block, rows = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        limit = None if rng.random() < 0.5 else int(rng.integers(1, 60))
+        token_bytes, whole = pack_token_bytes(ends, texts, block, limit)
+        docs = [(np.zeros(len(e), dtype=np.int64), i, DocumentText(owned_bytes(e, len(t.encode())), t.encode()))
+                for i, (e, t) in enumerate(zip(ends, texts, strict=True))]
+        parts = list(pack_stream(iter(docs), block, 0, rows, limit))
+        assert b"".join(whole) == b"".join(t.encode() for t in texts)[: int(token_bytes.sum())]
+        assert [t for p in parts for t in p.texts] == whole
+        np.testing.assert_array_equal(np.concatenate([p.token_bytes for p in parts]), token_bytes)
+        for k, part in enumerate(parts[:-1]):
+            used = (k + 1) * rows * block
+            rest = list(pack_stream(iter(docs[part.end:]), block, 0, rows, None if limit is None else limit - used,
+                                    part.end_skip))
+            assert [t for p in rest for t in p.texts] == whole[(k + 1) * rows:]
+
+
+def test_folders_globs_json_lines_and_parquet_read_their_documents_and_seek(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("one\n\n two \nthree\r\n", encoding="utf-8")
+    (tmp_path / "d" / "b.txt").write_text("four\x0cfive\nsix", encoding="utf-8")
+    folder = open_corpus(str(tmp_path / "d"), None, None)
+    docs = list(folder.documents())
+    assert [t for t, _ in docs] == ["one", "two", "three", "four", "five", "six"]  # as str.splitlines split them
+    assert [t for t, _ in open_corpus(str(tmp_path / "d" / "*.txt"), None, None).documents()] == [t for t, _ in docs]
+    for i, (_, cursor) in enumerate(docs):  # every document's cursor seeks to it
+        assert [t for t, _ in folder.documents(cursor)] == [t for t, _ in docs[i:]]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate("xyz")))
+    jsonl = list(open_corpus(None, str(tmp_path / "c.jsonl"), "text").documents())
+    assert [t for t, _ in jsonl] == ["x", "y", "z"]
+    pq.write_table(pa.table({"body": [f"row {i}" for i in range(10)]}), tmp_path / "c.parquet", row_group_size=3)
+    table = open_corpus(None, str(tmp_path / "c.parquet"), "body")
+    assert [t for t, _ in table.documents(Cursor(0, 7))] == ["row 7", "row 8", "row 9"]
+
+
+@pytest.fixture(scope="module")
+def reference(clm_teacher, clm_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("stream") / "ref.zarr"
+    assert main(_args(clm_teacher, clm_corpus, "--limit-tokens", "1200", "--out", str(out))) == 0
+    return out
+
+
+def test_the_streamed_store_holds_the_whole_corpus_packing(reference, clm_teacher, clm_corpus):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(clm_teacher)
+    lines = [line.strip() for line in clm_corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+    blocks, lengths = pack_blocks(tokenizer(lines, add_special_tokens=False)["input_ids"], 16,
+                                  tokenizer.eos_token_id, 1200)
+    group = zarr.open_group(str(reference), mode="r")
+    assert (group["input_ids"][:] == blocks).all() and (group["length"][:] == lengths).all()
+    meta = group.attrs["hsk"]
+    assert meta["layout"]["n_rows"] == len(blocks) and meta["dataset"]["n_rows"] > 0
+    assert meta["dataset"]["fingerprint"] != meta["stream"]["signature"]  # the documents', computed as read
+    assert CURSORS.split("/")[1] not in group["_progress"]
+    assert main(["verify", str(reference)]) == 0
+
+
+@pytest.mark.slow
+def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(reference, clm_teacher, clm_corpus, tmp_path,
+                                                                      monkeypatch):
+    args = _args(clm_teacher, clm_corpus, "--limit-tokens", "1200")
+    kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
+    group = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")
+    done = group["_progress/done"][:].astype(bool)
+    first = int(np.argmin(done))
+    resume_at = int(group[CURSORS][first - 1][5])  # the byte offset where the first pending shard's rows start
+    assert resume_at > 0
+    seeks = []
+    lines = corpus_module._lines
+
+    def counted(source, index, start):
+        seeks.append(start.offset)
+        yield from lines(source, index, start)
+
+    monkeypatch.setattr(corpus_module, "_lines", counted)
+    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
+    assert seeks == [resume_at]  # one read, from the recorded cursor: nothing before it read again
+    assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(reference)
+    resumed, whole = (zarr.open_group(str(p), mode="r").attrs["hsk"] for p in (tmp_path / "k.zarr", reference))
+    assert resumed["dataset"] == whole["dataset"]  # the fingerprint's chain taken up where the kill left it
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
+
+
+def test_unreadable_corpora_and_blocks_past_the_teacher_are_one_line(clm_teacher, clm_corpus, tmp_path, capsys):
+    (tmp_path / "bin.txt").write_bytes(b"text\n\x00\x01\x02binary\n")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (tmp_path / "empty").mkdir()
+    cases = [(["--text-file", str(tmp_path / "bin.txt")], "binary"), (["--text-file", str(tmp_path / "latin1.txt")],
+             "not UTF-8"), (["--text-file", str(tmp_path / "empty")], "no files there"),
+             (["--block-size", "100000"], "has 256 positions"), (["--workers", "0"], "--workers")]
+    before = tree_hashes(tmp_path)
+    for extra, words in cases:
+        assert main(_args(clm_teacher, clm_corpus, "--out", str(tmp_path / "out.zarr"), *extra)) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hsk: error:") and words in lines[0], (extra, lines)
+        assert tree_hashes(tmp_path) == before
+
+
+def test_fp16_on_a_cpu_is_warned_as_the_encoder_dump_warns(clm_teacher, clm_corpus, tmp_path):
+    rc, _, err = hsk(*_args(clm_teacher, clm_corpus, "--precision", "fp16", "--limit-tokens", "64", "--out",
+                            str(tmp_path / "h.zarr")))
+    assert rc == 0 and "WARNING: --precision fp16 on cpu" in err
