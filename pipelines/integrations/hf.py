@@ -31,7 +31,6 @@ from transformers import Trainer
 
 from hskstore import open_store
 from hskstore.format.config import ConfigError
-from pipelines.methods import all_methods
 from pipelines.registry import Context, get_method
 from pipelines.train.data.decode import decode_batch
 from pipelines.train.data.sources import open_offline
@@ -240,11 +239,10 @@ class DistillTrainer(Trainer):
 
 
 def default_method(objective: str) -> str:
-    """The method that distils from a store of this objective (clm: clm-kd, seq2seq: s2s-kd)."""
-    names = [m.name for m in all_methods() if m.objective == objective]
-    if not names:
-        raise ConfigError(f"no method distils from a {objective} store")
-    return names[0]
+    """The method that distils from a store of this objective (clm: clm-kd, seq2seq: s2s-kd): its run kind's."""
+    from pipelines import runkinds
+
+    return runkinds.get(objective).default_method
 
 
 class LMStoreDataset(torch.utils.data.IterableDataset):
