@@ -122,3 +122,5 @@ def test_a_broken_run_kind_plugin_fails_its_own_kind_alone(clm_store, tmp_path):
                        "4", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run"), timeout=300, **env)
     assert rc == 0, err
     assert "method: clm-kd" in out
+    rc, out, err = hsk("info", str(clm_store), **env)
+    assert rc == 0 and "clm" in out, err
