@@ -162,6 +162,7 @@ def test_sampled_counts_add_up_to_the_draws(stores):
     assert np.allclose(sums[targets.kept], 1.0) and (sums[~targets.kept] == 0).all()
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_gives_the_same_bytes(teachers, pairs, tmp_path):
     args = ["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--data-file", str(pairs),
             "--max-length", "40", "--max-target", "16", "--shard-rows", "2", "--batch-size", "2", "--no-progress",
@@ -233,6 +234,15 @@ def test_a_two_layer_student_trains_from_the_store(stores, tmp_path, arch):
     depth = (student.config.num_decoder_layers if arch == "t5" else student.config.decoder_layers
              if arch == "bart" else student.config.num_hidden_layers)
     assert depth == 2
+
+
+@pytest.mark.parametrize("arch, batch_size", [("t5", 1), ("llama", 1), ("llama", 5), ("t5", 24)])
+def test_s2s_kd_trains_at_every_batch_size(stores, tmp_path, arch, batch_size):
+    """One epoch at batch size 1 (every pair alone, the shortest too), 5 (a remainder of 4) and the whole store."""
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(stores[arch]), "--method", "s2s-kd", "--student", "first2", "--batch-size",
+                 str(batch_size), "--epochs", "1", "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == -(-24 // batch_size)
 
 
 def test_kd_lowers_the_students_kl_to_the_teacher(stores, tmp_path):

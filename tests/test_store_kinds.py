@@ -19,7 +19,7 @@ from hskstore.format import kinds
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.format.schema import array_specs, make_layout
 from hskstore.io.mlm_store import MLMStore
-from hskstore.io.outputs import STORE_ENTRIES
+from hskstore.io.outputs import store_entries
 from hskstore.io.reader import HSKStore, TaskStore, render_card, store_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +115,8 @@ def test_store_entries_come_from_the_schema():
     """Every top-level name an array of either kind has is a store entry (the mlm group included)."""
     for name in ("int8", "attention", "mlm"):
         meta = _stored_meta(VECTORS / f"{name}.hsk.zip")
-        assert {spec.name.split("/")[0] for spec in array_specs(meta)} <= STORE_ENTRIES
-    assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= STORE_ENTRIES
+        assert {spec.name.split("/")[0] for spec in array_specs(meta)} <= store_entries()
+    assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= store_entries()
 
 
 def test_the_objective_names_a_registered_kind():
@@ -182,6 +182,7 @@ HOMES = {
     "clm": Home("ClmStore", r"""["']clm["']|clm_(?!kd)""",
                 frozenset({"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
                            "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
+                           "pipelines/methods/xtok.py",
                            "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py",
                            "pipelines/train/kinds/clm_teacher.py", "pipelines/kinds/clm.py"}),
                 frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY, "pipelines/train/losses/terms.py",

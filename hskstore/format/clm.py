@@ -30,6 +30,18 @@ import numpy as np
 from .. import codecs
 from . import kinds
 from .config import ConfigError
+from .domain import (
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Arrays,
+    Breach,
+    DomainCheck,
+    first_problem,
+    ids_below,
+    int_within,
+    is_int,
+    lengths_within,
+)
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 CLM = "clm"
@@ -53,7 +65,7 @@ class Support:
     def parse(cls, text: str) -> Support:
         """`topk:K` or `sample:N` (a one-line ConfigError naming the value otherwise)."""
         kind, _, number = str(text).strip().partition(":")
-        if kind not in SUPPORTS or not number.isdigit() or int(number) < 1:
+        if kind not in SUPPORTS or not (number.isascii() and number.isdigit()) or int(number) < 1:
             raise ConfigError(f"--support {text!r}: pass topk:K (the K most probable ids, K >= 1) or sample:N "
                               f"(N draws from the teacher, 1 <= N <= {MAX_DRAWS})")
         if kind == "sample" and int(number) > MAX_DRAWS:
@@ -88,10 +100,13 @@ class ClmSelection:
     temperature: float = 1.0
     unit: str = _UNIT
     limit_tokens: int | None = None  # `--limit-tokens`: the stream was cut after this many tokens (None: not cut)
+    # bytes per block of clm/text (the widest block's text); None: a store written before the text arrays
+    text_bytes: int | None = None
 
     @classmethod
     def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
-             positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None) -> ClmSelection:
+             positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None,
+             text_bytes: int | None = None) -> ClmSelection:
         check_positions(positions)
         topk = support.kind == "topk"
         if topk and not 1 <= support.size <= vocab_size:
@@ -100,13 +115,19 @@ class ClmSelection:
             codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
         return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
-                   float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens)
+                   float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens,
+                   text_bytes=text_bytes)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
-        if sel.support not in SUPPORTS or sel.slots < 1 or sel.id_bits != id_bits(sel.vocab_size):
-            raise ValueError(f"support {sel.support!r} with {sel.slots} slots at {sel.id_bits} bits per id")
+        problem = first_problem((vocabulary_problem(sel.vocab_size, sel.id_bits),
+                                 int_within("block_size", sel.block_size, 1, MAX_WIDTH),
+                                 int_within("eos_id", sel.eos_id, 0, sel.vocab_size - 1),
+                                 support_problem(sel), fraction_problem("positions", sel.positions),
+                                 positive_problem("temperature", sel.temperature)))
+        if problem:
+            raise ValueError(f"selection.{problem}")
         return sel
 
     def to_dict(self) -> dict:
@@ -141,6 +162,41 @@ class ClmSelection:
         if logprob_codec:
             raise ConfigError("--logprobs: a sampled store holds counts, not log-probs")
         return replace(self, draws=support.size, slots=support.size)
+
+
+def vocabulary_problem(vocab_size: object, bits: object) -> str | None:
+    """A selection's vocabulary size and id bits out of their domain (None: in it)."""
+    wanted = id_bits(vocab_size) if is_int(vocab_size) else None
+    return int_within("vocab_size", vocab_size, 1, MAX_VOCAB) or (
+        None if bits == wanted else f"id_bits {bits!r} is not ceil(log2 vocab_size) = {wanted}")
+
+
+def support_problem(sel: Any) -> str | None:
+    """A selection's support fields out of their domain or contradicting each other (None: none). `sel` is a
+    causal-LM or seq2seq selection with a support."""
+    if sel.support not in SUPPORTS:
+        return f"support {sel.support!r} is not one of {', '.join(SUPPORTS)}"
+    if sel.support == "topk":
+        return first_problem((int_within("k", sel.k, 1, sel.vocab_size),
+                              None if sel.slots == sel.k else f"slots {sel.slots!r} is not k {sel.k!r}",
+                              None if isinstance(sel.logprob_codec, str) else
+                              f"logprob_codec {sel.logprob_codec!r} is not a codec name"))
+    return first_problem((int_within("draws", sel.draws, 1, MAX_DRAWS),
+                          None if sel.slots == sel.draws else f"slots {sel.slots!r} is not draws {sel.draws!r}",
+                          None if sel.sample_seed is None or is_int(sel.sample_seed) else
+                          f"sample_seed {sel.sample_seed!r} is not an integer"))
+
+
+def fraction_problem(field: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN fails 0 < value
+        return f"{field} {value!r} is not a fraction in (0, 1]"
+    return None
+
+
+def positive_problem(field: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return f"{field} {value!r} is not a positive finite number"
+    return None
 
 
 def check_positions(fraction: float) -> None:
@@ -299,9 +355,128 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     def spec(name: str, tail: tuple[int, ...], dtype: str) -> ArraySpec:
         return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1)
 
+    text = [] if sel.text_bytes is None else [spec(ACTUAL, (t,), "float16"), spec(TOKEN_BYTES, (t,), "uint16"),
+                                              spec(TEXT, (sel.text_bytes,), "uint8")]
     return [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
-            *support_specs(spec, sel, t)]
+            *support_specs(spec, sel, t), *text]
+
+
+# --- the values' domain (hskstore.format.domain): what the readers check of each shard -------------------------
+# How far above 1 the decoded top-K probabilities of a position may sum, per log-prob codec: the codec's
+# rounding of log-probs near 0 (measured over top-1..128 of softmaxes at temperatures 0.1..10: float16
+# 1.0002, int8 1.08, int4 2.2, mxfp4 2.3, nf3 3.3: benchmarks/store/domain_checks.py --slack). A codec not listed
+# gets the loosest bound unless it is lossless.
+PROBABILITY_SLACK = {"float16": 1.01, "int8": 1.25, "int4": 3.0, "mxfp4": 3.0, "nf3": 4.5}
+LOSSY_SLACK = 4.5
+
+
+def kept_mask(data: Arrays, group: str, width: int) -> np.ndarray:
+    return np.unpackbits(data[f"{group}/kept"], axis=-1, count=width).astype(bool)
+
+
+def kept_on_real_positions(group: str, length: str, width: int, positions: float) -> DomainCheck:
+    """`group`/kept marks real positions only (t < length), ceil(positions * length) of them per row (all of
+    them at positions 1), as kept_positions chooses them."""
+    name = f"{group}/kept"
+
+    def rule(data: Arrays) -> Breach | None:
+        kept, lengths = kept_mask(data, group, width), data[length].astype(np.int64)
+        real = np.arange(width)[None, :] < lengths[:, None]
+        if (kept & ~real).any():
+            return Breach(name, f"marks a position at or past its row's {length} (padding)")
+        wanted = lengths if positions >= 1 else np.ceil(positions * lengths).astype(np.int64)
+        rows = np.flatnonzero(kept.sum(axis=1) != wanted)
+        if rows.size:
+            return Breach(name, f"row {int(rows[0])} keeps {int(kept[rows[0]].sum())} positions, not "
+                          f"ceil({positions:g} x {length} {int(lengths[rows[0]])}) = {int(wanted[rows[0]])}")
+        return None
+
+    return DomainCheck((name, length), rule)
+
+
+def support_ids_below(sel: Any, group: str, width: int) -> DomainCheck:
+    """The support's ids at the kept positions are vocabulary ids; positions not kept hold zeros."""
+    name = f"{group}/ids"
+
+    def rule(data: Arrays) -> Breach | None:
+        ids, kept = unpack_ids(data[name], sel.id_bits, sel.slots), kept_mask(data, group, width)
+        if (ids[~kept] != 0).any():
+            return Breach(name, "holds ids at a position that keeps no support")
+        if ids.size and int(ids.max()) >= sel.vocab_size:
+            return Breach(name, f"holds id {int(ids.max())}, outside the vocabulary 0..{sel.vocab_size - 1}")
+        return None
+
+    return DomainCheck((name, f"{group}/kept"), rule)
+
+
+def logprobs_within(sel: Any, group: str, width: int) -> DomainCheck:
+    """Top-K: at the kept positions the decoded log-probs are finite and <= 0, their probabilities summing to at
+    most 1 (within the codec's rounding: PROBABILITY_SLACK)."""
+    codec = codecs.get(sel.logprob_codec)
+    scaled = "scale" in codec.arrays(sel.slots)
+    needs = (f"{group}/values", f"{group}/kept", *((f"{group}/scale",) if scaled else ()))
+    slack = PROBABILITY_SLACK.get(sel.logprob_codec, 1.01 if codec.lossless else LOSSY_SLACK)
+
+    def rule(data: Arrays) -> Breach | None:
+        kept = kept_mask(data, group, width)
+        logprobs = codec.decode(data[needs[0]], data.get(f"{group}/scale"), sel.slots)  # float32 [n, T, S]
+        if (kept & ~np.isfinite(logprobs).all(axis=-1)).any():
+            return Breach(needs[0], "holds a NaN or infinite log-prob at a kept position")
+        top = np.where(kept, logprobs.max(axis=-1, initial=-np.inf), -np.inf)
+        if top.max(initial=-np.inf) > 1e-3:
+            return Breach(needs[0], f"holds log-prob {top.max():.4g} > 0 (a probability above 1)")
+        mass = np.where(kept, np.exp(logprobs).sum(axis=-1), 0.0)  # float32: its rounding is far below the slack
+        if mass.max(initial=0.0) > slack:
+            return Breach(needs[0], f"holds a position whose top-{sel.slots} probabilities sum to {mass.max():.4g} "
+                          f"> 1 (the {sel.logprob_codec} codec's rounding allows up to {slack:g})")
+        return None
+
+    return DomainCheck(needs, rule)
+
+
+def scales_within(group: str) -> DomainCheck:
+    """A scaled codec's scales are finite and non-negative."""
+    name = f"{group}/scale"
+
+    def rule(data: Arrays) -> Breach | None:
+        scale = data[name]
+        if scale.dtype.kind == "f" and not (np.isfinite(scale).all() and (scale >= 0).all()):
+            return Breach(name, "holds a NaN, infinite or negative scale")
+        return None
+
+    return DomainCheck((name,), rule)
+
+
+def counts_sum_to_draws(sel: Any, group: str, width: int) -> DomainCheck:
+    """Sampled: each kept position's counts sum to the draws; positions not kept hold zero counts."""
+    name = f"{group}/counts"
+
+    def rule(data: Arrays) -> Breach | None:
+        kept, total = kept_mask(data, group, width), data[name].sum(axis=-1, dtype=np.int64)
+        if (total[~kept] != 0).any():
+            return Breach(name, "holds counts at a position that keeps no support")
+        wrong = total[kept][total[kept] != sel.draws]
+        if wrong.size:
+            return Breach(name, f"holds a kept position whose counts sum to {int(wrong[0])}, not the {sel.draws} draws")
+        return None
+
+    return DomainCheck((name, f"{group}/kept"), rule)
+
+
+def support_checks(sel: Any, group: str, length: str, width: int) -> list[DomainCheck]:
+    """The rules of a support's arrays over `width` positions whose real ones `length` counts (causal-LM and
+    seq2seq stores)."""
+    checks = [kept_on_real_positions(group, length, width, sel.positions), support_ids_below(sel, group, width)]
+    if sel.support == "sample":
+        return [*checks, counts_sum_to_draws(sel, group, width)]
+    return [*checks, scales_within(group), logprobs_within(sel, group, width)]
+
+
+def domain_checks(sel: ClmSelection) -> list[DomainCheck]:
+    """Every rule of a causal-LM store's arrays, in the order they are checked (a new array adds its own)."""
+    return [ids_below("input_ids", sel.vocab_size), lengths_within("length", 1, sel.block_size),
+            *support_checks(sel, GROUP, "length", sel.block_size)]
 
 
 # name -> (axes after rows, description, units): what generic Zarr tools show
@@ -347,6 +522,11 @@ def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, sectio
 
 def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     group, _, leaf = spec.name.rpartition("/")
+    if spec.name in TEXT_DESCRIBED:
+        dims, text, units = TEXT_DESCRIBED[spec.name]
+        attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY, **({"units": units} if units
+                                                                                         else {})}
+        return replace(spec, dims=(ROWS, *dims), attributes=attributes)
     if group == GROUP:
         return described_support(spec, meta["selection"], leaf, _SECTION)
     dims, text, units = _DESCRIBED[spec.name]
@@ -354,6 +534,92 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     if units:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+
+# --- what a student with another tokenizer needs (docs/STORE_FORMAT.md, "Block text, offsets and actual-token
+# log-probs"): the block's text, where each teacher token ends in it, and the teacher's log-prob of each next token
+ACTUAL, TOKEN_BYTES, TEXT = f"{GROUP}/actual", f"{GROUP}/token_bytes", f"{GROUP}/text"
+TEXT_ARRAYS = (ACTUAL, TOKEN_BYTES, TEXT)
+MAX_TOKEN_BYTES = (1 << 16) - 1  # token_bytes are uint16
+TEXT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
+    ACTUAL: (("tokens",), "position t: the teacher's log-prob (temperature 1, float16) of the block's token t+1, "
+             "whatever the support; 0 at the last real position and the padding", "log-prob (nats)"),
+    TOKEN_BYTES: (("tokens",), "the UTF-8 bytes of the block's text each token owns: its end offset minus the "
+                  "previous token's (delta-coded end offsets); an EOS owns its document's trailing bytes", "bytes"),
+    TEXT: (("text_bytes",), "the block's text as UTF-8, its first sum(token_bytes) bytes; zero-padded", None),
+}
+
+
+def token_ends(char_offsets: list[tuple[int, int]], text: str) -> np.ndarray:
+    """A document's tokens' end offsets in bytes of its UTF-8 text, from a fast tokenizer's character offsets
+    (`return_offsets_mapping`), made non-decreasing (tokens of one character share its end)."""
+    starts = np.zeros(len(text) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum([len(ch.encode("utf-8")) for ch in text])
+    ends = np.array([end for _, end in char_offsets], dtype=np.int64)
+    return np.maximum.accumulate(starts[np.clip(ends, 0, len(text))]) if len(ends) else ends
+
+
+def pack_token_bytes(ends: list[np.ndarray], texts: list[str], block_size: int,
+                     max_tokens: int | None = None) -> tuple[np.ndarray, list[bytes]]:
+    """(token_bytes [n, block_size] uint16, each block's text) of documents packed as pack_blocks packs their ids
+    (each document's tokens then its EOS): token i owns the bytes from the previous token's end to its own, the
+    first from the document's start, the EOS the rest of the document, so the blocks' texts concatenated are the
+    documents' bytes concatenated (cut where `max_tokens` cuts the tokens)."""
+    deltas, raw = [], []
+    for doc_ends, text in zip(ends, texts, strict=True):
+        data = text.encode("utf-8")
+        deltas.append(np.diff(np.concatenate([[0], doc_ends, [len(data)]])))
+        raw.append(data)
+    stream = np.concatenate(deltas) if deltas else np.zeros(0, dtype=np.int64)
+    stream = stream[:max_tokens] if max_tokens is not None else stream
+    if len(stream) and int(stream.max()) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"a token of the corpus spans {int(stream.max())} bytes (more than {MAX_TOKEN_BYTES}): "
+                          "split the documents' whitespace runs")
+    corpus = b"".join(raw)
+    n = -(-len(stream) // block_size)
+    token_bytes = np.zeros((n, block_size), dtype=np.uint16)
+    token_bytes.reshape(-1)[: len(stream)] = stream
+    cut = np.concatenate([[0], np.cumsum(token_bytes.sum(1, dtype=np.int64))])
+    return token_bytes, [corpus[cut[i]:cut[i + 1]] for i in range(n)]
+
+
+def text_array(texts: list[bytes], width: int) -> np.ndarray:
+    """uint8 [n, width]: each block's text, zero-padded."""
+    out = np.zeros((len(texts), width), dtype=np.uint8)
+    for i, data in enumerate(texts):
+        out[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def actual_logprobs(logprobs_at_next: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """float16 [n, T]: the teacher's log-prob of token t+1 at position t, zeroed where t+1 is not a real token."""
+    t = np.arange(logprobs_at_next.shape[1])[None, :]
+    return np.where(t + 1 < lengths[:, None], logprobs_at_next, 0.0).astype(np.float16)
+
+
+@dataclass(frozen=True)
+class BlockText:
+    """What a student with another tokenizer reads of a block: its text (UTF-8), the teacher tokens' end
+    offsets in it (bytes) and the teacher's log-prob of each position's next token."""
+
+    text: bytes
+    ends: np.ndarray  # [T] int64, non-decreasing
+    actual: np.ndarray  # [T] float32
+    length: int
+
+
+def block_texts(data: Mapping[str, np.ndarray]) -> list[BlockText]:
+    """Rows read with the text arrays -> one BlockText each."""
+    ends = np.cumsum(data[TOKEN_BYTES].astype(np.int64), axis=1)
+    return [BlockText(data[TEXT][i, : ends[i, -1]].tobytes(), ends[i], data[ACTUAL][i].astype(np.float32),
+                      int(data["length"][i])) for i in range(len(ends))]
+
+
+def require_text(sel: ClmSelection, where: str) -> None:
+    """A one-line ConfigError when the store predates the text arrays."""
+    if sel.text_bytes is None:
+        raise ConfigError(f"{where} keeps no block text, token offsets or actual-token log-probs (written before they "
+                          "were stored): re-dump it with `hsk dump --objective clm` to train a student with another "
+                          "tokenizer")
 
 
 KIND = kinds.register(kinds.StoreKind(

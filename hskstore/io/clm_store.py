@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode
+from ..format.clm import (
+    ACTUAL,
+    CLM,
+    GROUP,
+    TEXT_ARRAYS,
+    BlockText,
+    ClmSelection,
+    LMTargets,
+    block_texts,
+    decode,
+    domain_checks,
+)
 from ..format.config import ConfigError
+from ..format.domain import DomainCheck
 from . import info
 from .reader import HSKStore
 
@@ -28,6 +40,9 @@ class ClmStore(HSKStore):
     def clm(self) -> ClmSelection:
         return self.selection_record
 
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.clm)
+
     def support(self) -> tuple[ClmSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""
         return self.clm, GROUP, self.clm.block_size
@@ -35,6 +50,10 @@ class ClmStore(HSKStore):
     def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
         """Rows read with read_shard / read (every array) -> their decoded teacher distributions."""
         return decode(data, self.clm)
+
+    def texts(self, data: dict[str, np.ndarray]) -> list[BlockText]:
+        """Rows read with the text arrays -> each block's text, teacher token ends and actual-token log-probs."""
+        return block_texts(data)
 
     def tokens(self) -> tuple[int, int]:
         """(real tokens, kept positions) over the whole store."""
@@ -48,7 +67,9 @@ class ClmStore(HSKStore):
     def storage_report(self) -> dict:
         arrays = info.array_bytes(self)
         real, kept = self.tokens()
-        knowledge = sum(a["stored"] for name, a in arrays.items() if name.startswith("clm/"))
+        # the block text and its offsets are the corpus, not the teacher's knowledge; the actual-token log-probs are
+        knowledge = sum(a["stored"] for name, a in arrays.items()
+                        if name.startswith("clm/") and (name == ACTUAL or name not in TEXT_ARRAYS))
         total = sum(a["stored"] for a in arrays.values())
         return {"rows": len(self), "arrays": arrays, "total_bytes": total,
                 "bytes_per_example": total / max(len(self), 1), "tokens": real, "kept_positions": kept,

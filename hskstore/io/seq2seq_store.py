@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..format.config import ConfigError
-from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode
+from ..format.domain import DomainCheck
+from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode, domain_checks
 from . import info
 from .reader import HSKStore
 
@@ -30,6 +31,9 @@ class Seq2seqStore(HSKStore):
         if self.s2s.support is None:
             raise ConfigError(f"{self.url} keeps no word-level support (dumped without --support): nothing to derive")
         return self.s2s, GROUP, self.s2s.max_target
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.s2s)
 
     def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
         """Rows read with read_shard / read (every array) -> the decoded supports over their target."""

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hskstore.errors import StoreError
 from hskstore.format.config import ConfigError, Selection
 from hskstore.format.meta import StoreMeta
 from hskstore.io.lease import Lease
@@ -267,13 +268,26 @@ def _run_lease(out_dir: str, overwrite: bool, ranks: Ranks, log: Callable[[str],
         yield found
         return
     lease = Lease(out_dir, log=log, kind=RUN_KIND).acquire()
+    refused = False
     try:
         yield found
+    except StoreError:
+        refused = True  # the store was refused (a forged or damaged shard): what the run wrote holds no work
+        raise
     finally:
         lease.release()
         if found == "new":
-            with contextlib.suppress(OSError):
-                location(out_dir).remove_empty_folder()
+            _remove_new_folder(out_dir, refused)
+
+
+def _remove_new_folder(out_dir: str, refused: bool) -> None:
+    """A new run folder that a refused or failed run leaves holding nothing is removed; one whose store was refused
+    before its first checkpoint holds only its marker and metrics (no work): it goes too."""
+    with contextlib.suppress(OSError):
+        if refused and not (Path(out_dir) / RunFolder.state_file).parent.exists():
+            location(out_dir).remove_tree()
+        else:
+            location(out_dir).remove_empty_folder()
 
 
 def _quiet(*_: Any) -> None:
