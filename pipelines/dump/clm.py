@@ -97,6 +97,12 @@ def load_clm_teacher(teacher: str, device: str) -> Any:
 
 def eos_of(tokenizer: Any, teacher: str) -> int:
     if tokenizer.eos_token_id is None:
+        from pipelines.core.models import load_config
+
+        saved_as = getattr(load_config(teacher), "architectures", None) or []
+        if saved_as and not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in saved_as):
+            raise ModelLoadError(f"{teacher} is a {saved_as[0]}, not a causal LM: pass an AutoModelForCausalLM "
+                                 "teacher (e.g. smollm2) to --objective clm")
         raise ModelLoadError(f"the tokenizer of {teacher} has no EOS token, which separates the corpus's documents")
     return int(tokenizer.eos_token_id)
 

@@ -44,7 +44,8 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     from pipelines.core.models import ModelLoadError, load_config, load_tokenizer, resolve_model
 
     match = _FIRST.fullmatch(student.strip().lower())
-    source = teacher if match else resolve_model(student)
+    # a named base ("smollm2") is its offline folder, never a hub id
+    source = resolve_model(teacher) if match else resolve_model(student)
     kwargs = {}
     if match:
         depth = load_config(teacher).num_hidden_layers
@@ -101,18 +102,19 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, 
         return batch
     if sel is None:
         return batch
-    batch.update(support_batch(decode(raw, sel), device))
+    batch.update(support_batch(decode(raw, sel), device, ids.shape[1]))
     return batch
 
 
-def support_batch(targets: LMTargets, device: str) -> dict[str, torch.Tensor]:
+def support_batch(targets: LMTargets, device: str, width: int | None = None) -> dict[str, torch.Tensor]:
     """The stored support of a batch for the KD terms: the kept positions' mask [B, T] and their ids,
-    probabilities and used slots [N kept, S]."""
-    kept = targets.kept
+    probabilities and used slots [N kept, S]. `width`: the batch's inputs were cut to its longest row (the
+    stream trims input_ids), so the mask is cut with them; positions past every row's length keep nothing."""
+    kept = targets.kept[:, :width]
     return {"kd_mask": torch.as_tensor(kept, device=device),
-            "kd_ids": torch.as_tensor(targets.ids[kept], device=device),
-            "kd_probs": torch.as_tensor(targets.probs[kept], device=device),
-            "kd_used": torch.as_tensor(targets.used[kept], device=device)}
+            "kd_ids": torch.as_tensor(targets.ids[:, :width][kept], device=device),
+            "kd_probs": torch.as_tensor(targets.probs[:, :width][kept], device=device),
+            "kd_used": torch.as_tensor(targets.used[:, :width][kept], device=device)}
 
 
 class _Maker:
@@ -146,11 +148,17 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live)
 
 
-def _teacher(source: StoreSource, override: str | None) -> str:
-    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
+def clm_feed(store: Any, method_options: Any) -> ClmFeed:
+    """The feed of a causal-LM store read without a live teacher (the Hugging Face Trainer's)."""
+    return ClmFeed(store)
+
+
+def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
+    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM);
+    `required` (a first<k> student, a live teacher): not found is refused naming --teacher."""
     from pipelines.dump.clm import load_clm_teacher
 
-    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"))
+    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"), required=required)
 
 
 TEXT_READ = "clm-text"
@@ -190,13 +198,13 @@ def _text_maker(plan: Any, store: Any, teacher: str, student: str, tokenizer: An
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], Any], **_: Any) -> RunParts:
+                log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
-                          "beside the student)")
+                          "beside the student)", data_parallel=True, task=task)
     source = plan.source
-    teacher = _teacher(source, options.teacher)
     live = any(term.loss == LIVE_TERM for stage in plan.stages for term in stage.terms)
+    teacher = _teacher(source, options.teacher, live or _FIRST.fullmatch(student.strip().lower()) is not None)
     if live:
         from pipelines.dump.clm import load_clm_teacher
 

@@ -28,9 +28,16 @@ ECE_BINS = 15
 
 def read_documents(text_file: str, limit: int | None = None) -> list[str]:
     path = Path(text_file)
+    if path.is_dir():
+        raise DataError(f"--text-file {text_file} is a folder: pass a text file, one document per line")
     if not path.is_file():
         raise DataError(f"--text-file {text_file}: no such file")
-    docs = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"--text-file {text_file} is not UTF-8 text (byte {exc.start}: 0x{exc.object[exc.start]:02x}):"
+                        " pass a text file, one document per line") from None
+    docs = [line.strip() for line in text.splitlines() if line.strip()]
     docs = docs[:limit] if limit else docs
     if not docs:
         raise DataError(f"--text-file {text_file} holds no text")
