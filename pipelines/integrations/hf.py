@@ -21,7 +21,7 @@ at the step it appears: the Trainer's own NaN filter would log around it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +31,12 @@ from transformers import Trainer
 
 from hskstore import open_store
 from hskstore.format.config import ConfigError
-from pipelines.methods import all_methods
+from pipelines import runkinds
 from pipelines.registry import Context, get_method
 from pipelines.train.data.decode import decode_batch
 from pipelines.train.data.sources import open_offline
 from pipelines.train.data.stream import TRIMMED, StoreStream
-from pipelines.train.kinds.clm import check_vocabulary, clm_feed
-from pipelines.train.kinds.seq2seq import seq2seq_feed
+from pipelines.train.kinds.clm import check_vocabulary
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs, weighted_sum
 from pipelines.train.run.meter import NonFiniteLoss
@@ -47,8 +46,15 @@ from pipelines.train.students.build import width_projection
 # The keys of a batch that the student's forward takes; every other key is the store's, prefixed "hsk_".
 STUDENT_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
 PREFIX = "hsk_"
-# store objective -> the run kind's feed (what to stream, how raw rows become a batch) for LMStoreDataset
-LM_FEEDS: dict[str, Callable[[Any, Any], Any]] = {"clm": clm_feed, "seq2seq": seq2seq_feed}
+
+
+def _has_feed(objective: str) -> bool:
+    """Whether the store's run kind has a feed LMStoreDataset reads (pipelines.runkinds: causal-LM, seq2seq)."""
+    from hskstore.format.kinds import UnknownKindError
+    try:
+        return runkinds.get(objective).feed is not None
+    except (runkinds.UnknownRunKindError, UnknownKindError):
+        return False
 
 
 def check_finite(loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -80,7 +86,7 @@ class StoreDataset(torch.utils.data.IterableDataset):
     def __init__(self, store: str, *, layers: Sequence[int] | str = (), seed: int = 0, shuffle: bool = True,
                  buffer_shards: int = 4, workers: int = 2, read_rows: int = 256, task: str | None = None):
         objective = open_store(str(store)).objective
-        if objective in LM_FEEDS:
+        if _has_feed(objective):
             raise ConfigError(f"{store} is a {objective} store: read it with LMStoreDataset({str(store)!r}), "
                               "LMStoreCollator() and LMDistillTrainer")
         source = open_offline(str(store), task)  # refuses incomplete, masked-LM and other tasks' stores
@@ -241,10 +247,7 @@ class DistillTrainer(Trainer):
 
 def default_method(objective: str) -> str:
     """The method that distils from a store of this objective (clm: clm-kd, seq2seq: s2s-kd)."""
-    names = [m.name for m in all_methods() if m.objective == objective]
-    if not names:
-        raise ConfigError(f"no method distils from a {objective} store")
-    return names[0]
+    return runkinds.get(objective).default_method
 
 
 class LMStoreDataset(torch.utils.data.IterableDataset):
@@ -256,7 +259,7 @@ class LMStoreDataset(torch.utils.data.IterableDataset):
     def __init__(self, store: str, *, method: str | None = None, options: dict | None = None, seed: int = 0,
                  shuffle: bool = True, buffer_shards: int = 4, workers: int = 2, read_rows: int = 64):
         self.store = open_store(str(store))  # refuses incomplete stores; shards are checked as they are read
-        if self.store.objective not in LM_FEEDS:
+        if not _has_feed(self.store.objective):
             raise ConfigError(f"{store} is a {self.store.objective} store: read it with StoreDataset and "
                               "StoreCollator (LMStoreDataset reads causal-LM and seq2seq stores)")
         self.method = get_method(method or default_method(self.store.objective))
@@ -266,7 +269,7 @@ class LMStoreDataset(torch.utils.data.IterableDataset):
                               "stored support only (drop target, or use `hsk train --set target=live`)")
         stages = self.method.stages(self.options, Context(None, None, self.store.metadata))
         self.stage = stages[0]
-        self.feed = LM_FEEDS[self.store.objective](self.store, self.options)
+        self.feed = runkinds.get(self.store.objective).load("feed")(self.store, self.options)
         self.adapter = adapter_for(self.stage.head)
         self.stream = StoreStream(self.store, batch_size=read_rows, seed=seed, shuffle=shuffle,
                                   buffer_shards=buffer_shards, workers=workers, names=self.feed.names(self.stage, []))

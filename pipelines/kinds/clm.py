@@ -151,4 +151,5 @@ RUN_KIND = RunKind(
     prepare="pipelines.train.kinds.clm:prepare_clm", default_method="clm-kd",
     teacher="pipelines.kinds.clm:teacher", teacher_options=ClmTeacherOptions,
     evaluate="pipelines.kinds.clm:evaluate", eval_options=ClmEvalOptions, eval_by="text_file",
+    feed="pipelines.train.kinds.clm:clm_feed",
 )

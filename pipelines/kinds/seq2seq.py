@@ -127,4 +127,5 @@ RUN_KIND = RunKind(
     dump="pipelines.kinds.seq2seq:dump", dump_options=Seq2seqDumpOptions, heading=LM,
     prepare="pipelines.train.kinds.seq2seq:prepare_seq2seq", default_method="s2s-kd",
     evaluate="pipelines.kinds.seq2seq:evaluate", eval_options=Seq2seqEvalOptions, eval_by="pairs_file",
+    feed="pipelines.train.kinds.seq2seq:seq2seq_feed",
 )
