@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from hskstore import __version__
 from hskstore.format.clm import (
     CLM,
+    HIDDEN,
     ClmSelection,
     Support,
     block_hashes,
@@ -34,6 +35,7 @@ from hskstore.format.clm import (
 )
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
+from hskstore.io.clm_store import write_head
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.data import Examples
 from pipelines.core.models import (
@@ -45,6 +47,7 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
+from pipelines.dump.clm_hidden import compute_hidden_shard, head_arrays, hidden_selection, measure_reconstruction
 from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
 from pipelines.dump.stage import compute_record
 
@@ -225,13 +228,20 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
     eos = eos_of(tokenizer, teacher)
     model = load_clm_teacher(teacher, device)
     vocab = model.config.vocab_size
-    sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
-                            logprob_codec=request.logprob_codec, positions=request.positions,
-                            sample_seed=request.sample_seed)
     blocks, lengths = tokenize_corpus(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
     if int(blocks.max(initial=0)) >= vocab:
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
                              f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
+    head, compute = None, compute_clm_shard
+    if request.support.kind == HIDDEN:  # the final hidden state: its head stored once, its fidelity measured
+        sel, head = hidden_selection(model, request.support, vocab_size=vocab, block_size=request.block_size,
+                                     eos_id=eos, positions=request.positions, seed=request.sample_seed)
+        sel, compute = measure_reconstruction(model, blocks, lengths, sel, head, device, precision), \
+            compute_hidden_shard
+    else:
+        sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
+                                logprob_codec=request.logprob_codec, positions=request.positions,
+                                sample_seed=request.sample_seed)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
     meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
@@ -239,12 +249,15 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        return _write_shards(writer, out, model, blocks, lengths, sel, request, device, precision, progress, log)
+        if head is not None:
+            write_head(writer.group, *head_arrays(head))
+        return _write_shards(writer, out, model, blocks, lengths, sel, request, device, precision, progress, log,
+                             compute)
 
 
 def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray, lengths: np.ndarray,
                   sel: ClmSelection, request: ClmRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], Any]) -> dict:
+                  log: Callable[[str], Any], compute: Callable[..., dict] = compute_clm_shard) -> dict:
     pending = writer.pending_shards()
     if len(pending) < writer.n_shards:
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
@@ -256,7 +269,7 @@ def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray,
         for shard in tqdm(pending, unit="shard", desc="dump clm", disable=not progress or None):
             start, stop = writer.shard_bounds(shard)
             rows = np.arange(start, stop, dtype=np.int64)
-            arrays = compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
+            arrays = compute(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
                                        device, precision)
             if writes:
                 writes.submit(shard, arrays, {})
