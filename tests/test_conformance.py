@@ -20,7 +20,7 @@ from hskstore import codecs
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
 # a vector per value codec, then one per other case
-NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "seq2seq"]
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "seq2seq"]
 CLM_NAMES = ("clm", "clm-sample")
 LM_KINDS = ("mlm", "clm", "seq2seq")  # the objectives of stores without layers of kept values
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
@@ -282,6 +282,26 @@ def test_causal_lm_vectors_decode_from_the_doc(name):
         check_topk(arrays, sel, kept, ids, decoded, "clm")
     else:
         check_sample(arrays, sel, kept, ids)
+    check_blocks(arrays, meta, vector["source_tokens"])
+
+
+def test_hidden_vector_decodes_from_the_doc():
+    """The final hidden state through its codec as the JSON says, zero where a position is not kept; the head
+    matches head_sha256, and head(hidden) is a distribution over the teacher's vocabulary."""
+    bundle, vector = load("clm-hidden")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel, decoded = meta["selection"], vector["decoded"]
+    kept = reader.kept_mask(arrays["clm/kept"], sel["block_size"])
+    assert np.array_equal(kept, np.array(decoded["kept"], dtype=bool))
+    hidden = reader.clm_hidden(arrays, sel)
+    np.testing.assert_array_equal(hidden, np.array(decoded["hidden"], dtype=np.float32))
+    assert (hidden[~kept] == 0).all() and (np.abs(hidden[kept]).sum(-1) > 0).all()
+    weight, bias = reader.clm_head(bundle, sel)
+    assert weight.shape == (sel["vocab_size"], sel["hidden_size"]) and bias is None
+    logits = reader.hidden_logits(hidden[kept], weight, bias, sel["logit_softcap"])
+    assert logits.shape == (int(kept.sum()), sel["vocab_size"]) and np.isfinite(logits).all()
+    assert sel["rotation_seed"] == 3 and sel["reconstruction_reference"] == "teacher"
+    assert 0 <= sel["reconstruction_kl"] < 0.05 and 0 < sel["reconstruction_top1"] <= 1
     check_blocks(arrays, meta, vector["source_tokens"])
 
 

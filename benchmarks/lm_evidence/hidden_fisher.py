@@ -23,7 +23,6 @@ from hidden_codecs import bytes_per_vector, sentences  # noqa: E402  (run from t
 from hskstore.format.clm import pack_blocks
 from pipelines.dump.clm_hidden import head_of, kl_and_agreement, round_trip, teacher_hidden
 
-
 # coordinates by decreasing importance, in tiers of one codec each
 TIERS = (((576, "int8"),), ((576, "nf4"),), ((576, "nf3"),), ((576, "int4"),), ((64, "int8"), (512, "nf4")),
          ((32, "int8"), (544, "nf4")), ((32, "int8"), (224, "nf4"), (320, "nf3")),

@@ -165,8 +165,10 @@ def dump(
     text_file: str = typer.Option(None, help="--objective mlm/clm: raw text, one example (document) per line."),
     support: str = typer.Option("topk:64", help="--objective clm/seq2seq: per position, topk:K (the K most "
                                 "probable ids and their log-probs; the tail mass is 1 - their sum) or sample:N (N "
-                                "draws from the teacher, RS-KD: distinct ids and counts); seq2seq also takes none "
-                                "(the teacher's output alone)."),
+                                "draws from the teacher, RS-KD: distinct ids and counts); clm also takes "
+                                "hidden[:CODEC] (the final hidden state through a value codec, Hadamard-rotated, "
+                                "and the LM head once: the full distribution); seq2seq also takes none (the "
+                                "teacher's output alone)."),
     decode: str = typer.Option("none", help="--objective seq2seq: also store the teacher's own output for each "
                                "source (sequence-level KD): greedy or beam:N (no sampling, no length penalty)."),
     supports_on: str = typer.Option(None, help="--objective seq2seq: the target the supports sit on, reference or "
@@ -176,12 +178,12 @@ def dump(
     prompt: str = typer.Option(None, help="--objective seq2seq with a decoder-only teacher: the prompt template, "
                                "{source} where the source goes [default: '{source}\\n']."),
     logprobs: str = typer.Option("float16", help="--objective clm with topk: the value codec of the log-probs "
-                                 "(float16, int8, int4, mxfp4, nf3)."),
+                                 "(float16, int8, int4, mxfp4, nf3, nf4)."),
     block_size: int = typer.Option(256, help="--objective clm: tokens per block (documents packed, EOS between)."),
     positions: float = typer.Option(1.0, help="--objective clm: the fraction of positions that keep a support, "
                                     "those of highest teacher entropy (selective KD); 1 keeps all."),
     sample_seed: int = typer.Option(0, help="--objective clm with sample:N: the draws of block r come from a "
-                                    "generator seeded (seed, r)."),
+                                    "generator seeded (seed, r); with hidden: the rotation's seed."),
     limit_tokens: int = typer.Option(None, help="--objective clm: dump only the first N tokens of the corpus."),
     top_k: int = typer.Option(TOP_K.default, TOP_K.flag, help=TOP_K.help),
     mask_seed: int = typer.Option(MASK_SEED.default, MASK_SEED.flag, help=MASK_SEED.help),
