@@ -25,6 +25,8 @@ first 2 of 30 layers and tied head) for the same steps, batch and seeds:
                 (measured with the teacher on 2,048 KJV training positions: expected distinct ids of N
                 draws 4.0, ~12 and ~32; the teacher's entropy there is 3.0 nats, top-128 mass 0.92)
     sel25       top-32 + tail at 25% of positions (highest teacher entropy)
+    hidden-C    the final hidden state through codec C = int8, nf4 (derived from one float16 dump) and the
+                LM head once: the full distribution reconstructed on the student's device (issue 55)
 
 and each run is evaluated with `hsk eval --text-file` on the KJV test books and on QNLI's Wikipedia
 sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results_SCALE.json:
@@ -52,8 +54,9 @@ even on idle cores. The learning rate is 2e-3 for every arm: at clm-kd's default
 (CE ~17.8 nats at init: 2 layers feeding a head trained for 30) was still at 12.3 nats after 16 steps; at
 2e-3 it reached ~5.5 (plain-torch CE runs on KJV, batch 8). Even so the CPU-scale students are far from
 the teacher (~3.4 nats): the CPU study is a shape check, the GPU scale the measurement.
---scale gpu is 100x the training tokens (2.05M: the whole ~0.94M-token KJV train split, ~2.2 epochs, at
-batch 32 x 500 steps, lr 1e-3) and evaluates on the whole test files.
+--scale gpu is 50x the training tokens per arm (1.02M: 250 steps of 32 x 128, ~1.1 epochs of the whole
+0.94M-token KJV train split, lr 1e-3) with an 8-layer student (first8), and evaluates on the whole test
+files; benchmarks/lm_evidence/gpu.sh runs it in one prepared command (README.md beside this file).
 """
 
 from __future__ import annotations

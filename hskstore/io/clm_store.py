@@ -151,7 +151,8 @@ class ClmStore(HSKStore):
                  f"teacher    {meta.teacher.name} ({meta.teacher.architecture}, {meta.teacher.num_layers} layers)   "
                  f"weights {(meta.teacher.weights_hash or '?')[:19]}",
                  info.tokenizer_line(meta),
-                 f"support    {what}; ids at {sel.id_bits} bits; positions kept {sel.positions:g} "
+                 f"support    {what}; {'' if sel.support == HIDDEN else f'ids at {sel.id_bits} bits; '}positions kept "
+                 f"{sel.positions:g} "
                  f"({report['kept_positions']})",
                  "", *info.array_lines(report["arrays"]), "",
                  f"total          {info.human_bytes(report['total_bytes'])}  "
