@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ NF4 = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.3949174880981
                 0.7229568362236023, 1.0], dtype=np.float32)
 
 
-# --- canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
+# --- formats 2 and 3's canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
 def _string(text: str) -> str:
     escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
     out = []
@@ -81,8 +82,12 @@ IDENTITY_FIELDS = ("format_version", "task", "dataset", "teacher", "tokenizer", 
 
 
 def identity(meta: dict) -> str:
-    """`identity`: the fields that decide content (absent ones as null), ", " and ": " separators."""
-    return sha256(canonical({k: meta.get(k) for k in IDENTITY_FIELDS}, ", ", ": ").encode("ascii"))
+    """`identity`: the fields that decide content (absent ones as null); format 4: their RFC 8785 JSON, before:
+    the legacy canonical JSON with ", " and ": " separators."""
+    fields = {k: meta.get(k) for k in IDENTITY_FIELDS}
+    if meta.get("format_version", 0) >= 4:
+        return sha256(jcs(fields).encode("utf-8"))
+    return sha256(canonical(fields, ", ", ": ").encode("ascii"))
 
 
 def inputs_hash(meta: dict) -> str:
@@ -117,8 +122,8 @@ class Bundle:
 
 
 def array_entry(node: dict) -> dict:
-    """The manifest's description of one array, read from its zarr.json (`dimension_names` only where it has
-    them: format 3)."""
+    """The manifest's description of one array, read from its zarr.json (formats 2 and 3: `codecs` too, and
+    `dimension_names` only where it has them; format 4: no codecs, `dimension_names` always, null if absent)."""
     grid = node["chunk_grid"]["configuration"]["chunk_shape"]
     codecs = node["codecs"]
     sharded = codecs[0]["name"] == "sharding_indexed"
@@ -136,8 +141,64 @@ def array_entry(node: dict) -> dict:
     return entry
 
 
+# --- format 4's canonical JSON ("Manifest: the exact bytes": RFC 8785) ------------------------------------
+WRITER_NOTES = ("manifest", "stored_bytes", "created", "software_version", "upgraded")
+
+
+def es_number(x: float) -> str:
+    """ECMAScript's Number::toString of a float64: the fewest significant digits that read back as x, then
+    plain digits for 1e-7 < |x| < 1e21, else `d.ddde+N`."""
+    if x != x or x in (math.inf, -math.inf):
+        return "null"
+    if x == 0:
+        return "0"
+    if x < 0:
+        return "-" + es_number(-x)
+    for p in range(1, 18):
+        text = f"{x:.{p - 1}e}"
+        if float(text) == x:
+            break
+    mantissa, exp = text.split("e")
+    digits = mantissa.replace(".", "").rstrip("0") or "0"
+    k, n = len(digits), int(exp) + 1
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    rest = "." + digits[1:] if k > 1 else ""
+    return f"{digits[0]}{rest}e{'+' if n - 1 >= 0 else '-'}{abs(n - 1)}"
+
+
+def jcs(value) -> str:
+    """RFC 8785: keys by UTF-16 code units, no whitespace, numbers as float64 in ECMAScript's notation, strings as
+    JSON.stringify writes them; the caller encodes the text as UTF-8."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int) and abs(value) < 2**53:
+        return str(value)
+    if isinstance(value, (int, float)):  # a float64 as JSON.parse reads it: too large an integer is an infinity
+        return es_number(float(value) if abs(value) < 2**1024 else math.inf)
+    if isinstance(value, list):
+        return "[" + ",".join(jcs(v) for v in value) + "]"
+    keys = sorted(value, key=lambda k: k.encode("utf-16-be"))
+    return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + jcs(value[k]) for k in keys) + "}"
+
+
 def manifest(bundle: Bundle) -> str:
-    hsk = {k: v for k, v in bundle.meta.items() if k != "manifest"}
+    meta = bundle.meta
+    if meta["format_version"] >= 4:
+        hsk = {k: v for k, v in meta.items() if k not in WRITER_NOTES}
+        arrays = {}
+        for path, node in bundle.nodes.items():
+            entry = array_entry(node)
+            arrays[path] = {k: entry.get(k) for k in ("shape", "dtype", "chunks", "shards", "fill_value",
+                                                      "dimension_names", "attributes")}
+        return sha256(jcs({"hsk": hsk, "arrays": arrays}).encode("utf-8"))
+    hsk = {k: v for k, v in meta.items() if k != "manifest"}
     doc = {"hsk": hsk, "arrays": {path: array_entry(node) for path, node in bundle.nodes.items()}}
     return sha256(canonical(doc).encode("ascii"))
 
@@ -160,6 +221,51 @@ def shard_index(raw: bytes, n_chunks: int) -> list[tuple[int, int] | None]:
     index = raw[-(16 * n_chunks + 4):]
     pairs = np.frombuffer(index[:-4], dtype="<u8").reshape(n_chunks, 2)
     return [None if int(o) == 2**64 - 1 else (int(o), int(n)) for o, n in pairs]
+
+
+def _unshuffle_bytes(block: bytes, typesize: int) -> bytes:
+    n = len(block) // typesize
+    head = np.frombuffer(block[: n * typesize], np.uint8).reshape(typesize, n).T.reshape(-1)
+    return head.tobytes() + block[n * typesize:]
+
+
+def _unshuffle_bits(block: bytes, typesize: int) -> bytes:
+    n = len(block) // typesize
+    if n % 8:
+        return block  # only whole groups of 8 elements are bit-shuffled: the block is as it is
+    planes = np.frombuffer(block, np.uint8).reshape(typesize * 8, n // 8)  # row 8j + k: bit k of byte j
+    bits = np.unpackbits(planes, axis=1, bitorder="little")
+    return np.packbits(bits.T.reshape(n, typesize, 8), axis=-1, bitorder="little").tobytes()
+
+
+def blosc_decode(frame: bytes) -> bytes:
+    """One Blosc frame ("Blosc frames"): header, block offsets, streams (raw or zstd), unshuffle."""
+    from numcodecs.zstd import Zstd  # a plain zstd decoder (zarr's dependency); Blosc itself is decoded here
+
+    flags, typesize = frame[2], frame[3]
+    nbytes, blocksize, _ = struct.unpack_from("<III", frame, 4)
+    assert flags >> 5 == 4, "zstd"
+    if flags & 0x02:
+        return frame[16:16 + nbytes]
+    n_blocks = -(-nbytes // blocksize)
+    out = []
+    for b, start in enumerate(struct.unpack_from(f"<{n_blocks}i", frame, 16)):
+        size = min(blocksize, nbytes - b * blocksize)
+        split = not flags & 0x10 and typesize <= 16 and blocksize // typesize >= 128 and size == blocksize
+        streams = typesize if split else 1
+        pos, parts = start, []
+        for _ in range(streams):
+            (length,) = struct.unpack_from("<i", frame, pos)
+            raw = frame[pos + 4: pos + 4 + length]
+            parts.append(raw if length == size // streams else bytes(Zstd().decode(raw)))
+            pos += 4 + length
+        block = b"".join(parts)
+        if flags & 0x01 and typesize > 1:
+            block = _unshuffle_bytes(block, typesize)
+        elif flags & 0x04:
+            block = _unshuffle_bits(block, typesize)
+        out.append(block)
+    return b"".join(out)
 
 
 # --- digests -----------------------------------------------------------------------------------------
@@ -299,9 +405,15 @@ def clm_logprobs(arrays: dict[str, np.ndarray], sel: dict, group: str = "clm") -
 
 
 def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """The mass outside the top K: 1 - sum(exp(log-prob)), clipped to [0, 1]; 0 where a position is not kept."""
-    tail = np.clip(1.0 - np.exp(logprobs.astype(np.float64)).sum(-1), 0.0, 1.0)
-    return np.where(kept, tail, 0.0)
+    """The mass outside the top K, in float32 ("Causal-LM stores"): each slot's probability float32(exp(log-prob))
+    (exp in float64), added to a float32 sum one slot at a time from slot 0, 1 - that sum, clipped to [0, 1]; 0
+    where a position is not kept."""
+    probs = np.exp(logprobs.astype(np.float64)).astype(np.float32)
+    total = np.zeros(probs.shape[:-1], dtype=np.float32)
+    for s in range(probs.shape[-1]):
+        total = np.add(total, probs[..., s], dtype=np.float32)
+    tail = np.minimum(np.maximum(np.subtract(np.float32(1), total, dtype=np.float32), 0), 1).astype(np.float32)
+    return np.where(kept, tail, np.float32(0))
 
 
 def clm_hidden(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:

@@ -41,6 +41,22 @@ TINY_VOCAB: list[str] = list(
 )
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`pytest -n 2`, the README's test command), one torch thread per worker: two workers of
+    two threads each on CI's two cores would wait on each other. The variables reach the `hsk` processes the
+    tests start too, so an in-process dump and a subprocess one still run on the same thread count."""
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist: torch's defaults
+        return
+    for name in _THREAD_VARIABLES:
+        os.environ.setdefault(name, "1")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     """The original glue_data files shipped in ../shared/data/glue (skips the test if absent)."""
@@ -230,11 +246,7 @@ def _torch_threads_restored():
     dump), and dask sets OMP_NUM_THREADS and friends in the environment of the process that starts a
     cluster; run in-process by a test, either would leak into the next test's dumps, whose stores record
     the thread count (it changes float bits on CPU) and then refuse a resume from a subprocess."""
-    import os
-    import sys
-
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    env = {name: os.environ.get(name) for name in names}
+    env = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
     torch = sys.modules.get("torch")
     before = torch.get_num_threads() if torch is not None else None
     yield
@@ -350,6 +362,20 @@ def chunk_bytes(url: Path) -> dict[str, bytes]:
     rendered = ("zarr.json", "README.md", "croissant.json")
     return {str(p.relative_to(url)): p.read_bytes() for p in sorted(url.rglob("*"))
             if p.is_file() and p.name not in rendered and "_progress" not in p.parts}
+
+
+def dump_args(teacher: str | Path, glue_dir: str | Path, out: str | Path | None, *extra: str, task: str = "sst2",
+              config: str | None = "2,4,0.25", rows: int = 24, shard_rows: int = 8, max_length: int = 32,
+              batch_size: int | None = None, student_layers: int | None = None, split: str | None = None) -> list[str]:
+    """`hsk dump` arguments of a small CPU store of GLUE rows (without --out when out is None). A test file's own
+    variant is these keywords (a `functools.partial` at its top); `extra` comes last, so a repeated option wins."""
+    args = ["dump", "--task", task, "--teacher", str(teacher), "--data-dir", str(glue_dir), "--limit", str(rows),
+            "--shard-rows", str(shard_rows), "--max-length", str(max_length), "--no-progress", "--device", "cpu"]
+    for flag, value in (("--config", config), ("--student-layers", student_layers), ("--batch-size", batch_size),
+                        ("--split", split), ("--out", out)):
+        if value is not None:
+            args += [flag, str(value)]
+    return [*args, *extra]
 
 
 def hsk_env(**extra: str | None) -> dict[str, str]:

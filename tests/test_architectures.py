@@ -8,6 +8,7 @@ these tests row by row.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import _WORDS, build_tiny_tokenizer, chunk_bytes
+from conftest import dump_args as shared_dump_args
 
 from hskstore import open_store
 from pipelines.cli import main
@@ -142,10 +144,8 @@ def test_cls_rows_are_the_scores_the_model_computes(model_type, overrides, tmp_p
 
 
 # --- every architecture as a teacher, through the CLI --------------------------------------------------------
-def dump_args(teacher: Path, glue_dir: Path, out: Path, *extra: str) -> list[str]:
-    return ["dump", "--task", "mrpc", "--teacher", str(teacher), "--config", "2,8,0.2", "--student-layers", "2",
-            "--data-dir", str(glue_dir), "--limit", "32", "--max-length", "64", "--shard-rows", "16",
-            "--batch-size", "16", "--device", "cpu", "--no-progress", "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, task="mrpc", config="2,8,0.2", student_layers=2, rows=32, max_length=64,
+                              shard_rows=16, batch_size=16)
 
 
 # TinyBERT attention rows are q.k/sqrt(d_head) over every key: what ModernBERT's global layers (1, 3) compute,

@@ -5,6 +5,7 @@ One tiny 4-layer teacher dumped over 24 SST-2 rows (3 shards of 8) at config 2,4
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -13,19 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import dump_args as shared_dump_args
 
 from hskstore import open_store
 from hskstore.io.card import CARD_NAME
 from hskstore.io.info import storage_report
 from pipelines.cli import main
 
-
-def dump_args(teacher_dir, glue_dir, out, rows=24) -> list[str]:
-    return [
-        "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
-        "--data-dir", str(glue_dir), "--limit", str(rows), "--shard-rows", "8", "--max-length", "32",
-        "--batch-size", "8", "--device", "cpu", "--no-progress", "--out", str(out),
-    ]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +72,9 @@ def test_card_code_runs_as_written(store, monkeypatch):
     monkeypatch.chdir(store.parent)
     scope: dict = {}
     exec(snippets[0], scope)
-    assert scope["dense"].shape == (8, 4, 32)
+    assert scope["shard"]["logits"].shape == (8, 2) and scope["shard"]["layers/0/values"].shape[:2] == (8, 4)
     exec(snippets[1], scope)
-    assert scope["logits"].shape == (24, 2) and scope["meta"]["complete"]
+    assert scope["rows"].shape == (24,) and scope["meta"]["complete"]
 
 
 def test_info_prints_the_card_for_folder_and_bundle(store, bundle, capsys):

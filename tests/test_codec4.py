@@ -19,6 +19,7 @@ from hskstore import codecs, open_store
 from hskstore.codecs import layout, mxfp4
 from hskstore.codecs.int8 import quantize_int8
 from hskstore.format import codec
+from hskstore.format.schema import FORMAT_VERSION
 from hskstore.io.info import format_report, storage_report
 from pipelines.cli import main
 from pipelines.train.data.decode import decode_batch, dense_targets
@@ -159,7 +160,7 @@ def test_derived_4bit_store_equals_direct_dump(stores, tmp_path, dtype):
                  str(via_int8), "--no-progress"]) == 0
     assert_same_arrays(via_int8, stores[dtype])
     store = open_store(str(stores[dtype]))
-    assert store.meta["format_version"] == 3 and store.selection.value_dtype == dtype
+    assert store.meta["format_version"] == FORMAT_VERSION and store.selection.value_dtype == dtype
     assert store.specs["layers/0/values"].dtype == "uint8"
 
 
@@ -210,7 +211,7 @@ def test_format_1_store_still_opens_decodes_and_derives(tmp_path, capsys, monkey
     assert main(["derive", str(src), "--config", "1,2,0.25", "--values", "int4", "--out", str(out),
                  "--no-progress"]) == 0
     derived = open_store(str(out))
-    assert derived.meta["format_version"] == 3 and derived.selection.value_dtype == "int4"
+    assert derived.meta["format_version"] == FORMAT_VERSION and derived.selection.value_dtype == "int4"
     assert main(["info", str(src)]) == 0 and "format v1" in capsys.readouterr().out
     monkeypatch.delenv("HSK_ALLOW_UNVERIFIED")
     assert main(["upgrade", str(src)]) == 0  # a real format-1 store: data checked, metadata covered

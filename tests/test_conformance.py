@@ -201,10 +201,15 @@ def test_reader_refuses_edited_metadata_and_data(tmp_path):
     edited = rewrite(src, tmp_path / "meta.hsk.zip", "zarr.json", lambda b: b.replace(b'"sst2"', b'"sst3"'))
     with pytest.raises(AssertionError, match="manifest"):
         reader.read_verified(reader.Bundle.open(edited))
-    codec = rewrite(src, tmp_path / "codec.hsk.zip", "layers/0/masks/zarr.json",
-                    lambda b: b.replace(b'"clevel": 5', b'"clevel": 6'))
+    axes = rewrite(src, tmp_path / "axes.hsk.zip", "layers/0/masks/zarr.json",
+                   lambda b: b.replace(b'"mask_bytes"', b'"mask_bits"'))
     with pytest.raises(AssertionError, match="manifest"):
-        reader.read_verified(reader.Bundle.open(codec))
+        reader.read_verified(reader.Bundle.open(axes))
+    # the compression level is how one writer stored the bytes, not what they decode to (format 4)
+    level = rewrite(src, tmp_path / "level.hsk.zip", "layers/0/masks/zarr.json",
+                    lambda b: b.replace(b'"clevel": 5', b'"clevel": 6'))
+    assert b'"clevel": 6' in zipfile.ZipFile(level).read("layers/0/masks/zarr.json")
+    reader.read_verified(reader.Bundle.open(level))
     # a missing chunk reads as zeros: only its digest tells
     missing = tmp_path / "missing.hsk.zip"
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(missing, "w", zipfile.ZIP_STORED) as zout:
@@ -317,7 +322,8 @@ def check_topk(arrays: dict, sel: dict, kept: np.ndarray, ids: np.ndarray, decod
     logprobs = reader.clm_logprobs(arrays, sel, group)
     np.testing.assert_array_equal(logprobs, np.array(decoded["logprobs"], dtype=np.float32))
     tail = reader.clm_tail(logprobs, kept)
-    np.testing.assert_allclose(tail, np.array(decoded["tail"]), atol=1e-6)
+    # the doc fixes the arithmetic (float32, slot order): the same bits, not merely close ones
+    np.testing.assert_array_equal(tail, np.array(decoded["tail"], dtype=np.float32))
     assert ((tail >= 0) & (tail <= 1)).all() and (tail[kept] > 0).all()
     assert (logprobs[~kept] == 0).all()
     on = logprobs[kept]  # [kept positions, K]: log-probs <= 0, by descending probability, ids distinct
@@ -410,3 +416,32 @@ def test_seq2seq_arrays_point_at_their_section():
         if not path.startswith("_progress"):
             assert node["attributes"]["spec"] == "docs/STORE_FORMAT.md#sequence-to-sequence-stores-objective-seq2seq", \
                 path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_blosc_frame_decodes_as_the_doc_says(name):
+    """"Shard objects" and "Blosc frames": each stored inner chunk, decoded by the doc's description, is the
+    chunk's rows as zarr reads them (the last chunk zero-padded)."""
+    bundle, _ = load(name)
+    frames = 0
+    with zipfile.ZipFile(VECTORS / f"{name}.hsk.zip") as zf:
+        for path, node in bundle.nodes.items():
+            sharding = node["codecs"][0]
+            if sharding["name"] != "sharding_indexed":
+                continue
+            inner, outer = sharding["configuration"]["chunk_shape"], node["chunk_grid"]["configuration"]["chunk_shape"]
+            per_shard = outer[0] // inner[0]
+            data = bundle.group[path][:]
+            dtype = np.dtype(reader.DIGEST_DTYPE[node["data_type"]])
+            for key in (k for k in zf.namelist() if k.startswith(f"{path}/c/")):
+                raw = zf.read(key)
+                shard = int(key[len(path) + 3:].split("/")[0])
+                for c, where in enumerate(reader.shard_index(raw, per_shard)):
+                    if where is None:
+                        continue
+                    start = (shard * per_shard + c) * inner[0]
+                    rows = np.zeros((inner[0], *data.shape[1:]), dtype=dtype)
+                    rows[: len(data[start:start + inner[0]])] = data[start:start + inner[0]]
+                    assert reader.blosc_decode(raw[where[0]:where[0] + where[1]]) == rows.tobytes(), (path, key, c)
+                    frames += 1
+    assert frames > 0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import chunk_bytes, kill_dump_midway
+from conftest import chunk_bytes, dump_args, kill_dump_midway
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hskstore import open_store
@@ -224,17 +224,14 @@ def test_kill_9_then_rerun_gives_same_checksums(teacher_dir, glue_dir, tmp_path)
     assert main(["verify", str(tmp_path / "k.zarr")]) == 0
 
 
-def small_dump_args(teacher_dir, glue_dir, limit: int) -> list[str]:
-    """`hsk dump` of `limit` SST-2 rows as run_dump makes it (3,4,0.25, 16-row shards), without --out."""
-    return ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "3,4,0.25", "--data-dir",
-            str(glue_dir), "--limit", str(limit), "--shard-rows", "16", "--max-length", "32", "--batch-size", "8",
-            "--no-progress", "--device", "cpu"]
+# `hsk dump` of SST-2 rows as run_dump makes it (3,4,0.25, 16-row shards), without --out
+small_dump_args = functools.partial(dump_args, out=None, config="3,4,0.25", shard_rows=16, batch_size=8)
 
 
 def test_write_processes_write_the_same_bytes_through_the_cli(teacher_dir, glue_dir, tmp_path):
     """`hsk dump --write-processes 2`: shards compressed and written by two other processes give the store of
     the default (threads), byte for byte; a file beside the output is left as it was."""
-    args = small_dump_args(teacher_dir, glue_dir, limit=72)
+    args = small_dump_args(teacher_dir, glue_dir, rows=72)
     beside = tmp_path / "notes.txt"
     beside.write_bytes(b"mine\n")
     assert main(args + ["--out", str(tmp_path / "threads.zarr")]) == 0
@@ -250,7 +247,7 @@ def test_a_write_process_that_dies_is_one_line_and_the_rerun_resumes(teacher_dir
     """A write process killed right after its first shard (HSK_FAULT, inherited by the spawned processes): the
     dump stops with one line saying to rerun, the finished shards stay done, and the rerun writes the rest to the
     bytes of an uninterrupted dump."""
-    base = small_dump_args(teacher_dir, glue_dir, limit=64)  # both through the CLI: the same torch threads
+    base = small_dump_args(teacher_dir, glue_dir, rows=64)  # both through the CLI: the same torch threads
     assert main(base + ["--out", str(tmp_path / "full.zarr")]) == 0
     args = base + ["--out", str(tmp_path / "cut.zarr"), "--write-processes", "1"]
     monkeypatch.setenv("HSK_FAULT", "after-shard-written")

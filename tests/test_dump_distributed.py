@@ -5,6 +5,7 @@ A tiny 4-layer teacher, SST-2 rows, shards of 4; clusters of 2 worker processes 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import pytest
 import torch
 import zarr
 from conftest import chunk_bytes
+from conftest import dump_args as shared_dump_args
 
 from hskstore import open_store
 from hskstore.format.schema import PROGRESS_DONE
@@ -22,12 +24,7 @@ from pipelines.cli import main
 SHARD = 4
 
 
-def dump_args(teacher_dir, glue_dir, out, rows) -> list[str]:
-    return [
-        "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
-        "--data-dir", str(glue_dir), "--limit", str(rows), "--shard-rows", str(SHARD), "--max-length", "32",
-        "--batch-size", "4", "--device", "cpu", "--no-progress", "--out", str(out),
-    ]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2, shard_rows=SHARD, batch_size=4)
 
 
 def same_threads() -> list[str]:
@@ -38,17 +35,17 @@ def same_threads() -> list[str]:
 
 def test_workers_write_the_bytes_of_a_single_process_dump(teacher_dir, glue_dir, tmp_path, capsys):
     rows = 24
-    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "one.zarr", rows)) == 0
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "one.zarr", rows=rows)) == 0
     capsys.readouterr()
-    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "two.zarr", rows) + ["--workers", "2"]
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "two.zarr", rows=rows) + ["--workers", "2"]
                 + same_threads()) == 0
     assert "local cluster of 2 processes" in capsys.readouterr().out
     one, two = open_store(str(tmp_path / "one.zarr")), open_store(str(tmp_path / "two.zarr"))
     assert two.meta["checksums"] == one.meta["checksums"] and two.verify() == []
     assert chunk_bytes(tmp_path / "two.zarr") == chunk_bytes(tmp_path / "one.zarr")
-    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "x.zarr", rows) + ["--workers", "0"]) == 2
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "x.zarr", rows=rows) + ["--workers", "0"]) == 2
     both = ["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"]
-    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "x.zarr", rows) + both) == 2
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "x.zarr", rows=rows) + both) == 2
     err = capsys.readouterr().err
     assert err.count("hsk: error:") == 2 and "Traceback" not in err
 
@@ -68,9 +65,9 @@ def cluster():
 def test_killed_worker_has_its_shard_recomputed(teacher_dir, glue_dir, tmp_path, cluster):
     local_cluster, client = cluster
     rows = 64  # 16 shards
-    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "ref.zarr", rows)) == 0
+    assert main(dump_args(teacher_dir, glue_dir, tmp_path / "ref.zarr", rows=rows)) == 0
     out = tmp_path / "k.zarr"
-    args = dump_args(teacher_dir, glue_dir, out, rows) + ["--scheduler", local_cluster.scheduler_address]
+    args = dump_args(teacher_dir, glue_dir, out, rows=rows) + ["--scheduler", local_cluster.scheduler_address]
     args += same_threads()
     status: dict = {}
     driver = threading.Thread(target=lambda: status.update(code=main(args)))

@@ -4,9 +4,11 @@ identity (issue 35). fp32 stores keep the bytes and content address they had bef
 from __future__ import annotations
 
 import errno
+import functools
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
@@ -19,10 +21,7 @@ def teacher(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
-def dump_args(teacher, glue_dir, out, *extra) -> list[str]:
-    return ["dump", "--task", "sst2", "--teacher", str(teacher), "--config", "3,4,0.25", "--data-dir", str(glue_dir),
-            "--limit", "40", "--shard-rows", "16", "--max-length", "32", "--batch-size", "8", "--no-progress",
-            "--device", "cpu", "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, config="3,4,0.25", rows=40, shard_rows=16, batch_size=8)
 
 
 def folder_bytes(root: Path) -> dict[str, bytes]:

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py (issues 40 and 35): `--device cpu --quick` runs the whole suite at tiny sizes and writes
+"""benchmarks/gpu/gpu_suite.py (issues 40 and 35): `--device cpu --quick` runs the whole suite at tiny sizes and writes
 the keys the issue names (a smoke test of the suite, not a measurement)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ KEYS = ["train_offline_ex_per_s", "train_offline_over_online", "train_offline_ov
 def test_the_quick_suite_writes_every_key(glue_dir, tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--device", "cpu", "--quick",
-                           "--json", str(out), "--data-dir", str(glue_dir)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    suite = REPO / "benchmarks" / "gpu" / "gpu_suite.py"
+    done = subprocess.run([sys.executable, str(suite), "--device", "cpu", "--quick", "--json", str(out), "--data-dir",
+                           str(glue_dir)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert all(isinstance(result[k], float) and math.isfinite(result[k]) and result[k] > 0 for k in KEYS), result

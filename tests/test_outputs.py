@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 
 from hskstore.io.outputs import MARKER, OutputError, claim_output, mark_output, output_kind, staged_replace
 
@@ -114,10 +116,7 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=2, seed=4)
 
 
-def dump_args(teacher_dir, glue_dir, out, *extra, config="2,4,0.25"):
-    return ["dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", config, "--data-dir",
-            str(glue_dir), "--limit", "16", "--shard-rows", "8", "--max-length", "32", "--no-progress",
-            "--device", "cpu", "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, rows=16)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ AWS variables only, as a user's would. A tiny 4-layer teacher, 64 SST-2 rows, sh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import dump_args as shared_dump_args
 from conftest import save_tiny_teacher
 
 from hskstore import open_store
@@ -30,12 +32,8 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=1)
 
 
-def dump_args(teacher_dir, glue_dir, out, rows=ROWS) -> list[str]:
-    return [
-        "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
-        "--data-dir", str(glue_dir), "--limit", str(rows), "--shard-rows", str(SHARD), "--max-length", "32",
-        "--batch-size", "8", "--device", "cpu", "--no-progress", "--out", str(out),
-    ]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2, rows=ROWS, shard_rows=SHARD,
+                              batch_size=8)
 
 
 def s3_url(name: str) -> str:

@@ -6,6 +6,7 @@ outputs full of ties, on a real MiniLM forward, and store by store through `hsk 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import chunk_bytes, save_tiny_teacher
+from conftest import dump_args as shared_dump_args
 
 from hskstore import codecs, open_store
 from hskstore.codecs import mxfp4
@@ -184,10 +186,8 @@ def teacher_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp("teacher"), tiny_tokenizer, num_layers=4, seed=2)
 
 
-def dump_args(teacher_dir, glue_dir, out, *extra) -> list[str]:
-    return ["dump", "--task", "mrpc", "--teacher", str(teacher_dir), "--data-dir", str(glue_dir), "--limit", "40",
-            "--shard-rows", "16", "--batch-size", "8", "--max-length", "48", "--no-progress", "--device", "cpu",
-            "--out", str(out), *extra]
+dump_args = functools.partial(shared_dump_args, task="mrpc", config=None, rows=40, shard_rows=16, batch_size=8,
+                              max_length=48)
 
 
 @pytest.mark.parametrize("extra", [

@@ -7,6 +7,7 @@ rows, a masked-LM store, and a bundle of the first one, in nested folders.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import dump_args as shared_dump_args
 from conftest import save_tiny_teacher, tiny_bert_config
 
 from hskstore import open_store
@@ -28,12 +30,7 @@ from pipelines.cli import main
 mlc = pytest.importorskip("mlcroissant", reason="mlcroissant (the test extra) validates Croissant documents")
 
 
-def dump_args(teacher_dir, glue_dir, out, *extra) -> list[str]:
-    return [
-        "dump", "--task", "sst2", "--teacher", str(teacher_dir), "--config", "2,4,0.5", "--student-layers", "2",
-        "--data-dir", str(glue_dir), "--limit", "24", "--shard-rows", "8", "--max-length", "32",
-        "--batch-size", "8", "--device", "cpu", "--no-progress", "--out", str(out), *extra,
-    ]
+dump_args = functools.partial(shared_dump_args, config="2,4,0.5", student_layers=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")

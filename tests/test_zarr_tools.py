@@ -151,12 +151,12 @@ def test_upgrade_killed_before_the_arrays_is_finished_by_the_rerun(tmp_path, cap
     done = subprocess.run([sys.executable, "-c", "from pipelines.cli import run; run()", "upgrade", str(store)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 86, done.stderr
-    assert main(["verify", str(store)]) == 2  # root metadata says format 3, the arrays do not yet
+    assert main(["verify", str(store)]) == 2  # root metadata says the new format, the arrays do not yet
     assert f"rerun `hsk upgrade {store}`" in capsys.readouterr().err
     assert main(["upgrade", str(store)]) == 0
     assert "upgraded" in capsys.readouterr().out
     assert main(["verify", str(store)]) == 0
-    assert "format_version: 3" in (store / "README.md").read_text()  # the card follows
+    assert f"format_version: {FORMAT_VERSION}" in (store / "README.md").read_text()  # the card follows
     group = zarr.open_group(str(store), mode="r")
     assert all(a.metadata.dimension_names for a in list_arrays(group).values())
 

@@ -1,6 +1,6 @@
 """nf3: 3-bit NormalFloat codes under a one-byte log scale per group of 32 kept values (3.25 bits per value).
 
-Chosen by measurement (benchmarks/value_codecs.py, docs/guide/adding-a-codec.md): on a MiniLM-L6
+Chosen by measurement (benchmarks/store/value_codecs.py, docs/guide/adding-a-codec.md): on a MiniLM-L6
 encoder's SST-2 activations at W = 0.2 it stores 16% fewer value and scale bytes than mxfp4 at 1.4x
 its round-trip error; int3 codes, e2m0 grids and power-of-two scales measured worse per byte.
 

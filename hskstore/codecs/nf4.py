@@ -3,7 +3,7 @@
 Made for values that are near-normal across a vector, as a causal LM's final hidden state is once rotated
 (`hsk dump --objective clm --support hidden:nf4`, hskstore.format.clm.rotation): the 16 levels are QLoRA's
 NormalFloat-4 (quantiles of a normal distribution scaled to [-1, 1], zero exact), and one scale per 64 values
-keeps a 576-wide vector at 297 bytes (benchmarks/lm_evidence/hidden_codecs.py measures it).
+keeps a 576-wide vector at 297 bytes (benchmarks/evidence/lm/hidden_codecs.py measures it).
 
 - Grid: NF4_GRID ascending; code c (0..15) stands for level NF4_GRID[(c + 7) % 16], so code 0 is 0.0.
 - Scale: per group of 64 consecutive kept values (the last may be shorter), nf3's `log8` byte: the least

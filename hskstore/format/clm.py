@@ -101,6 +101,7 @@ class ClmSelection:
     sample_seed: int | None  # sample: draws of row r come from a generator seeded (sample_seed, r)
     temperature: float = 1.0
     unit: str = _UNIT
+    limit_tokens: int | None = None  # `--limit-tokens`: the stream was cut after this many tokens (None: not cut)
     # hidden: the final hidden state's width and codec, the rotation's seed (None: not rotated), the stored
     # head's digest and shape, and the reconstruction measured at dump time (HIDDEN_FIELDS; absent otherwise)
     hidden_size: int | None = None
@@ -116,7 +117,7 @@ class ClmSelection:
 
     @classmethod
     def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
-             positions: float = 1.0, sample_seed: int = 0) -> ClmSelection:
+             positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None) -> ClmSelection:
         check_positions(positions)
         if support.kind == HIDDEN:
             raise ConfigError("a hidden support is made with ClmSelection.hidden (it needs the teacher's width)")
@@ -127,17 +128,18 @@ class ClmSelection:
             codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
         return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
-                   float(positions), "entropy", None if topk else sample_seed)
+                   float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens)
 
     @classmethod
     def hidden(cls, codec: str, *, hidden_size: int, vocab_size: int, block_size: int, eos_id: int,
                rotation_seed: int | None, head_sha256: str, head_bias: bool, logit_softcap: float | None,
-               positions: float = 1.0) -> ClmSelection:
+               positions: float = 1.0, limit_tokens: int | None = None) -> ClmSelection:
         """The selection of a hidden-state store (the teacher's width, its head's digest and shape known)."""
         check_positions(positions)
         codecs.get(codec)
         return cls(HIDDEN, None, None, hidden_size, None, id_bits(vocab_size), vocab_size, block_size, eos_id,
-                   float(positions), "entropy", None, hidden_size=hidden_size, hidden_codec=codec,
+                   float(positions), "entropy", None, limit_tokens=limit_tokens, hidden_size=hidden_size,
+                   hidden_codec=codec,
                    rotation_seed=rotation_seed, head_sha256=head_sha256, head_bias=head_bias,
                    logit_softcap=logit_softcap)
 
@@ -165,6 +167,20 @@ class ClmSelection:
         if self.support == HIDDEN:
             return Support(HIDDEN, 0, self.hidden_codec)
         return Support(self.support, self.k if self.support == "topk" else self.draws)
+
+    def label(self) -> tuple[str, str | None]:
+        """(config, codec): how a catalog and the card's title name this selection."""
+        return str(self.described), self.logprob_codec or self.hidden_codec
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        if self.support == HIDDEN:
+            return (f"the teacher's final hidden state per position ({self.hidden_codec}, rotated) and its LM head "
+                    "once per store: the full next-token distribution")
+        if self.support == "topk":
+            return (f"top-{self.k} next-token ids and log-probs ({self.logprob_codec}) per position, the tail mass "
+                    "recoverable")
+        return f"{self.draws} ids drawn from the teacher per position (RS-KD), distinct ids and counts"
 
     @property
     def id_bytes(self) -> int:
@@ -283,9 +299,14 @@ class LMTargets:
 
     @property
     def tail(self) -> np.ndarray:
-        """[n, T] the mass outside the stored ids (0 for a sampled support, whose counts sum to 1, and at positions
-        that keep no support)."""
-        return np.where(self.kept, np.clip(1.0 - (self.probs * self.used).sum(-1), 0.0, 1.0), 0.0)
+        """[n, T] float32 the mass outside the stored ids (0 for a sampled support, whose counts sum to 1, and at
+        positions that keep no support): 1 - the used slots' float32 probabilities added one slot at a time in slot
+        order, in float32, clipped to [0, 1]. The order is fixed so that any reader gets these bits
+        (docs/STORE_FORMAT.md, "Causal-LM stores"): numpy's own sum adds in an order of its choosing."""
+        mass = np.zeros(self.probs.shape[:-1], dtype=np.float32)
+        for slot in range(self.probs.shape[-1]):
+            mass += np.where(self.used[..., slot], self.probs[..., slot], np.float32(0))
+        return np.where(self.kept, np.clip(np.float32(1) - mass, np.float32(0), np.float32(1)), np.float32(0))
 
 
 def decode_support(data: Mapping[str, np.ndarray], sel: Any, width: int, group: str = GROUP
@@ -464,7 +485,7 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     CLM, "a causal LM's next-token distributions on a sparse support (`hsk dump --objective clm`)", array_specs,
     describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",),
-    selection_type=ClmSelection))
+    selection_type=ClmSelection, category="text-generation"))
 
 
 def hadamard_block(d: int) -> int:

@@ -242,6 +242,15 @@ class Selection:
             del d["attention_heads"]
         return d
 
+    def label(self) -> tuple[str, str]:
+        """(config, codec): how a catalog and the card's title name this selection."""
+        return str(self.config), self.value_dtype
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        return (f"hidden-state knowledge kept at config {self.config} ({self.token_strategy} tokens, "
+                f"{self.width_strategy} width, {self.value_dtype} values)")
+
     @property
     def attention_rows(self) -> bool:
         """Whether the store keeps attention rows (per kept layer above the embeddings)."""

@@ -44,8 +44,10 @@ class StoreKind:
     inputs: tuple[str, ...] = ("input_ids", "token_type_ids")
     # its groups whose arrays croissant.json lists as a record set of their own, named after the group
     record_groups: frozenset[str] = frozenset()
-    # its `selection` record: a class with from_dict/to_dict (None: the selection stays a mapping)
+    # its `selection` record: a class with from_dict/to_dict (None: the selection stays a mapping), and for the card,
+    # croissant.json and catalogs `label()` -> (config, codec) and `kept()` -> what the store keeps, in one clause
     selection_type: type | None = None
+    category: str = "other"  # its Hugging Face task category (the card's task_categories)
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")

@@ -1,10 +1,13 @@
-"""The manifest: one digest over everything a complete store says about itself.
+"""The manifest: one digest over what a complete store holds and the metadata that describes it.
 
-It covers the canonical JSON of the hsk attributes (all of them but the manifest itself, so the
-per-array checksums, the layout, the selection, the task, the teacher...) and the zarr metadata of
-every array in the group (shape, dtype, chunks, shards, codecs, fill value, attributes). The
-per-array checksums cover the data, the manifest covers them: the manifest is the store's content
-address. Computing it reads metadata only (one zarr.json per array), so readers check it on open.
+From format 4 (ADDRESS_SINCE) it covers the canonical JSON (hskstore.format.canonical, RFC 8785) of the hsk
+attributes but the writer's notes (the manifest itself, `stored_bytes`, `created`, `software_version`,
+`upgraded`: where, when and how compactly a writer wrote, not what) and of each array's description (shape,
+dtype, chunks, shards, fill value, dimension names, attributes), not its codecs: the per-array checksums cover
+the decoded data, so two writers of the same data, whatever they compress with and however they spell their
+zarr.json, reach the same manifest. It is the store's content address. Stores of formats 2 and 3 keep the rule
+they were written with (LEGACY: Python's json.dumps over every attribute and the codecs too), so their
+addresses still verify. Computing it reads metadata only (one zarr.json per array), so readers check it on open.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import warnings
 
 import numpy as np
 
+from .canonical import canonical
 from .digest import fingerprint
+from .schema import ADDRESS_SINCE
 
 MANIFEST_KEY = "manifest"
 # Fields that decide the store's content; a resume must match them exactly.
@@ -30,9 +35,25 @@ IDENTITY_FIELDS = (
 )
 
 
+# Attributes the format-4 manifest leaves out: what one writer notes about its own run, not the content.
+WRITER_NOTES = (MANIFEST_KEY, "stored_bytes", "created", "software_version", "upgraded")
+# What the format-4 manifest takes of an array's description: how its decoded values are laid out and named;
+# its codecs (compressor, level, shuffle) are how one writer chose to store them.
+DESCRIBED = ("shape", "dtype", "chunks", "shards", "fill_value", "dimension_names", "attributes")
+
+
+def _canonical_rule(meta: dict) -> bool:
+    version = meta.get("format_version")
+    return isinstance(version, int) and not isinstance(version, bool) and version >= ADDRESS_SINCE
+
+
 def identity(meta: dict) -> str:
-    """The digest of the fields that decide a store's content (recorded as `identity`; a resume must match it)."""
-    return fingerprint(json.dumps({k: meta.get(k) for k in IDENTITY_FIELDS}, sort_keys=True, default=str))
+    """The digest of the fields that decide a store's content (recorded as `identity`; a resume must match it):
+    canonical JSON from format 4, the spelling of json.dumps before."""
+    fields = {k: meta.get(k) for k in IDENTITY_FIELDS}
+    if _canonical_rule(meta):
+        return fingerprint(canonical(fields))
+    return fingerprint(json.dumps(fields, sort_keys=True, default=str))
 
 
 def list_arrays(group) -> dict:
@@ -74,7 +95,18 @@ def compute_manifest(meta: dict, arrays: dict) -> str:
 
 
 def manifest_of(meta: dict, descriptions: dict[str, dict]) -> str:
-    """The manifest of `meta` over array descriptions given by path (what `array_description` gives)."""
+    """The manifest of `meta` over array descriptions given by path (what `array_description` gives), by the rule
+    of the format `meta` records."""
+    if _canonical_rule(meta):
+        return fingerprint(canonical({
+            "hsk": {k: v for k, v in meta.items() if k not in WRITER_NOTES},
+            "arrays": {name: {key: descriptions[name].get(key) for key in DESCRIBED} for name in descriptions},
+        }))
+    return _legacy_manifest(meta, descriptions)
+
+
+def _legacy_manifest(meta: dict, descriptions: dict[str, dict]) -> str:
+    """Formats 2 and 3: every attribute but the manifest, the codecs too, Python's json.dumps spelling."""
     doc = {
         "hsk": {k: v for k, v in meta.items() if k != MANIFEST_KEY},
         "arrays": {name: descriptions[name] for name in sorted(descriptions)},

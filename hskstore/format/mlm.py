@@ -51,6 +51,15 @@ class MaskedLMSelection:
                 "random_token_rate": self.random_token_rate, "mask_seed": self.mask_seed, "keep_rate": self.keep_rate,
                 "max_masked": self.max_masked, "top_k": self.top_k, "unit": self.unit}
 
+    def label(self) -> tuple[str, None]:
+        """(config, codec): how a catalog and the card's title name this selection."""
+        return f"top-{self.top_k}", None
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        return (f"masked as BERT does ({self.mask_rate} of tokens, seed {self.mask_seed}); top-{self.top_k} logits "
+                "and log-sum-exp kept per masked position")
+
 
 def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     """A masked-LM store: the masked inputs and, per masked position, the teacher's top-k and log-sum-exp."""
@@ -105,4 +114,4 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
 KIND = kinds.register(kinds.StoreKind(
     MLM, "a masked-LM teacher's top-k per masked position (`hsk dump --objective mlm`, LightPAFF)",
     array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.mlm_store:MLMStore", trains=("mlm",),
-    record_groups=frozenset({GROUP}), selection_type=MaskedLMSelection))
+    record_groups=frozenset({GROUP}), selection_type=MaskedLMSelection, category="fill-mask"))

@@ -16,12 +16,14 @@ from . import kinds
 from .config import HSKConfig, Selection
 from .meta import TASK, Layout
 
-FORMAT_VERSION = 3  # what this hsk writes (docs/STORE_FORMAT.md)
+FORMAT_VERSION = 4  # what this hsk writes (docs/STORE_FORMAT.md)
 # What it reads: version 1 has no manifest (metadata not covered) and no 4-bit values, version 2 no
-# dimension names or array attributes (`hsk upgrade` adds both).
-READABLE_VERSIONS = (1, 2, 3)
+# dimension names or array attributes, version 3 a manifest over compressed sizes and codecs (`hsk upgrade`
+# brings each to this version).
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_SINCE = 2  # the first version whose complete stores carry a manifest
 DIMENSIONS_SINCE = 3  # the first version whose arrays carry `dimension_names` and attributes
+ADDRESS_SINCE = 4  # the first version whose manifest any writer of the same data reproduces (canonical JSON)
 META_KEY = "hsk"
 PROGRESS_DONE = "_progress/done"
 PROGRESS_DIGESTS = "_progress/digests"
@@ -194,7 +196,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 
     def spec(name: str, tail: tuple[int, ...], dtype: str, clevel: int = 3) -> ArraySpec:
         # Bytes that are codes (masks, int8 and 4-bit values) compress better whole than bit-shuffled
-        # (benchmarks/mask_codecs.py, value_codecs.py); byte shuffle is a no-op on 1-byte items.
+        # (benchmarks/store/mask_codecs.py, value_codecs.py); byte shuffle is a no-op on 1-byte items.
         return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1,
                          clevel=clevel)
 
@@ -214,7 +216,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
             spec(f"{layer}/scores", (n_tokens,), "float32"),
             spec(f"{layer}/values", (n_tokens, *values["values"][0]), values["values"][1]),
             # zstd level 5: within 4% of level 9's bytes at W = 0.2 for a twentieth of the CPU
-            # (benchmarks/mask_codecs.py); earlier stores hold level 9, which a reader decodes the same way
+            # (benchmarks/store/mask_codecs.py); earlier stores hold level 9, which a reader decodes the same way
             spec(f"{layer}/masks", (n_tokens, (hidden + 7) // 8), "uint8", clevel=MASK_CLEVEL),
         ]
         if "scale" in values:
@@ -227,7 +229,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
     described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",),
-    selection_type=Selection))
+    selection_type=Selection, category="text-classification"))
 
 
 def n_shards(meta: dict) -> int:

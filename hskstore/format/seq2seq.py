@@ -133,6 +133,22 @@ class Seq2seqSelection:
             return None
         return Support(self.support, self.k if self.support == "topk" else self.draws)
 
+    def label(self) -> tuple[str | None, str | None]:
+        """(config, codec): how a catalog and the card's title name this selection: the decoding and the support."""
+        parts = [p for p in ((self.decoding or {}).get("strategy"), self.described and str(self.described)) if p]
+        return "+".join(parts) or None, self.logprob_codec
+
+    def kept(self) -> str:
+        """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        parts = []
+        if self.decoding:
+            parts.append(f"the teacher's {self.decoding.get('strategy')} output per source")
+        if self.support == "topk":
+            parts.append(f"top-{self.k} ids and log-probs ({self.logprob_codec}) per {self.supports_on} target token")
+        elif self.support == "sample":
+            parts.append(f"{self.draws} sampled ids per {self.supports_on} target token (RS-KD)")
+        return "; ".join(parts) or "the pairs"
+
     @property
     def id_bytes(self) -> int:
         return -(-self.slots * self.id_bits // 8)
@@ -272,4 +288,4 @@ KIND = kinds.register(kinds.StoreKind(
     SEQ2SEQ, "source/target pairs with the teacher's output and per-target-token distributions on a sparse "
     "support (`hsk dump --objective seq2seq`)", array_specs, describe, frozenset({*ROW_ARRAYS, GROUP}),
     "hskstore.io.seq2seq_store:Seq2seqStore", trains=("seq2seq",), inputs=("source_ids", "reference_ids"),
-    selection_type=Seq2seqSelection))
+    selection_type=Seq2seqSelection, category="text2text-generation"))

@@ -2,7 +2,7 @@
 
 hsk writes and reads whole shards, so it needs none of zarr's per-chunk machinery: zarr runs every
 inner chunk through its async codec pipeline, which cost a dump's writing and a loader's reading
-more CPU than the compression itself (benchmarks/shard_write_cost.py, loader_throughput.py). A
+more CPU than the compression itself (benchmarks/store/shard_write_cost.py, loader_throughput.py). A
 `ShardLayout` encodes a shard's inner chunks with the array's own Blosc settings, leaves out those
 whose bytes are all zero (zarr's `write_empty_chunks=False`), and appends the index (offset and
 length per chunk, little-endian uint64, 2^64-1 for a chunk not stored, then its CRC32C); it

@@ -7,7 +7,9 @@ short body a person reads. The front matter is emitted by hand as YAML whose lea
 scalars and flow lists (JSON is valid YAML), so hskstore needs no YAML library.
 
 The card is a description, not a contract: the checksummed metadata in zarr.json stays the
-authority, and `hskstore.io.reader.render_card(meta, ...)` rebuilds the card of any store.
+authority, and `render_card(meta, ...)` rebuilds the card of any store. Nothing in it is written per kind:
+the kind's registration (hskstore.format.kinds: its summary, category and arrays as `describe` declares them)
+and its typed selection record (`label()`, `kept()`) say everything that differs between kinds.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import re
 
 import zarr
 
+from ..format import kinds
 from ..format.meta import StoreMeta
+from ..format.schema import array_specs
 from .zarr_adapter import get_bytes, set_bytes
 
 CARD_NAME = "README.md"
@@ -66,19 +70,28 @@ def shareable(meta: dict) -> dict:
     return shown
 
 
-def front_matter(meta: dict, stored_bytes: int | None, at: str, category: str) -> dict:
-    """The card's machine-readable fields, from a store's hsk metadata.
+def selection_text(meta: dict) -> tuple[str | None, str | None, str]:
+    """(config, codec, what the store keeps) from its kind's selection record; for a selection its record cannot
+    read (a damaged store a catalog lists) or a kind without one, (None, None, the kind's summary)."""
+    kind = kinds.kind_of(meta)
+    try:
+        record = kind.selection_type.from_dict(meta.get("selection") or {})
+        return (*record.label(), record.kept())
+    except Exception:  # a damaged selection, or a plugin record without label/kept: the kind still says what it is
+        return None, None, kind.summary
 
-    `at` (what the store keeps, in a few words) and `category` (its Hugging Face task category) are its
-    kind's: hskstore.io.reader's store classes give them (`card_headline`).
-    """
+
+def front_matter(meta: dict, stored_bytes: int | None) -> dict:
+    """The card's machine-readable fields, from a store's hsk metadata (its kind gives its category, its
+    selection record the config the title names)."""
     record = StoreMeta.parse(meta)
     task, teacher, tokenizer = record.task, record.teacher, record.tokenizer
     selection = {k: v for k, v in record.selection.items() if k != "deviations"}
     rows = record.layout.n_rows
+    config = selection_text(meta)[0] or record.objective
     fields = {
-        "pretty_name": f"hsk store: {task.name}/{task.split} at {at}",
-        "task_categories": [category],
+        "pretty_name": f"hsk store: {task.name}/{task.split} at {config}",
+        "task_categories": [kinds.get(record.objective).category],
         "objective": record.objective,
         "tags": ["knowledge-distillation", "hidden-state-knowledge", "hsk", "zarr"],
         "task": task.name,
@@ -132,31 +145,43 @@ def _precision_words(teacher: dict) -> str:
     return f" (its forward in {teacher['precision']})" if teacher.get("precision") else ""
 
 
-def task_body(meta: dict, fields: dict, name: str) -> str:
-    """A task store's card below its front matter: what it holds and how to open it."""
-    task, sel = meta["task"], meta["selection"]
-    layers = ", ".join(str(i) for i in sel["teacher_layers"]) or "none (logits only)"
-    body = f"""
+def array_table(meta: dict) -> list[str]:
+    """The card's table of arrays, as the kind's `describe` declares them (each kept layer's once, as <i>)."""
+    rows = {}
+    for spec in array_specs(meta):
+        name = re.sub(r"^layers/\d+/", "layers/<i>/", spec.name)
+        codec = spec.attributes.get("codec")
+        what = spec.attributes.get("description", "") + (f" (codec `{codec}`)" if codec else "")
+        rows.setdefault(name, f"| `{name}` | {', '.join(spec.dims)} | {spec.dtype} | {what} |")
+    return ["| array | axes | dtype | what it holds |", "|---|---|---|---|", *rows.values()]
+
+
+def card_body(meta: dict, fields: dict, name: str) -> str:
+    """The card's text below its front matter: what the store holds (its kind's summary, its selection record's
+    words, its arrays) and how to open it."""
+    kind, kept = kinds.kind_of(meta), selection_text(meta)[2]
+    task, teacher = meta["task"], f"`{meta['teacher']['name']}`{_precision_words(meta['teacher'])}"
+    table = "\n".join(array_table(meta))
+    return f"""
 # {fields['pretty_name']}
 
-An offline feature store for teacher-free knowledge distillation, written by hsk. It holds
-what the teacher `{meta['teacher']['name']}` computed{_precision_words(meta['teacher'])}
-once over the {fields['rows']} rows of {task['name']}/{task['split']}: its logits, and the hidden-state
-knowledge (HSK) kept at config `{sel['config']}`: teacher layers {layers}, {sel['config'].split(',')[1]}
-tokens per example ranked by [CLS] attention ({sel['token_strategy']}), and a fraction
-{sel['config'].split(',')[2]} of each kept vector's activations ({sel['width_strategy']}), as
-{sel['value_dtype']} values with bit-packed masks. Students train from it without the teacher:
-`hsk train --store {name} --student tinybert4 --out runs/student`.
+An offline feature store for teacher-free knowledge distillation, written by hsk: {kind.summary}.
+It holds what the teacher {teacher} computed once over the {fields['rows']} rows of {task['name']}/{task['split']}:
+{kept}.
+Students train from it without the teacher (`hsk train --store {name}`; `hsk methods` lists the methods that read a
+{kind.name} store).
 
 Every shard carries checksums; `hsk verify {name}` checks them, `hsk info {name}` describes the
 store. The metadata in `zarr.json` (attribute `hsk`) is the authority; this card is rebuilt from it.
+
+{table}
 
 Open it with `hskstore` (numpy and zarr only, no torch):
 
 ```python
 from hskstore import open_store
-store = open_store("{name}")                       # also s3://... URLs and .hsk.zip bundles
-dense = store.dense(store.read_shard(0), store.layers[0])  # [rows, NL, d] teacher vectors
+store = open_store("{name}")  # also s3://... URLs and .hsk.zip bundles
+shard = store.read_shard(0)   # {{array: numpy array}} of shard 0, checked against its digests
 ```
 
 Or with plain zarr (Zarr v3):
@@ -164,10 +189,20 @@ Or with plain zarr (Zarr v3):
 ```python
 import zarr
 group = zarr.open_group("{name}", mode="r")
-logits, meta = group["logits"][:], group.attrs["hsk"]
+rows, meta = group["row"][:], group.attrs["hsk"]
 ```
 """
-    return body
+
+
+def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
+    """The card's text: front matter, then what the store is for and how to open it.
+
+    `name` is how the examples refer to the store (its folder name: the card stays true when the
+    store is copied elsewhere).
+    """
+    meta = shareable(meta)
+    fields = front_matter(meta, stored_bytes)
+    return with_front_matter(fields, card_body(meta, fields, name))
 
 
 def stored_bytes(group: zarr.Group, names: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""The reader of causal-LM stores (hskstore.format.clm): decoded targets, `hsk info`, the card, derive.
+"""The reader of causal-LM stores (hskstore.format.clm): decoded targets, `hsk info`, derive.
 
 `store.targets(shard)` gives a shard's teacher distributions decoded (LMTargets); `hsk info` counts bytes per
 token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
@@ -197,49 +197,3 @@ class ClmStore(HSKStore):
     def derive(self, out: str, **options) -> dict:
         """A smaller store of this one (hskstore.share.support_derive), without the teacher."""
         return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        sel = meta["selection"]
-        return f"causal-LM next-token distributions ({_support_text(sel)})", "text-generation"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        sel = meta["selection"]
-        return f"""
-# {fields['pretty_name']}
-
-A causal-LM store written by hsk: the teacher `{meta['teacher']['name']}` ran once over {fields['rows']}
-blocks of {sel['block_size']} tokens and kept, per position, its next-token distribution on a sparse
-support ({sel['support']}: {cls.preprocessing(meta)}). Students train from it without the teacher
-(`hsk train --method clm-kd`). The metadata in `zarr.json` (attribute `hsk`) is the authority;
-`hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-targets = store.targets(store.read_shard(0))   # ids, probs, kept, input_ids per block
-```
-"""
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        if sel.get("support") == HIDDEN:
-            return (f"the teacher's final hidden state per position ({sel.get('hidden_codec')}) and its LM head once "
-                    "per store: the full next-token distribution")
-        if sel.get("support") == "topk":
-            return (f"top-{sel.get('k')} next-token ids and log-probs ({sel.get('logprob_codec')}) per position, "
-                    "the tail mass recoverable")
-        return f"{sel.get('draws')} ids drawn from the teacher per position (RS-KD), distinct ids and counts"
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        return _support_text(selection), selection.get("logprob_codec") or selection.get("hidden_codec")
-
-
-def _support_text(sel: dict) -> str:
-    """`topk:K`, `sample:N` or `hidden:CODEC` of a selection record."""
-    if sel.get("support") == HIDDEN:
-        return f"hidden:{sel.get('hidden_codec')}"
-    return f"{sel.get('support')}:{sel.get('k') if sel.get('support') == 'topk' else sel.get('draws')}"

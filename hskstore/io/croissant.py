@@ -31,10 +31,10 @@ import zarr
 from ..format import kinds
 from ..format.digest import fingerprint
 from ..format.schema import ArraySpec, array_specs
-from .card import front_matter, shareable, store_name, stored_bytes
+from .card import front_matter, selection_text, shareable, store_name, stored_bytes
 from .location import atomic_file
 from .outputs import remove_dead_temporaries
-from .reader import HSKStore, store_type
+from .reader import HSKStore
 from .zarr_adapter import get_bytes, set_bytes
 
 CROISSANT_NAME = "croissant.json"
@@ -159,7 +159,7 @@ def collection_text(meta: dict) -> str:
 
 
 def _rai(meta: dict) -> dict:
-    how = store_type(meta).preprocessing(meta)
+    how = selection_text(meta)[2]  # the kind's selection record says what it keeps
     fields = {
         "rai:dataCollection": collection_text(meta),
         "rai:dataCollectionType": "Machine-generated: outputs of a teacher model",
@@ -196,7 +196,7 @@ def render_croissant(meta: dict, size: int | None, name: str, root_sha256: str,
                      bundle: BundleFile | None = None) -> dict:
     """The Croissant 1.1 JSON-LD document of a complete store (or, with `bundle`, of its bundle)."""
     meta = shareable(meta)  # no local paths in what is shared (hskstore.io.card)
-    fields = front_matter(meta, size, *store_type(meta).card_headline(meta))
+    fields = front_matter(meta, size)
     address = meta.get("manifest")
     doc = {
         "@context": CONTEXT, "@type": "sc:Dataset", "conformsTo": CONFORMS_TO,

@@ -1,4 +1,4 @@
-"""The reader of masked-LM stores (hskstore.format.mlm): the masking, `hsk info`, the card, the refusals.
+"""The reader of masked-LM stores (hskstore.format.mlm): the masking, `hsk info`, the refusals.
 
 A masked-LM store has no HSK selection (`selection` is None); `masking` holds its masking and top-k. `hsk info`
 counts bytes per masked token of the knowledge (the mlm/ arrays) beside today's top-k logit caches.
@@ -89,36 +89,3 @@ class MLMStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a masked-LM store (LightPAFF pre-training): train from it with --method "
                           "lightpaff-pretrain; the other methods distil from task stores")
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return f"top-{meta['selection'].get('top_k')} masked-LM logits", "fill-mask"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        sel = meta["selection"]
-        return f"""
-# {fields['pretty_name']}
-
-A masked-LM store written by hsk (LightPAFF's pre-training distillation): the teacher
-`{meta['teacher']['name']}` ran once over {fields['rows']} rows of raw text masked as BERT does
-({sel['mask_rate']:.0%} of tokens, seed {sel['mask_seed']}); per masked position it keeps the top
-{sel['top_k']} vocabulary ids and logits and the log-sum-exp of the full distribution. The metadata
-in `zarr.json` (attribute `hsk`) is the authority; `hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-shard = store.read_shard(0)   # mlm/topk_ids, mlm/topk_logits, mlm/lse, input_ids, ...
-```
-"""
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        return (f"masked as BERT does ({sel.get('mask_rate')} of tokens, seed {sel.get('mask_seed')}); top-"
-                f"{sel.get('top_k')} logits and log-sum-exp kept per masked position")
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        return f"top-{selection.get('top_k')}", None

@@ -32,8 +32,9 @@ from ..format.schema import (
     shard_bounds,
 )
 from ..format.shard_codec import ShardLayout
-from . import card, info
+from . import info
 from .access import raise_if_access
+from .card import render_card  # noqa: F401 (where writers and tests have taken it from)
 from .location import is_local, local_path, object_reader, url_problem, zarr_location
 from .outputs import recover_swap
 from .zarr_adapter import read_many, read_shards
@@ -166,7 +167,7 @@ class HSKStore:
 
     `open_store` gives it as its kind's class (hskstore.format.kinds): TaskStore, or the reader each other kind
     declares (MLMStore, ClmStore, ...); each owns what differs between them (its selection, `hsk info` report,
-    card, what derive accepts, what a trainer may read). `meta` is the metadata dict as stored, `metadata` its
+    what derive accepts, what a trainer may read). `meta` is the metadata dict as stored, `metadata` its
     typed view (hskstore.format.meta.StoreMeta).
     """
 
@@ -360,26 +361,6 @@ class HSKStore:
         raise ConfigError(f"{self.url} is a {self.objective} store: --support derives causal-LM stores; derive a task "
                           "store with --config ND,NL,W")
 
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        """(what the store keeps, in a few words; its Hugging Face task category) for its card."""
-        raise NotImplementedError
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        """The card's text below its front matter."""
-        raise NotImplementedError
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        """How the stored knowledge was computed, in one clause (croissant's rai:dataPreprocessingProtocol)."""
-        raise NotImplementedError
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        """(config, codec) as `hsk ls` shows them, from a selection that may be damaged."""
-        raise NotImplementedError
-
     def shard_bounds(self, shard: int) -> tuple[int, int]:
         return shard_bounds(self.meta, shard)
 
@@ -558,42 +539,12 @@ class TaskStore(HSKStore):
     def format_report(self, report: dict) -> str:
         return info.format_task_report(self, report)
 
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return meta["selection"]["config"], "text-classification"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        return card.task_body(meta, fields, name)
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        return (f"hidden-state knowledge kept at config {sel.get('config')} ({sel.get('token_strategy')} tokens, "
-                f"{sel.get('width_strategy')} width, {sel.get('value_dtype')} values)")
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        return selection.get("config"), selection.get("value_dtype")
-
 
 def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
     """The store class that metadata (typed, or the stored dict) describes: its kind's reader
     (hskstore.format.kinds)."""
     objective = meta.objective if isinstance(meta, StoreMeta) else objective_of(meta)
     return kinds.get(objective).reader_class()
-
-
-def render_card(meta: dict, stored_bytes: int | None = None, name: str = "store.zarr") -> str:
-    """The card's text: front matter, then what the store is for and how to open it (hskstore.io.card).
-
-    `name` is how the examples refer to the store (its folder name: the card stays true when the
-    store is copied elsewhere).
-    """
-    kind = store_type(meta)
-    meta = card.shareable(meta)
-    fields = card.front_matter(meta, stored_bytes, *kind.card_headline(meta))
-    return card.with_front_matter(fields, kind.card_body(meta, fields, name))
 
 
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:

@@ -1,4 +1,4 @@
-"""The reader of sequence-to-sequence stores (hskstore.format.seq2seq): targets, `hsk info`, the card, derive.
+"""The reader of sequence-to-sequence stores (hskstore.format.seq2seq): targets, `hsk info`, derive.
 
 `store.targets(rows)` gives the stored supports decoded (LMTargets over the target they sit on); `hsk info`
 counts what each kind of knowledge costs per pair: the teacher's output (sequence-level KD) and the supports
@@ -112,44 +112,3 @@ class Seq2seqStore(HSKStore):
     def derive(self, out: str, **options) -> dict:
         """A store of a smaller support (hskstore.share.support_derive), without the teacher."""
         return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
-
-    @classmethod
-    def card_headline(cls, meta: dict) -> tuple[str, str]:
-        return f"sequence-to-sequence teacher knowledge ({cls.preprocessing(meta)})", "text2text-generation"
-
-    @classmethod
-    def card_body(cls, meta: dict, fields: dict, name: str) -> str:
-        return f"""
-# {fields['pretty_name']}
-
-A sequence-to-sequence store written by hsk: the teacher `{meta['teacher']['name']}` ran once over
-{fields['rows']} source/target pairs and kept {cls.preprocessing(meta)}. Students train from it without the
-teacher (`hsk train --method s2s-kd`). The metadata in `zarr.json` (attribute `hsk`) is the authority;
-`hsk verify {name}` checks every shard.
-
-```python
-from hskstore import open_store
-store = open_store("{name}")
-rows = store.read_shard(0)   # source_ids, reference_ids (and teacher_ids, s2s/ supports) per pair
-```
-"""
-
-    @classmethod
-    def preprocessing(cls, meta: dict) -> str:
-        sel = meta["selection"]
-        parts = []
-        if sel.get("decoding"):
-            parts.append(f"the teacher's {sel['decoding'].get('strategy')} output per source")
-        if sel.get("support") == "topk":
-            parts.append(f"top-{sel.get('k')} ids and log-probs ({sel.get('logprob_codec')}) per "
-                         f"{sel.get('supports_on')} target token")
-        elif sel.get("support") == "sample":
-            parts.append(f"{sel.get('draws')} sampled ids per {sel.get('supports_on')} target token (RS-KD)")
-        return "; ".join(parts) or "the pairs"
-
-    @classmethod
-    def catalog_config(cls, selection: dict) -> tuple[str | None, str | None]:
-        size = selection.get("k") if selection.get("support") == "topk" else selection.get("draws")
-        decoding = (selection.get("decoding") or {}).get("strategy")
-        parts = [p for p in (decoding, selection.get("support") and f"{selection['support']}:{size}") if p]
-        return "+".join(parts) or None, selection.get("logprob_codec")

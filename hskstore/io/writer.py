@@ -40,7 +40,6 @@ from ..format.manifest import IDENTITY_FIELDS, MANIFEST_KEY, compute_manifest, i
 from ..format.meta import StoreMeta
 from ..format.schema import (
     DIGEST_BYTES,
-    DIMENSIONS_SINCE,
     FORMAT_VERSION,
     META_KEY,
     PROGRESS_DESCRIBED,
@@ -558,9 +557,11 @@ def upgrade(url: str, *, software_version: str = "", log=None) -> Upgrade:
     """Bring a complete store written by an older hsk to format FORMAT_VERSION, its metadata covered.
 
     Format 1 (or a deleted manifest): nothing covers the metadata. Format 2: the arrays have no dimension
-    names or attributes. Under the writer lease: every shard is checked against its digests and the digests
-    against the per-array checksums (CorruptStoreError on any problem, nothing written); then the metadata as
-    it is now becomes format FORMAT_VERSION with a manifest over the arrays as they will be, the arrays get
+    names or attributes. Format 3: its manifest covers compressed sizes and codecs, so another writer of the same
+    data cannot reproduce it (format 4's manifest, hskstore.format.manifest). Under the writer lease: every
+    shard is checked against its digests and the digests against the per-array checksums (CorruptStoreError on
+    any problem, nothing written); then the metadata as it is now becomes format FORMAT_VERSION with a manifest
+    over the arrays as they will be, the arrays get
     their dimension names and attributes (the data is not touched), and the card is rewritten. The data chain
     is checked; metadata no manifest covered cannot be (that is what was missing): the caller tells the user
     to look.
@@ -583,14 +584,17 @@ def _upgrade(url: str, lease: Lease, software_version: str) -> Upgrade:
     if finished is not None:  # the card and croissant.json still describe the store as it was
         _render(store)
         return Upgrade(url, finished, store.content_address, changed=True)
-    if store.content_address is not None and version >= DIMENSIONS_SINCE:  # nothing left but what is rendered
+    if store.content_address is not None and version >= FORMAT_VERSION:  # nothing left but what is rendered
         restored = StoreWriter(url, store.metadata).repair_card()
+        if store.meta.get("upgraded"):  # killed after its metadata: the card may still describe the old format
+            restored += tuple(name for name in _stale_rendering(store) if name not in restored)
         return Upgrade(url, version, store.content_address, changed=False, restored=restored)
     problems = store.verify()
     if problems:
         raise CorruptStoreError(f"{url} is not upgraded: {problems[0]}")
-    record = store.metadata.updated(
-        format_version=FORMAT_VERSION,
+    record = store.metadata.updated(format_version=FORMAT_VERSION)
+    record = record.updated(
+        identity=identity(record.to_dict()),  # the identity names the format: this one's, by this one's rule
         upgraded={"from_version": version, "software_version": software_version,
                   "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     )
@@ -612,6 +616,17 @@ def _render(store: HSKStore) -> None:
     group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
     write_store_card(group, store.meta, list(store.specs), store.url)
     write_croissant(group, store.meta, list(store.specs), store.url)
+
+
+def _stale_rendering(store: HSKStore) -> tuple[str, ...]:
+    """Rewrite the card and croissant.json of an upgraded store where they differ from what its metadata renders
+    (an upgrade from a format whose arrays needed nothing, killed after its root metadata); the names rewritten."""
+    group = zarr.open_group(zarr_location(store.url, "r+"), mode="r+")
+    card, croissant = read_card(group), read_croissant(group)
+    _render(store)
+    return tuple(name for name, before, after in ((CARD_NAME, card, read_card(group)),
+                                                  (CROISSANT_NAME, croissant, read_croissant(group)))
+                 if before != after)
 
 
 def _finish_cut_short(url: str) -> int | None:

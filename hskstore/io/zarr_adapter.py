@@ -13,7 +13,7 @@ an fsspec file. What this module touches that zarr does not promise:
 - `Array.store_path` (the array's place in its store): whole shard objects are fetched
   (`read_shards`) and stored (`put_shard`) here, encoded and decoded by hskstore.format.shard_codec. zarr
   reads and writes a shard's inner chunks as separate tasks on a thread pool; for a shard of 4
-  chunks and 19 arrays that costs more CPU than the compression (benchmarks/loader_throughput.py,
+  chunks and 19 arrays that costs more CPU than the compression (benchmarks/train/loader_throughput.py,
   shard_write_cost.py).
 """
 

@@ -30,10 +30,10 @@ from ..errors import StoreError, printable
 from ..format.meta import objective_of
 from ..format.schema import PROGRESS_GROUP
 from ..io.access import raise_if_access
+from ..io.card import selection_text
 from ..io.info import human_bytes
 from ..io.location import check_plain_tree, is_bundle, is_local, local_path, location, zip_problem
 from ..io.outputs import LEASE_NAME
-from ..io.reader import store_type
 
 CARD = "README.md"
 GENERATOR = "hsk catalog"
@@ -163,12 +163,11 @@ def _declared(declared: str, value):
 
 
 def _entry(url: str, kind: str, meta: dict, card: str | None) -> Entry:
-    sel = meta.get("selection") or {}
     complete = bool(meta.get("complete"))
     found = _BYTES.search(card or "")
     teacher = meta.get("teacher") or {}
     objective = objective_of(meta)
-    config, codec = store_type(meta).catalog_config(sel)
+    config, codec = selection_text(meta)[:2]  # its kind's selection record; None for a damaged selection
     return _as_declared(Entry(
         url=url, kind=kind, status="complete" if complete else "incomplete",
         content_address=meta.get("manifest") if complete else None,

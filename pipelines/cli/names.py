@@ -1,6 +1,6 @@
 """One name per concept across `hsk`'s commands, and the old names kept working as hidden aliases.
 
-The concepts and their one name each (tests/test_newcomer.py checks every command against this):
+The concepts and their one name each (tests/test_cli_options.py checks every command against this):
 
 - rows of the input a command reads: `--limit` (dump, train online, teacher, student build); the dev rows
   evaluated: `--eval-limit` (train, teacher, sweep, eval); quickstart's two inputs: `--teacher-limit`,

@@ -58,7 +58,7 @@ Memory: one shard being tokenized, one computed and one written (two at once on 
 whatever the number of examples; the heap is trimmed once per shard. On CPU, glibc's allocator lets
 the resident set of a long torch forward loop creep up (fragmentation: +9-13% from 2,000 to 16,000
 rows); MALLOC_MMAP_THRESHOLD_=524288 in the environment keeps it flat (+2-4%) for about a quarter
-less throughput (benchmarks/dump_heap_ab.sh).
+less throughput (benchmarks/dump/dump_heap_ab.sh).
 
 Examples:
 

@@ -2,7 +2,7 @@
 
 A fast (Rust) tokenizer is called directly: its batch encoding, truncated in Rust and unpadded,
 is written into zero-filled arrays. That halves tokenizing's CPU against the transformers call
-(benchmarks/dump_ceiling.py), which builds a Python dict per row and pads, and it gives the same
+(benchmarks/dump/dump_ceiling.py), which builds a Python dict per row and pads, and it gives the same
 arrays (tests/test_tokenize.py checks both on five GLUE tasks and edge cases). Tokenizers without a Rust backend,
 or set to truncate or pad on the left, take the transformers call.
 

@@ -235,13 +235,14 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
     head, compute = None, compute_clm_shard
     if request.support.kind == HIDDEN:  # the final hidden state: its head stored once, its fidelity measured
         sel, head = hidden_selection(model, request.support, vocab_size=vocab, block_size=request.block_size,
-                                     eos_id=eos, positions=request.positions, seed=request.sample_seed)
+                                     eos_id=eos, positions=request.positions, seed=request.sample_seed,
+                                     limit_tokens=request.max_tokens)
         sel, compute = measure_reconstruction(model, blocks, lengths, sel, head, device, precision), \
             compute_hidden_shard
     else:
         sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
                                 logprob_codec=request.logprob_codec, positions=request.positions,
-                                sample_seed=request.sample_seed)
+                                sample_seed=request.sample_seed, limit_tokens=request.max_tokens)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, len(blocks), request.shard_rows, precision)
     # the float bits depend on the device, batch and threads: a resume must compute as the first run did
     meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})

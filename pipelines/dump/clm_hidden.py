@@ -102,7 +102,7 @@ def round_trip(h: torch.Tensor, codec: str) -> torch.Tensor:
 
 
 def hidden_selection(model: Any, support: Any, *, vocab_size: int, block_size: int, eos_id: int, positions: float,
-                     seed: int) -> tuple[ClmSelection, TeacherHead]:
+                     seed: int, limit_tokens: int | None = None) -> tuple[ClmSelection, TeacherHead]:
     """The selection of a hidden-state dump and the head it stores (rotated by R, whatever the codec: a float16
     store then derives to every other codec with the bytes of a direct dump)."""
     d = int(model.get_output_embeddings().weight.shape[1])
@@ -110,7 +110,8 @@ def hidden_selection(model: Any, support: Any, *, vocab_size: int, block_size: i
     weight, bias = head_arrays(head)
     sel = ClmSelection.hidden(support.codec, hidden_size=d, vocab_size=vocab_size, block_size=block_size,
                               eos_id=eos_id, rotation_seed=seed, head_sha256=head_digest(weight, bias),
-                              head_bias=bias is not None, logit_softcap=head.softcap, positions=positions)
+                              head_bias=bias is not None, logit_softcap=head.softcap, positions=positions,
+                              limit_tokens=limit_tokens)
     return sel, head
 
 

@@ -20,7 +20,7 @@ feeding tens of thousands of examples a second may run out of the dump's one GIL
 processes then write whole shards, each with its own StoreWriter on the same store (safe on disjoint
 shards, as the distributed dump's workers are); a shard's arrays are pickled to the process once, and the
 same bytes are written. On a small CPU they take little off this process's GIL and cost their start
-(docs/guide/gpu-dump.md); whether they pay on a GPU host is benchmarks/gpu_suite.py's.
+(docs/guide/gpu-dump.md); whether they pay on a GPU host is benchmarks/gpu/gpu_suite.py's.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def seq2seq_metadata(pairs: Examples, teacher: str, model: Any, tokenizer: Any, 
         tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.pad_id),
         max_length=sel.max_source,
         selection=sel.to_dict(),
-        layout=Layout.of(len(pairs), max(sel.slots, 1), shard_rows),
+        layout=Layout.of(len(pairs), sel.slots, shard_rows),  # n_width = S: 0 without a support, as `slots`
     ).to_dict()
 
 
