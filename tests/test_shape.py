@@ -51,9 +51,37 @@ def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, mods: d
     return found
 
 
+_DYNAMIC = ("import_module", "__import__")  # importlib.import_module("a.b"), __import__("a.b")
+
+
+def _dynamic_targets(node: ast.AST, mods: dict[str, Path]) -> list[str]:
+    """The project module an `import_module("...")` or `__import__("...")` call names by a string literal."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return []
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0]
+    if name not in _DYNAMIC or not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+        return []
+    target = first.value
+    while target and target not in mods:
+        target = target.rpartition(".")[0]
+    return [target] if target else []
+
+
+def test_the_graph_reads_import_module_strings():
+    mods = {"hskstore.share.bundle": Path("x"), "hskstore.io.reader": Path("y")}
+    for code in ('import_module("hskstore.share.bundle").f()', 'importlib.import_module("hskstore.share.bundle")',
+                 '__import__("hskstore.share.bundle")'):
+        assert _dynamic_targets(ast.parse(code).body[0].value.func.value if code.endswith(".f()") else
+                                ast.parse(code).body[0].value, mods) == ["hskstore.share.bundle"], code
+    assert _dynamic_targets(ast.parse('import_module("xarray")').body[0].value, mods) == []
+
+
 def import_graph() -> dict[str, set[str]]:
     """Every import between project files, at module level or inside functions (a lazy import is still
-    a dependency), except those under `if TYPE_CHECKING:`."""
+    a dependency), except those under `if TYPE_CHECKING:`; an `import_module`/`__import__` call naming a
+    module by a string literal counts as an import of it."""
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for module, path in mods.items():
@@ -67,6 +95,7 @@ def import_graph() -> dict[str, set[str]]:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
                 graph[module].update(_targets(module, path, node, mods))
+            graph[module].update(t for t in _dynamic_targets(node, mods) if t != module)
     return graph
 
 

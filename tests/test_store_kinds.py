@@ -19,7 +19,7 @@ from hskstore.format import kinds
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.format.schema import array_specs, make_layout
 from hskstore.io.mlm_store import MLMStore
-from hskstore.io.outputs import STORE_ENTRIES
+from hskstore.io.outputs import store_entries
 from hskstore.io.reader import HSKStore, TaskStore, render_card, store_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +115,8 @@ def test_store_entries_come_from_the_schema():
     """Every top-level name an array of either kind has is a store entry (the mlm group included)."""
     for name in ("int8", "attention", "mlm"):
         meta = _stored_meta(VECTORS / f"{name}.hsk.zip")
-        assert {spec.name.split("/")[0] for spec in array_specs(meta)} <= STORE_ENTRIES
-    assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= STORE_ENTRIES
+        assert {spec.name.split("/")[0] for spec in array_specs(meta)} <= store_entries()
+    assert {"mlm", "layers", "_progress", "zarr.json", ".hsk-lease.json"} <= store_entries()
 
 
 def test_the_objective_names_a_registered_kind():
@@ -154,8 +154,8 @@ def test_store_meta_reads_and_writes_every_conformance_store_as_it_is(bundle):
 @dataclass(frozen=True)
 class Home:
     """A kind's place in the code: its reader, what in a module's code names it, the modules that are its home,
-    and the declarations elsewhere (registry tables looked up by name: the kinds, the vocabularies of
-    pipelines/registry.py, distill.PREPARE, the student adapters, the `hsk dump` and `hsk teacher` tables)."""
+    and the declarations elsewhere (registry tables looked up by name: the store kinds, the run kinds, the
+    vocabularies of pipelines/registry.py, the student adapters keyed by head)."""
 
     reader: str
     naming: str  # a regex over a module's code (comments left out)
@@ -163,28 +163,28 @@ class Home:
     declarations: frozenset[str] = frozenset()
 
 
-_KINDS_PY, _REGISTRY, _PREPARE = "hskstore/format/kinds.py", "pipelines/registry.py", "pipelines/train/kinds/distill.py"
-_DUMPS, _TEACHERS = "pipelines/cli/store_commands.py", "pipelines/cli/teacher_commands.py"
+_KINDS_PY, _RUNKINDS, _REGISTRY = "hskstore/format/kinds.py", "pipelines/runkinds.py", "pipelines/registry.py"
 HOMES = {
     # the first kind, the generic base: its name is the default objective, so what names it is a comparison of an
     # objective with it (its constant TASK or the string)
     "task": Home("TaskStore", r"""objective[^\n=!]*[!=]=\s*["']task["']|["']task["']\s*[!=]=[^\n]*objective"""
                  r"|[!=]=\s*TASK\b|\bTASK\s*[!=]=",
                  # (its arrays are declared in the generic schema, which compares no objective)
-                 frozenset({"hskstore/io/reader.py", "pipelines/dump/stage.py", "pipelines/train/kinds/teacher.py"}),
+                 frozenset({"hskstore/io/reader.py", "pipelines/dump/stage.py", "pipelines/train/kinds/teacher.py",
+                            "pipelines/kinds/task.py"}),
                  frozenset({_KINDS_PY})),  # the default objective, and that new metadata records none for it
     "mlm": Home("MLMStore", r"""["']mlm["']""",
                 frozenset({"hskstore/format/mlm.py", "hskstore/io/mlm_store.py", "pipelines/dump/mlm.py",
                            "pipelines/methods/lightpaff.py", "pipelines/train/kinds/lightpaff_pretrain.py",
-                           "pipelines/train/kinds/mlm_teacher.py"}),
+                           "pipelines/train/kinds/mlm_teacher.py", "pipelines/kinds/mlm.py"}),
                 # its head and store read are named "mlm" too: the student adapters are keyed by head
-                frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS, _TEACHERS, "pipelines/train/students/adapter.py"})),
+                frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY, "pipelines/train/students/adapter.py"})),
     "clm": Home("ClmStore", r"""["']clm["']|clm_(?!kd)""",
                 frozenset({"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
                            "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
                            "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py",
-                           "pipelines/train/kinds/clm_teacher.py"}),
-                frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS, _TEACHERS, "pipelines/train/losses/terms.py",
+                           "pipelines/train/kinds/clm_teacher.py", "pipelines/kinds/clm.py"}),
+                frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY, "pipelines/train/losses/terms.py",
                            "pipelines/train/students/adapter.py",
                            # seq2seq runs train with the causal-LM loss terms (clm_ce, ...) on the target's positions
                            "pipelines/methods/s2s_kd.py", "pipelines/train/kinds/seq2seq.py"})),
@@ -192,8 +192,8 @@ HOMES = {
                     frozenset({"hskstore/format/seq2seq.py", "hskstore/io/seq2seq_store.py",
                                "pipelines/dump/seq2seq.py", "pipelines/train/kinds/seq2seq.py",
                                "pipelines/methods/s2s_kd.py", "pipelines/train/run/s2s_eval.py",
-                               "pipelines/core/pair_models.py"}),
-                    frozenset({_KINDS_PY, _REGISTRY, _PREPARE, _DUMPS})),
+                               "pipelines/core/pair_models.py", "pipelines/kinds/seq2seq.py"}),
+                    frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY})),
 }
 
 

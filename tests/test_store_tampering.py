@@ -238,6 +238,7 @@ def test_name_too_long_is_one_line(teacher, glue_dir, tmp_path, capsys, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_s3_without_credentials_is_one_line(teacher, glue_dir, tmp_path):
     env = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,

@@ -147,6 +147,7 @@ def _hsk(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_good_checkpoint(store, tmp_path):
     out = tmp_path / "nan"
     args = ["train", "--store", store, "--out", str(out), *COMMON, "--method", "kd", "--lr", "1e30",

@@ -30,6 +30,18 @@ import numpy as np
 from .. import codecs
 from . import kinds
 from .config import ConfigError
+from .domain import (
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Arrays,
+    Breach,
+    DomainCheck,
+    first_problem,
+    ids_below,
+    int_within,
+    is_int,
+    lengths_within,
+)
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 CLM = "clm"
@@ -61,7 +73,7 @@ class Support:
         kind, _, number = str(text).strip().partition(":")
         if kind == HIDDEN:
             return cls._hidden(text, number or codecs.FULL)
-        if kind not in SUPPORTS or not number.isdigit() or int(number) < 1:
+        if kind not in SUPPORTS or not (number.isascii() and number.isdigit()) or int(number) < 1:
             raise ConfigError(f"--support {text!r}: pass topk:K (the K most probable ids, K >= 1) or sample:N "
                               f"(N draws from the teacher, 1 <= N <= {MAX_DRAWS})")
         if kind == "sample" and int(number) > MAX_DRAWS:
@@ -151,8 +163,13 @@ class ClmSelection:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
-        if sel.support not in SUPPORTS or sel.slots < 1 or sel.id_bits != id_bits(sel.vocab_size):
-            raise ValueError(f"support {sel.support!r} with {sel.slots} slots at {sel.id_bits} bits per id")
+        problem = first_problem((vocabulary_problem(sel.vocab_size, sel.id_bits),
+                                 int_within("block_size", sel.block_size, 1, MAX_WIDTH),
+                                 int_within("eos_id", sel.eos_id, 0, sel.vocab_size - 1),
+                                 support_problem(sel), fraction_problem("positions", sel.positions),
+                                 positive_problem("temperature", sel.temperature)))
+        if problem:
+            raise ValueError(f"selection.{problem}")
         return sel
 
     def to_dict(self) -> dict:
@@ -212,6 +229,41 @@ class ClmSelection:
                               f"{' <- '.join(codecs.get(support.codec).chain())})")
         return replace(self, hidden_codec=support.codec, reconstruction_kl=None, reconstruction_top1=None,
                        reconstruction_tokens=None, reconstruction_reference=None)
+
+
+def vocabulary_problem(vocab_size: object, bits: object) -> str | None:
+    """A selection's vocabulary size and id bits out of their domain (None: in it)."""
+    wanted = id_bits(vocab_size) if is_int(vocab_size) else None
+    return int_within("vocab_size", vocab_size, 1, MAX_VOCAB) or (
+        None if bits == wanted else f"id_bits {bits!r} is not ceil(log2 vocab_size) = {wanted}")
+
+
+def support_problem(sel: Any) -> str | None:
+    """A selection's support fields out of their domain or contradicting each other (None: none). `sel` is a
+    causal-LM or seq2seq selection with a support."""
+    if sel.support not in SUPPORTS:
+        return f"support {sel.support!r} is not one of {', '.join(SUPPORTS)}"
+    if sel.support == "topk":
+        return first_problem((int_within("k", sel.k, 1, sel.vocab_size),
+                              None if sel.slots == sel.k else f"slots {sel.slots!r} is not k {sel.k!r}",
+                              None if isinstance(sel.logprob_codec, str) else
+                              f"logprob_codec {sel.logprob_codec!r} is not a codec name"))
+    return first_problem((int_within("draws", sel.draws, 1, MAX_DRAWS),
+                          None if sel.slots == sel.draws else f"slots {sel.slots!r} is not draws {sel.draws!r}",
+                          None if sel.sample_seed is None or is_int(sel.sample_seed) else
+                          f"sample_seed {sel.sample_seed!r} is not an integer"))
+
+
+def fraction_problem(field: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN fails 0 < value
+        return f"{field} {value!r} is not a fraction in (0, 1]"
+    return None
+
+
+def positive_problem(field: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return f"{field} {value!r} is not a positive finite number"
+    return None
 
 
 def check_positions(fraction: float) -> None:
@@ -425,6 +477,125 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     return [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
             *support_specs(spec, sel, t)]
+
+
+# --- the values' domain (hskstore.format.domain): what the readers check of each shard -------------------------
+# How far above 1 the decoded top-K probabilities of a position may sum, per log-prob codec: the codec's
+# rounding of log-probs near 0 (measured over top-1..128 of softmaxes at temperatures 0.1..10: float16
+# 1.0002, int8 1.08, int4 2.2, mxfp4 2.3, nf3 3.3: benchmarks/store/domain_checks.py --slack). A codec not listed
+# gets the loosest bound unless it is lossless.
+PROBABILITY_SLACK = {"float16": 1.01, "int8": 1.25, "int4": 3.0, "mxfp4": 3.0, "nf3": 4.5}
+LOSSY_SLACK = 4.5
+
+
+def kept_mask(data: Arrays, group: str, width: int) -> np.ndarray:
+    return np.unpackbits(data[f"{group}/kept"], axis=-1, count=width).astype(bool)
+
+
+def kept_on_real_positions(group: str, length: str, width: int, positions: float) -> DomainCheck:
+    """`group`/kept marks real positions only (t < length), ceil(positions * length) of them per row (all of
+    them at positions 1), as kept_positions chooses them."""
+    name = f"{group}/kept"
+
+    def rule(data: Arrays) -> Breach | None:
+        kept, lengths = kept_mask(data, group, width), data[length].astype(np.int64)
+        real = np.arange(width)[None, :] < lengths[:, None]
+        if (kept & ~real).any():
+            return Breach(name, f"marks a position at or past its row's {length} (padding)")
+        wanted = lengths if positions >= 1 else np.ceil(positions * lengths).astype(np.int64)
+        rows = np.flatnonzero(kept.sum(axis=1) != wanted)
+        if rows.size:
+            return Breach(name, f"row {int(rows[0])} keeps {int(kept[rows[0]].sum())} positions, not "
+                          f"ceil({positions:g} x {length} {int(lengths[rows[0]])}) = {int(wanted[rows[0]])}")
+        return None
+
+    return DomainCheck((name, length), rule)
+
+
+def support_ids_below(sel: Any, group: str, width: int) -> DomainCheck:
+    """The support's ids at the kept positions are vocabulary ids; positions not kept hold zeros."""
+    name = f"{group}/ids"
+
+    def rule(data: Arrays) -> Breach | None:
+        ids, kept = unpack_ids(data[name], sel.id_bits, sel.slots), kept_mask(data, group, width)
+        if (ids[~kept] != 0).any():
+            return Breach(name, "holds ids at a position that keeps no support")
+        if ids.size and int(ids.max()) >= sel.vocab_size:
+            return Breach(name, f"holds id {int(ids.max())}, outside the vocabulary 0..{sel.vocab_size - 1}")
+        return None
+
+    return DomainCheck((name, f"{group}/kept"), rule)
+
+
+def logprobs_within(sel: Any, group: str, width: int) -> DomainCheck:
+    """Top-K: at the kept positions the decoded log-probs are finite and <= 0, their probabilities summing to at
+    most 1 (within the codec's rounding: PROBABILITY_SLACK)."""
+    codec = codecs.get(sel.logprob_codec)
+    scaled = "scale" in codec.arrays(sel.slots)
+    needs = (f"{group}/values", f"{group}/kept", *((f"{group}/scale",) if scaled else ()))
+    slack = PROBABILITY_SLACK.get(sel.logprob_codec, 1.01 if codec.lossless else LOSSY_SLACK)
+
+    def rule(data: Arrays) -> Breach | None:
+        kept = kept_mask(data, group, width)
+        logprobs = codec.decode(data[needs[0]], data.get(f"{group}/scale"), sel.slots)  # float32 [n, T, S]
+        if (kept & ~np.isfinite(logprobs).all(axis=-1)).any():
+            return Breach(needs[0], "holds a NaN or infinite log-prob at a kept position")
+        top = np.where(kept, logprobs.max(axis=-1, initial=-np.inf), -np.inf)
+        if top.max(initial=-np.inf) > 1e-3:
+            return Breach(needs[0], f"holds log-prob {top.max():.4g} > 0 (a probability above 1)")
+        mass = np.where(kept, np.exp(logprobs).sum(axis=-1), 0.0)  # float32: its rounding is far below the slack
+        if mass.max(initial=0.0) > slack:
+            return Breach(needs[0], f"holds a position whose top-{sel.slots} probabilities sum to {mass.max():.4g} "
+                          f"> 1 (the {sel.logprob_codec} codec's rounding allows up to {slack:g})")
+        return None
+
+    return DomainCheck(needs, rule)
+
+
+def scales_within(group: str) -> DomainCheck:
+    """A scaled codec's scales are finite and non-negative."""
+    name = f"{group}/scale"
+
+    def rule(data: Arrays) -> Breach | None:
+        scale = data[name]
+        if scale.dtype.kind == "f" and not (np.isfinite(scale).all() and (scale >= 0).all()):
+            return Breach(name, "holds a NaN, infinite or negative scale")
+        return None
+
+    return DomainCheck((name,), rule)
+
+
+def counts_sum_to_draws(sel: Any, group: str, width: int) -> DomainCheck:
+    """Sampled: each kept position's counts sum to the draws; positions not kept hold zero counts."""
+    name = f"{group}/counts"
+
+    def rule(data: Arrays) -> Breach | None:
+        kept, total = kept_mask(data, group, width), data[name].sum(axis=-1, dtype=np.int64)
+        if (total[~kept] != 0).any():
+            return Breach(name, "holds counts at a position that keeps no support")
+        wrong = total[kept][total[kept] != sel.draws]
+        if wrong.size:
+            return Breach(name, f"holds a kept position whose counts sum to {int(wrong[0])}, not the {sel.draws} draws")
+        return None
+
+    return DomainCheck((name, f"{group}/kept"), rule)
+
+
+def support_checks(sel: Any, group: str, length: str, width: int) -> list[DomainCheck]:
+    """The rules of a support's arrays over `width` positions whose real ones `length` counts (causal-LM and
+    seq2seq stores)."""
+    if sel.support == HIDDEN:  # no ids or log-probs: the hidden states' codec decodes any bytes
+        return [kept_on_real_positions(group, length, width, sel.positions)]
+    checks = [kept_on_real_positions(group, length, width, sel.positions), support_ids_below(sel, group, width)]
+    if sel.support == "sample":
+        return [*checks, counts_sum_to_draws(sel, group, width)]
+    return [*checks, scales_within(group), logprobs_within(sel, group, width)]
+
+
+def domain_checks(sel: ClmSelection) -> list[DomainCheck]:
+    """Every rule of a causal-LM store's arrays, in the order they are checked (a new array adds its own)."""
+    return [ids_below("input_ids", sel.vocab_size), lengths_within("length", 1, sel.block_size),
+            *support_checks(sel, GROUP, "length", sel.block_size)]
 
 
 # name -> (axes after rows, description, units): what generic Zarr tools show

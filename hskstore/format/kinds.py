@@ -9,7 +9,10 @@ A `StoreKind` declares its name (meta["objective"]), the names it may hold at a 
 metadata implies, how generic Zarr tools see each array (dimension names and attributes), and its reader
 class, named "module:Class" so that this layer never imports hskstore.io. The built-in kinds are declared
 below by module (imported on first lookup, as the codecs are); a package adds one through the entry point
-group `hsk.store_kinds`, whose module calls `register`. docs/guide/adding-a-store-kind.md walks through one.
+group `hsk.store_kinds`, named after its kind: a module whose import calls `register`, or a `module:attribute`
+that is the StoreKind (registered here). A package's kind is imported on the first lookup of its name only, so
+a broken one fails only the commands that open its stores, naming the package. docs/guide/adding-a-store-kind.md
+walks through one.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from ..errors import UserError
-from ..plugins import STORE_KINDS, plugins
+from ..errors import UserError, printable
+from ..plugins import STORE_KINDS, Plugin, PluginError, plugins
 
 TASK = "task"  # a store without `objective` is a task store (the first kind; the key came later)
 
@@ -51,39 +54,87 @@ class StoreKind:
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")
-        return getattr(import_module(module), name)
+        try:
+            return getattr(import_module(module), name)
+        except (Exception, SystemExit) as exc:  # a package's reader that cannot be imported is its bug
+            plugin = _PROVIDERS.get(self.name)
+            if plugin is None:
+                raise
+            raise plugin_fault(plugin, f"its reader {self.reader} cannot be imported ({type(exc).__name__}: "
+                               f"{printable(exc)})") from exc
+
+    @property
+    def package(self) -> str | None:
+        """The installed package that provides this kind (None: hsk's own)."""
+        plugin = _PROVIDERS.get(self.name)
+        return None if plugin is None else plugin.package
 
 
 # name -> the module whose import registers it (the built-in kinds)
 _DECLARED = {TASK: "hskstore.format.schema", "mlm": "hskstore.format.mlm", "clm": "hskstore.format.clm",
              "seq2seq": "hskstore.format.seq2seq"}
 _KINDS: dict[str, StoreKind] = {}
-_plugins_loaded = False
+_INSTALLED: dict[str, Plugin] = {}  # kind name -> the `hsk.store_kinds` entry point that declares it
+_PLUGINS_FOUND = False
+_loading: Plugin | None = None  # the package whose kind is being imported (its registrations are checked)
+_PROVIDERS: dict[str, Plugin] = {}  # a package's kind name -> its entry point (for errors naming the package)
+
+
+def plugin_fault(plugin: Plugin, what: str) -> PluginError:
+    """One line blaming an installed kind package for `what`, and saying what to do."""
+    return PluginError(f"the {STORE_KINDS} extension {plugin.name!r} of {plugin.package} ({plugin.value}): {what}; "
+                       f"update or uninstall {plugin.package.split()[0]}")
 
 
 def register(kind: StoreKind) -> StoreKind:
     """Add a kind (a built-in one at its module's import, a plugin's from its entry point's module)."""
+    if _loading is not None and kind.name in _DECLARED:
+        raise plugin_fault(_loading, f"it registers the store kind {kind.name!r}, which hsk has built in")
     if kind.name in _KINDS and _KINDS[kind.name] is not kind:
+        if _loading is not None:
+            raise plugin_fault(_loading, f"it registers the store kind {kind.name!r}, which another package has")
         raise ValueError(f"store kind {kind.name!r} is registered twice")
     _KINDS[kind.name] = kind
+    if _loading is not None:
+        _PROVIDERS[kind.name] = _loading
     return kind
 
 
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if not _plugins_loaded:
-        _plugins_loaded = True
-        for plugin in plugins(STORE_KINDS):
-            if plugin.name not in _DECLARED:  # a plugin never replaces a built-in kind
-                plugin.load()
+def _find_plugins() -> None:
+    """Note the kinds of installed packages by name, once (metadata only: nothing is imported here). A name hsk
+    has built in stays hsk's: a package never replaces a built-in kind."""
+    global _PLUGINS_FOUND
+    if not _PLUGINS_FOUND:
+        _PLUGINS_FOUND = True
+        _INSTALLED.update((p.name, p) for p in plugins(STORE_KINDS) if p.name not in _DECLARED)
+
+
+def _load_plugin(name: str) -> None:
+    """Import the package that declares the kind `name`: its module registers it, or its attribute is the kind.
+    Whatever goes wrong is the package's fault, said in one line naming it (PluginError)."""
+    global _loading
+    plugin = _INSTALLED[name]
+    for module in _DECLARED.values():  # hsk's own kinds first: the package's registrations are then its own
+        import_module(module)
+    _loading = plugin
+    try:
+        loaded = plugin.load()  # a failing import, even sys.exit: PluginError naming the package
+        if isinstance(loaded, StoreKind) and _KINDS.get(loaded.name) is not loaded:
+            register(loaded)  # a `module:attribute` entry point names the kind itself
+    finally:
+        _loading = None
+    if name not in _KINDS:
+        raise plugin_fault(plugin, f"it registers no store kind named {name!r} (docs/guide/adding-a-store-kind.md)")
 
 
 def get(name: str) -> StoreKind:
-    """The kind called `name`: a built-in one, or one an installed package registers."""
+    """The kind called `name`: a built-in one, or one an installed package declares (imported now, alone)."""
     if name not in _KINDS and name in _DECLARED:
         import_module(_DECLARED[name])
     if name not in _KINDS:
-        _load_plugins()
+        _find_plugins()
+        if name in _INSTALLED:
+            _load_plugin(name)
     if name not in _KINDS:
         raise UnknownKindError(f"no store kind {name!r}: this hsk knows {', '.join(names())}; a store of another "
                                "kind needs the hsk (or the package) that wrote it")
@@ -91,12 +142,23 @@ def get(name: str) -> StoreKind:
 
 
 def names() -> list[str]:
-    """Every kind's name: the built-in ones first (in their declared order, whichever was imported first), then
-    the installed packages'."""
-    for name in _DECLARED:
-        get(name)
-    _load_plugins()
-    return [*_DECLARED, *(name for name in _KINDS if name not in _DECLARED)]
+    """Every kind's name: the built-in ones first (in their declared order), then the installed packages' (by
+    their entry points: none is imported here)."""
+    _find_plugins()
+    return [*_DECLARED, *(name for name in _KINDS if name not in _DECLARED),
+            *(name for name in _INSTALLED if name not in _KINDS)]
+
+
+def loadable() -> list[StoreKind]:
+    """Every kind that loads: the built-in ones and the installed packages' whose import works (a broken package
+    is skipped here; the commands that open its stores say what is wrong with it)."""
+    found = []
+    for name in names():
+        try:
+            found.append(get(name))
+        except PluginError:
+            continue
+    return found
 
 
 def objective_of(meta: Mapping[str, Any]) -> str:

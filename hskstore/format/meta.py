@@ -15,6 +15,7 @@ from typing import Any
 
 from . import kinds
 from .config import PRECISION
+from .domain import MAX_VOCAB, int_within
 from .kinds import TASK as TASK  # re-exported: the task dump takes it with the records below
 from .kinds import objective_of, records_objective
 
@@ -166,6 +167,8 @@ class TeacherRef(_NamedRecord):
         if self.precision is not None and self.precision not in FORWARD_PRECISIONS:
             raise ValueError(f"teacher.precision {self.precision!r} is not a precision hsk knows "
                              f"({', '.join(FORWARD_PRECISIONS)})")
+        if self.vocab_size is not None and int_within("vocab_size", self.vocab_size, 1, MAX_VOCAB):
+            raise ValueError(f"teacher.{int_within('vocab_size', self.vocab_size, 1, MAX_VOCAB)}")
 
     @property
     def forward_precision(self) -> str:
@@ -194,6 +197,10 @@ class TokenizerRef(_NamedRecord):
     revision: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size is not None and int_within("vocab_size", self.vocab_size, 1, MAX_VOCAB):
+            raise ValueError(f"tokenizer.{int_within('vocab_size', self.vocab_size, 1, MAX_VOCAB)}")
 
 
 # StoreMeta fields after the description, in the order the writer adds them (hskstore.io.writer): what the dump

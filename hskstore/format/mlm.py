@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import kinds
+from .domain import DomainCheck, finite, ids_below, lengths_within
 from .schema import ArraySpec, described_as, ids_dtype, task_entry
 
 MLM = "mlm"  # meta["objective"] of a masked-LM store
@@ -84,6 +85,14 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
         spec(f"{GROUP}/topk_logits", (m, k), "float32"),
         spec(f"{GROUP}/lse", (m,), "float32"),
     ]
+
+
+def domain_checks(meta: Mapping[str, Any]) -> list[DomainCheck]:
+    """The rules of a masked-LM store's arrays (hskstore.format.domain): its ids below the tokenizer's vocabulary,
+    lengths within the rows, the teacher's logits and log-sum-exps finite."""
+    vocab = meta["tokenizer"]["vocab_size"]
+    return [*(ids_below(name, vocab) for name in ("input_ids", f"{GROUP}/labels", f"{GROUP}/topk_ids")),
+            lengths_within("length", 0, meta["max_length"]), finite(f"{GROUP}/topk_logits"), finite(f"{GROUP}/lse")]
 
 
 # name -> (axes after rows, description, section of docs/STORE_FORMAT.md, units): what generic Zarr tools show.

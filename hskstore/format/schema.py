@@ -36,8 +36,9 @@ LAYERS_GROUP, PROGRESS_GROUP = "layers", "_progress"
 
 
 def top_level_entries() -> frozenset[str]:
-    """Every name a store of any registered kind can hold at its root (zarr.json, arrays, groups)."""
-    return frozenset({"zarr.json", PROGRESS_GROUP}).union(*(kinds.get(name).root_entries for name in kinds.names()))
+    """Every name a store of any kind that loads can hold at its root (zarr.json, arrays, groups): a broken kind
+    package is skipped (the commands that open its stores name it)."""
+    return frozenset({"zarr.json", PROGRESS_GROUP}).union(*(kind.root_entries for kind in kinds.loadable()))
 
 
 @dataclass(frozen=True)

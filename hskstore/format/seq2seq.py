@@ -23,16 +23,21 @@ import numpy as np
 from .. import codecs
 from . import kinds
 from .clm import (
-    SUPPORTS,
     LMTargets,
     Support,
     check_positions,
     decode_support,
     described_support,
+    fraction_problem,
     id_bits,
+    positive_problem,
+    support_checks,
+    support_problem,
     support_specs,
+    vocabulary_problem,
 )
 from .config import ConfigError
+from .domain import MAX_WIDTH, DomainCheck, first_problem, ids_below, int_within, lengths_within
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 SEQ2SEQ = "seq2seq"
@@ -63,7 +68,7 @@ class Decoding:
             return None
         if strategy == "greedy" and not number:
             return cls("greedy", 1, max_new_tokens)
-        if strategy == "beam" and number.isdigit() and 2 <= int(number) <= 64:
+        if strategy == "beam" and number.isascii() and number.isdigit() and 2 <= int(number) <= 64:
             return cls("beam", int(number), max_new_tokens)
         raise ConfigError(f"--decode {text!r}: pass none, greedy or beam:N (2 <= N <= 64 beams)")
 
@@ -114,15 +119,33 @@ class Seq2seqSelection:
         return sel
 
     def _problem(self) -> str | None:
-        """What makes a read selection unusable (None: nothing)."""
-        if self.architecture not in ARCHITECTURES or self.id_bits != id_bits(self.vocab_size):
-            return f"architecture {self.architecture!r}, {self.id_bits} bits per id"
-        has_support = self.support in SUPPORTS and self.slots >= 1 and self.supports_on in TARGETS
-        if self.support is not None and not has_support:
-            return f"support {self.support!r} with {self.slots} slots on {self.supports_on!r}"
-        if self.decoding is not None and self.decoding.get("strategy") not in STRATEGIES:
-            return f"decoding {self.decoding!r}"
-        return None
+        """What makes a read selection unusable, out of its domain or contradicting itself (None: nothing)."""
+        if self.architecture not in ARCHITECTURES:
+            return f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+        last = self.vocab_size - 1 if isinstance(self.vocab_size, int) else 0
+        return first_problem((
+            vocabulary_problem(self.vocab_size, self.id_bits), int_within("max_source", self.max_source, 1, MAX_WIDTH),
+            int_within("max_target", self.max_target, 1, MAX_WIDTH), int_within("eos_id", self.eos_id, 0, last),
+            int_within("pad_id", self.pad_id, 0, last),
+            None if self.decoder_start_id is None else int_within("decoder_start_id", self.decoder_start_id, 0, last),
+            self._support_problem(), self._decoding_problem(), fraction_problem("positions", self.positions),
+            positive_problem("temperature", self.temperature)))
+
+    def _support_problem(self) -> str | None:
+        if self.support is None:
+            return None if self.slots == 0 else f"slots {self.slots!r} without a support"
+        if self.supports_on not in TARGETS or self.supports_on == "teacher" and self.decoding is None:
+            return f"supports_on {self.supports_on!r} is not a stored target"
+        return support_problem(self)
+
+    def _decoding_problem(self) -> str | None:
+        if self.decoding is None:
+            return None
+        d = self.decoding
+        if not isinstance(d, dict) or d.get("strategy") not in STRATEGIES:
+            return f"decoding {d!r} is not greedy or beam search"
+        return first_problem((int_within("decoding.beams", d.get("beams"), 1, 64),
+                              int_within("decoding.max_new_tokens", d.get("max_new_tokens"), 1, MAX_WIDTH)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -253,6 +276,19 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     if sel.support is not None:
         specs += support_specs(spec, sel, sel.max_target, GROUP)
     return specs
+
+
+def domain_checks(sel: Seq2seqSelection) -> list[DomainCheck]:
+    """Every rule of a seq2seq store's arrays (hskstore.format.domain), in the order they are checked: the ids of
+    each sequence below the vocabulary, its length within its array, then the support over its target."""
+    widths = {"source": sel.max_source, "reference": sel.max_target, "teacher": sel.max_target}
+    checks = []
+    for target, width in widths.items():
+        if target != "teacher" or sel.decoding is not None:
+            checks += [ids_below(f"{target}_ids", sel.vocab_size), lengths_within(f"{target}_length", 0, width)]
+    if sel.support is not None:
+        checks += support_checks(sel, GROUP, f"{sel.supports_on}_length", sel.max_target)
+    return checks
 
 
 _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {

@@ -212,9 +212,10 @@ def stored_bytes(group: zarr.Group, names: list[str]) -> int:
 
 def store_name(url: str) -> str:
     """The folder name the card's examples use: the last part of the URL, without the hidden
-    `.NAME.hsk-staged-PID` wrapping of a store being built to replace another."""
+    `.NAME.hsk-staged-PID-RANDOM` wrapping of a store being built to replace another
+    (hskstore.io.outputs.staged_path)."""
     name = str(url).rstrip("/").rsplit("/", 1)[-1] or "store.zarr"
-    match = re.fullmatch(r"\.(.+)\.hsk-staged-\d+", name)
+    match = re.fullmatch(r"\.(.+)\.hsk-staged-\d+(?:-[0-9a-z_]+)?", name)
     return match.group(1) if match else name
 
 

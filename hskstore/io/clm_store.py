@@ -6,8 +6,6 @@ token of the knowledge (the clm/ arrays) beside today's offline-logit formats.
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
 from ..errors import CorruptStoreError
@@ -22,9 +20,11 @@ from ..format.clm import (
     LMTargets,
     decode,
     decode_hidden,
+    domain_checks,
     head_digest,
 )
 from ..format.config import ConfigError
+from ..format.domain import DomainCheck
 from ..format.schema import INTEGRITY, ArraySpec
 from . import info
 from .reader import HSKStore
@@ -73,6 +73,9 @@ class ClmStore(HSKStore):
     @property
     def clm(self) -> ClmSelection:
         return self.selection_record
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.clm)
 
     def support(self) -> tuple[ClmSelection, str, int]:
         """(selection, group, positions per row) of the stored support, for derive."""
@@ -194,6 +197,4 @@ class ClmStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a causal-LM store: train from it with --method clm-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A smaller store of this one (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`

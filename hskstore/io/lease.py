@@ -180,6 +180,14 @@ class Lease:
                 return self
         raise LeaseHeldError(f"{self.url}: could not take the writer lease ({LEASE_NAME}); rerun the command")
 
+    def refuse_if_held(self) -> None:
+        """LeaseHeldError (one line) while a live writer holds the lease; nothing otherwise (no lease, or a stale
+        one). Takes nothing: a command that would refuse the output for another reason says this first, as
+        waiting for that writer comes before whatever else it would have to do."""
+        holder = self._read()
+        if holder is not None and stale_reason(holder, modified=self._modified() if not holder else None) is None:
+            raise LeaseHeldError(self._held_message(holder))
+
     def _held_message(self, holder: dict) -> str:
         if not holder:
             age = f"{STALE_AFTER_S:.0f}s"

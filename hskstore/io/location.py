@@ -194,7 +194,7 @@ def private_folder(parent: str | os.PathLike, prefix: str) -> str:
 def _pid_of(rest: str) -> int | None:
     """The pid at the start of what follows `.NAME.hsk-TAG-` (`PID`, `PID-random`, `PID-random.suffix`)."""
     head = rest.split("-", 1)[0].split(".", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def is_local(path: str) -> bool:

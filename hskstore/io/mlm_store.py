@@ -7,7 +7,8 @@ counts bytes per masked token of the knowledge (the mlm/ arrays) beside today's 
 from __future__ import annotations
 
 from ..format.config import ConfigError
-from ..format.mlm import GROUP, MLM, MaskedLMSelection
+from ..format.domain import DomainCheck
+from ..format.mlm import GROUP, MLM, MaskedLMSelection, domain_checks
 from . import info
 from .reader import HSKStore
 
@@ -29,6 +30,9 @@ class MLMStore(HSKStore):
     @property
     def masking(self) -> MaskedLMSelection:
         return self.selection_record
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.meta)
 
     def masked_tokens(self) -> int:
         """Masked positions over the whole store (unused slots are -1)."""

@@ -18,6 +18,7 @@ teachers, sweeps...) and which of them resume are the commands' (pipelines/core/
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -36,12 +37,20 @@ from .location import WRITABLE_SCHEMES, LocalLocation, Location, is_bundle, loca
 MARKER = ".hsk-output.json"
 STORE = "store"
 LEASE_NAME = ".hsk-lease.json"  # a store's writer lease (hskstore.io.lease); names a store from its first byte
-# The top-level entries a store of any hsk version and kind can hold (from the schema); a zarr group with no
-# attributes and only these is a store whose creation was interrupted by an older hsk (it wrote the attributes last).
-STORE_ENTRIES = top_level_entries() | {LEASE_NAME}
-# What an unpack killed while extracting leaves in its staged folder (zip members come in name order, the root
-# zarr.json last): these names alone mark a staged folder as hsk's.
-_STAGED_STORE_ENTRIES = STORE_ENTRIES | {"README.md", "croissant.json"}
+
+
+@functools.cache
+def store_entries() -> frozenset[str]:
+    """The top-level entries a store of any hsk version and kind can hold (from the schema); a zarr group with no
+    attributes and only these is a store whose creation was interrupted by an older hsk (it wrote the attributes
+    last). Computed on first use: it asks every kind, installed packages' included, which no import should do."""
+    return top_level_entries() | {LEASE_NAME}
+
+
+def _staged_store_entries() -> frozenset[str]:
+    """What an unpack killed while extracting leaves in its staged folder (zip members come in name order, the
+    root zarr.json last): these names alone mark a staged folder as hsk's."""
+    return store_entries() | {"README.md", "croissant.json"}
 
 # zarr's local store writes each object to `<name>.<uuid4 hex>.partial`, then renames it into place.
 PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
@@ -114,7 +123,7 @@ def _zarr_kind(path: str, names: set[str], read) -> str:
             f"{path} holds an unreadable zarr.json, so it is not a readable hsk store: {_what_to_do(path)}"
         )
     attrs = doc.get("attributes") or {}
-    if doc.get("node_type") == "group" and ("hsk" in attrs or (not attrs and names <= STORE_ENTRIES)):
+    if doc.get("node_type") == "group" and ("hsk" in attrs or (not attrs and names <= store_entries())):
         return STORE  # with attributes; or half-created by an older hsk (structure only, attributes not yet written)
     raise OutputError(f"{path} is a zarr {doc.get('node_type', 'node')} but not an hsk store: {_what_to_do(path)}")
 
@@ -136,7 +145,7 @@ def _kind_from_entries(path: str, names: set[str], read) -> str:
         return _marked_kind(path, read)
     if "zarr.json" in names:
         return _zarr_kind(path, names, read)
-    if LEASE_NAME in names and names <= STORE_ENTRIES:
+    if LEASE_NAME in names and names <= store_entries():
         return _leased_kind(read)  # a writer took the lease and stopped before creating its output
     if ".zgroup" in names or ".zarray" in names:
         raise OutputError(f"{path} is a Zarr v2 store, not an hsk store (Zarr v3): {_what_to_do(path)}")
@@ -217,7 +226,7 @@ def _staged_by_hsk(loc: Location) -> bool:
     killed before the root zarr.json), or an output hsk recognises."""
     if loc.is_link() or not loc.is_dir():
         return False
-    if loc.names() <= _STAGED_STORE_ENTRIES:
+    if loc.names() <= _staged_store_entries():
         return True
     try:
         return output_kind(loc.url) is not None

@@ -7,12 +7,11 @@ counts what each kind of knowledge costs per pair: the teacher's output (sequenc
 
 from __future__ import annotations
 
-from importlib import import_module
-
 import numpy as np
 
 from ..format.config import ConfigError
-from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode
+from ..format.domain import DomainCheck
+from ..format.seq2seq import GROUP, SEQ2SEQ, LMTargets, Seq2seqSelection, decode, domain_checks
 from . import info
 from .reader import HSKStore
 
@@ -32,6 +31,9 @@ class Seq2seqStore(HSKStore):
         if self.s2s.support is None:
             raise ConfigError(f"{self.url} keeps no word-level support (dumped without --support): nothing to derive")
         return self.s2s, GROUP, self.s2s.max_target
+
+    def domain_checks(self) -> list[DomainCheck]:
+        return domain_checks(self.s2s)
 
     def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
         """Rows read with read_shard / read (every array) -> the decoded supports over their target."""
@@ -109,6 +111,4 @@ class Seq2seqStore(HSKStore):
     def refuse_task_training(self) -> None:
         raise ConfigError(f"{self.url} is a seq2seq store: train from it with --method s2s-kd")
 
-    def derive(self, out: str, **options) -> dict:
-        """A store of a smaller support (hskstore.share.support_derive), without the teacher."""
-        return import_module("hskstore.share.support_derive").derive_support(self, out, **options)
+    derives_by_support = True  # hskstore.share.support_derive, called by `hsk derive --support`

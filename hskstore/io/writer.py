@@ -58,12 +58,12 @@ from .outputs import (
     LEASE_NAME,
     PARTIAL_FILE,
     STORE,
-    STORE_ENTRIES,
     claim_output,
     fault,
     output_kind,
     refuse_bundle_output,
     staged_replace,
+    store_entries,
 )
 from .reader import HSKStore, render_card
 from .zarr_adapter import put_shard
@@ -232,7 +232,7 @@ def write_store_card(group: zarr.Group, meta: dict, names: list[str], url: str) 
 def _clear_structure(url: str) -> None:
     """Delete the zarr nodes a store's structure is made of (known names only; the lease stays)."""
     store = location(url)
-    for name in sorted(STORE_ENTRIES - {LEASE_NAME}):
+    for name in sorted(store_entries() - {LEASE_NAME}):
         store.child(name).remove()
     remove_partials(url)
 
@@ -470,6 +470,7 @@ def _refuse_before_lease(url: str, meta: StoreMeta | Mapping, status: str) -> No
     existing = _read_meta(url) if status == "resume" else None
     refusal = _existing_refusal(url, existing, _wanted(meta).to_dict()) if existing is not None else None
     if refusal:
+        Lease(url).refuse_if_held()  # a live dump there: wait for it first (its --overwrite would be refused too)
         raise StoreExistsError(refusal)
 
 

@@ -21,7 +21,7 @@ import zarr
 from ..errors import CorruptStoreError, StoreError, StoreExistsError
 from ..format.schema import META_KEY
 from ..io.lease import Lease
-from ..io.location import BUNDLE_SUFFIX, atomic_file, is_bundle, zarr_location, zip_problem
+from ..io.location import BUNDLE_SUFFIX, atomic_file, is_bundle, is_local, zarr_location, zip_problem
 from ..io.outputs import (
     STORE,
     OutputError,
@@ -35,7 +35,8 @@ from ..io.reader import HSKStore
 from ..io.zarr_adapter import get_bytes, list_keys
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's first representable time: no build time in the bytes
-__all__ = ["BUNDLE_SUFFIX", "is_bundle", "pack", "store_keys", "unpack", "zarr_location"]
+__all__ = ["BUNDLE_SUFFIX", "is_bundle", "pack", "packed_before", "refuse_remote_bundle", "store_keys", "unpack",
+           "zarr_location"]
 
 
 def _packable(key: str) -> bool:
@@ -55,12 +56,23 @@ def _read(group: zarr.Group, key: str) -> bytes:
     return data
 
 
+def refuse_remote_bundle(out: str | os.PathLike) -> None:
+    """A bundle is written to a local file (a zip is written with seeks, then renamed into place): a URL is refused
+    in one line saying how to put it there."""
+    if not is_local(str(out)):
+        name = str(out).rstrip("/").rsplit("/", 1)[-1] or f"store{BUNDLE_SUFFIX}"
+        raise StoreError(f"{out}: hsk pack writes a local file, not a URL: pack to a local path, then copy it and its "
+                         f"croissant.json there (e.g. `hsk pack STORE {name}`, then `aws s3 cp` or fsspec); "
+                         "readers open a bundle at a URL directly")
+
+
 def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, progress=None) -> Path:
     """Write the complete store at store_url as the bundle `out` (a local file); returns its path.
 
     Refuses incomplete stores and an existing `out` unless overwrite. The bundle is checked (every
     shard against its digests) before it takes its name; a damaged source is refused.
     """
+    refuse_remote_bundle(out)
     out = Path(out)
     if not is_bundle(str(out)):
         raise StoreError(f"a bundle's name ends in .zip (e.g. {out.name}{BUNDLE_SUFFIX}): got {out}")
@@ -82,6 +94,23 @@ def pack(store_url: str, out: str | os.PathLike, *, overwrite: bool = False, pro
         problems = HSKStore(str(tmp)).verify()
         if problems:
             raise CorruptStoreError(f"{store_url} is damaged, not packed: {problems[0]}")
+    return out
+
+
+def packed_before(store_url: str, out: str | os.PathLike) -> Path | None:
+    """The bundle at `out` when it is this very store packed by an earlier `hsk pack` (same content address,
+    every shard intact): a pack stopped after the bundle took its name, before the croissant.json beside it
+    (a full disk), is finished by its rerun instead of being refused. None otherwise."""
+    out = Path(out)
+    if not _is_bundle_file(out):
+        return None
+    try:
+        address = HSKStore(store_url).content_address
+        bundle = HSKStore(str(out))
+    except StoreError:
+        return None
+    if address is None or bundle.content_address != address or bundle.verify():
+        return None
     return out
 
 

@@ -34,6 +34,7 @@ from ..io.card import selection_text
 from ..io.info import human_bytes
 from ..io.location import check_plain_tree, is_bundle, is_local, local_path, location, zip_problem
 from ..io.outputs import LEASE_NAME
+from ..plugins import PluginError
 
 CARD = "README.md"
 GENERATOR = "hsk catalog"
@@ -139,6 +140,8 @@ def entry_from(url: str, kind: str, root: bytes | None, card: bytes | None, leas
         return _entry(url, kind, meta, None if card is None else card.decode(errors="replace"))
     except _DAMAGE as exc:
         return Entry(url, kind, f"damaged: metadata lacks or mangles {exc.__class__.__name__}: {exc}"[:300])
+    except PluginError as exc:  # its kind's package is broken here: the store may be fine, the catalog goes on
+        return Entry(url, kind, f"unreadable here: {exc}"[:300])
 
 
 def _as_declared(e: Entry) -> Entry:

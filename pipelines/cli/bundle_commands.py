@@ -29,12 +29,18 @@ def pack(
 
     from hskstore.io.croissant import claim_sibling, write_bundle_croissant
     from hskstore.share.bundle import pack as pack_store
+    from hskstore.share.bundle import packed_before, refuse_remote_bundle
 
+    refuse_remote_bundle(out)
     sibling = claim_sibling(out, overwrite=overwrite)  # refused before any work, like the bundle itself
-    path = pack_store(
-        store, out, overwrite=overwrite,
-        progress=lambda keys: tqdm(keys, desc="pack", unit="object", disable=not progress or None),
-    )
+    path = None if overwrite else packed_before(store, out)  # a rerun after the croissant.json could not be written
+    if path is not None:
+        typer.echo(f"{out} already holds this store, packed by an earlier run: writing its croissant.json", err=True)
+    else:
+        path = pack_store(
+            store, out, overwrite=overwrite,
+            progress=lambda keys: tqdm(keys, desc="pack", unit="object", disable=not progress or None),
+        )
     write_bundle_croissant(path, sibling)
     typer.echo(f"packed {store} -> {path} ({path.stat().st_size / 2**20:.1f} MiB; read it directly: "
                f"`hsk info {path}`, `hsk train --store {path} ...`; Croissant metadata: {sibling})")

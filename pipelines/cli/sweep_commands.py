@@ -173,9 +173,12 @@ def derive_cmd(
 def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar) -> None:
     from hskstore.io.info import storage_report
     from hskstore.io.reader import open_store
+    from hskstore.share.support_derive import derive_support
 
-    open_store(store).derive(out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
-                             log=typer.echo)
+    source = open_store(store)
+    source.refuse_support_derive()  # a task or masked-LM store: derive it with --config
+    derive_support(source, out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
+                   log=typer.echo)
     new = open_store(out)
     typer.echo(f"done: {out}  {new.size_summary(storage_report(new))}. See `hsk info {out}`.")
 

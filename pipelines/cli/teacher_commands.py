@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from hskstore.format.config import ConfigError
+from pipelines import runkinds
+from pipelines.cli.generated import FlagTable, common_options, kind_options
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
@@ -34,110 +36,41 @@ Examples:
 """
 
 
-@app.command(help=TEACHER_HELP)
-def teacher(
-    task: str = typer.Option(None, "--task", "-t", help="GLUE task to fine-tune on."),
-    out: str = typer.Option(
-        None, "--out", "-o", help="Folder for the fine-tuned checkpoint [default: runs/teacher-<task>]."
-    ),
-    base: str = typer.Option("minilm", help="Base encoder: hub id, local folder, or 'minilm' (offline)."),
-    data_dir: str = typer.Option(None, help="Local glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
-    data_file: str = typer.Option(None, help="Your own labelled csv/tsv/json/parquet file."),
-    epochs: float = typer.Option(3.0, help="Training epochs (fractions allowed)."),
-    lr: float = typer.Option(5e-5, help="Peak learning rate (linear decay, 10% warmup)."),
-    batch_size: int = typer.Option(32, help="Batch size."),
-    max_length: int = typer.Option(None, help="Max tokens [default: the task's]."),
-    train_limit: int = typer.Option(None, "--limit", help="Use only the first N training examples."),
-    eval_limit: int = typer.Option(None, help="Evaluate on only the first N dev examples."),
-    seed: int = typer.Option(0, help="Random seed."),
-    device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
-    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
-    precision: str = typer.Option(
-        "auto", help="Step precision: auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace a teacher folder at --out (only once the new one is complete)."
-    ),
-    objective: str = typer.Option("task", help="task (fine-tune a classifier), mlm (train an MLM head) or clm "
-                                  "(fine-tune a causal LM on a corpus, e.g. --base smollm2)."),
-    text_file: str = typer.Option(None, help="--objective mlm/clm: raw in-domain text, one example per line."),
-    train_layers: int = typer.Option(0, help="--objective mlm: also train the top N encoder layers."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars (off in logs)."),
-) -> None:
-    given = dict(locals())  # the options as typed: each objective's teacher (TEACHERS) reads those it takes
-    check_threads(threads)
+def _teacher_table() -> FlagTable:
+    """`hsk teacher`'s options: those of every kind that fine-tunes a teacher, and the ones they share."""
+    table = FlagTable()
+    table.add(runkinds.TeacherCommon, None, "")
+    for kind in runkinds.builtin_kinds():
+        if kind.teacher_options is not None:
+            table.add(kind.teacher_options, kind.name, "")
+    table.extra("objective", str, typer.Option("task", help="task (fine-tune a classifier), mlm (train an MLM head) "
+                                               "or clm (fine-tune a causal LM on a corpus, e.g. --base smollm2)."))
+    return table
+
+
+TEACHER_TABLE = _teacher_table()
+
+
+def _teacher(values: dict) -> None:
+    kind = runkinds.get(values["objective"])
+    if kind.teacher is None:
+        have = [k.name for k in runkinds.builtin_kinds() if k.teacher is not None]
+        raise ConfigError(f"--objective {kind.name} has no teacher to fine-tune: pass {', '.join(have)}")
+    options = kind_options(TEACHER_TABLE, kind.teacher_options, kind.name, "--objective {}", values,
+                           runkinds.TeacherCommon)
+    common = common_options(runkinds.TeacherCommon, values)
+    check_threads(common.threads)
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
 
-    use_threads(threads, "teacher")
-    device = pick_device(device)
-    if note := cpu_half_warning(precision, device):
+    use_threads(common.threads, "teacher")
+    device = pick_device(common.device)
+    if note := cpu_half_warning(common.precision, device):
         typer.echo(note, err=True)
-    if objective not in TEACHERS:
-        *others, last = TEACHERS
-        raise ConfigError(f"unknown --objective {objective!r}: pass {', '.join(others)} or {last}")
-    TEACHERS[objective](given, device)
+    kind.load("teacher")(options, common, device, typer.echo)
 
 
-def _task_teacher(o: dict, device: str) -> None:
-    from pipelines.core.tasks import default_teacher_dir, get_task
-    from pipelines.train.kinds.teacher import fine_tune_teacher
-
-    if not o["task"]:
-        raise ConfigError("hsk teacher needs --task (or --objective mlm --text-file FILE for an MLM teacher)")
-    out = o["out"] or default_teacher_dir(o["task"])
-    fine_tune_teacher(  # it says "teacher saved to OUT (best epoch N: dev ...)"
-        get_task(o["task"]),
-        o["base"],
-        out,
-        data_dir=o["data_dir"],
-        data_file=o["data_file"],
-        epochs=o["epochs"],
-        lr=o["lr"],
-        batch_size=o["batch_size"],
-        max_length=o["max_length"],
-        train_limit=o["train_limit"],
-        eval_limit=o["eval_limit"],
-        seed=o["seed"],
-        device=device,
-        precision=o["precision"],
-        overwrite=o["overwrite"],
-        progress=o["progress"],
-        log=typer.echo,
-    )
-
-
-def _mlm_teacher(o: dict, device: str) -> None:
-    from pipelines.dump.mlm import load_corpus
-    from pipelines.train.kinds.mlm_teacher import train_mlm_teacher
-
-    out = o["out"]
-    if not out:
-        raise ConfigError("an MLM teacher needs --out (the folder for its BertForMaskedLM checkpoint)")
-    corpus = load_corpus(o["text_file"], o["data_file"], None, o["train_limit"])
-    summary = train_mlm_teacher(o["base"], corpus, out, train_layers=o["train_layers"], epochs=o["epochs"],
-                                lr=o["lr"], batch_size=o["batch_size"], max_length=o["max_length"] or 128,
-                                seed=o["seed"], device=device, precision=o["precision"], overwrite=o["overwrite"],
-                                progress=o["progress"], log=typer.echo)
-    typer.echo(f"MLM teacher saved to {out}: held-out masked tokens {summary['dev_metrics']}")
-
-
-def _clm_teacher(o: dict, device: str) -> None:
-    from pipelines.dump.mlm import load_corpus
-    from pipelines.train.kinds.clm_teacher import train_clm_teacher
-
-    out = o["out"]
-    if not out:
-        raise ConfigError("a causal-LM teacher needs --out (the folder for its checkpoint)")
-    corpus = load_corpus(o["text_file"], o["data_file"], None, o["train_limit"])
-    summary = train_clm_teacher(o["base"], corpus, out, block_size=o["max_length"] or 256, epochs=o["epochs"],
-                                lr=o["lr"], batch_size=o["batch_size"], seed=o["seed"], device=device,
-                                precision=o["precision"], overwrite=o["overwrite"], progress=o["progress"],
-                                log=typer.echo)
-    typer.echo(f"causal-LM teacher saved to {out}: held-out {summary['dev_metrics']}")
-
-
-# --objective -> its teacher: (the options as typed, the torch device) -> None
-TEACHERS = {"task": _task_teacher, "mlm": _mlm_teacher, "clm": _clm_teacher}
+teacher = app.command("teacher", help=TEACHER_HELP)(TEACHER_TABLE.command(_teacher))
 
 
 @app.command()

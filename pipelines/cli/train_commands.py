@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from hskstore.errors import UserError
 from hskstore.format.config import SHARD_ROWS, STUDENT_LAYERS, TOKENS
+from pipelines import runkinds
+from pipelines.cli.generated import FlagTable, common_options, kind_options
 from pipelines.cli.sections import sectioned
 from pipelines.core.threads import THREADS_HELP, check_threads, use_threads
 
@@ -113,7 +113,8 @@ def train(
         "lightpaff-pretrain OUT/best).",
     ),
     out: str = typer.Option(..., "--out", "-o", help="Run folder: checkpoint/, best/, metrics.jsonl, summary.json."),
-    method: str = typer.Option("mud", "--method", "-m", help="Distillation method (`hsk methods` lists them)."),
+    method: str = typer.Option(None, "--method", "-m", help="Distillation method (`hsk methods` lists them) "
+                               "[default: the store kind's: mud (task), lightpaff-pretrain (mlm), clm-kd, s2s-kd]."),
     stages: str = typer.Option(None, help="mud: stages to run, 'hsk,pred', 'hsk' or 'pred'."),
     epochs_hsk: float = typer.Option(None, help="mud: stage 1 epochs (fractions allowed) [default: per task]."),
     epochs_pred: float = typer.Option(None, help="mud: stage 2 epochs [default: 5]."),
@@ -239,63 +240,6 @@ def train(
     typer.echo(f"summary: {out}/summary.json")
 
 
-def _eval_task(model: str, task: str, split: str, data_dir: str | None, batch_size: int, max_length: int | None,
-               device: str, limit: int | None, allow_task_mismatch: bool, as_json: bool) -> None:
-    from pipelines.train.run.evaluate import evaluate_model
-
-    result = evaluate_model(
-        model,
-        task,
-        split=split,
-        data_dir=data_dir,
-        batch_size=batch_size,
-        max_length=max_length,
-        device=device,
-        limit=limit,
-        allow_task_mismatch=allow_task_mismatch,
-        progress=True,  # on a terminal only
-    )
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    if result["task_fit"] == "mismatch allowed":
-        typer.echo(f"WARNING: {model} was made for another task; evaluated on {result['task']} as asked", err=True)
-    for name, metrics in result["splits"].items():
-        shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-        typer.echo(f"{result['task']}/{name}: {shown}")
-
-
-def _eval_pairs(model: str, pairs_file: str, text_columns: str | None, prompt: str | None, max_source: int,
-                max_target: int, batch_size: int, device: str, limit: int | None, as_json: bool) -> None:
-    from pipelines.dump.seq2seq import load_pairs, typed_prompt
-    from pipelines.train.run.s2s_eval import evaluate_pairs
-
-    pairs = load_pairs(data_file=pairs_file, text_columns=text_columns, limit=limit)
-    result = evaluate_pairs(model, pairs, prompt=typed_prompt(prompt), max_source=max_source, max_target=max_target,
-                            batch_size=batch_size, device=device)
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    typer.echo(f"{pairs_file}: BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  target perplexity "
-               f"{result['perplexity']:.3f} ({result['pairs']} pairs, greedy, sacrebleu)")
-
-
-def _eval_lm(model: str, text_file: str, block_size: int, batch_size: int, device: str, limit: int | None,
-             as_json: bool) -> None:
-    from pipelines.train.run.lm_eval import evaluate_lm
-
-    if not 2 <= block_size <= 1 << 20:
-        raise UserError(f"--block-size {block_size}: pass a whole number from 2 to {1 << 20}")
-    result = evaluate_lm(model, text_file, block_size=block_size, batch_size=min(batch_size, 64), device=device,
-                         limit=limit)
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    typer.echo(f"{text_file}: perplexity {result['perplexity']:.3f} ({result['tokens']} tokens), per word "
-               f"{result['word_perplexity']:.3f} ({result['words']} words), ECE {result['ece']:.4f}, next-token "
-               f"accuracy {result['accuracy']:.4f}")
-
-
 METHODS_HELP = """List the distillation methods `hsk train --method` takes: one line each, and what its store must hold.
 
 Each method is described in docs/methods/<name>.md with the paper it comes from. Methods of installed
@@ -317,48 +261,41 @@ def methods_cmd() -> None:
             typer.echo(f"{'':<{width}}from: {method_package(m.name)} (an installed package's hsk.methods entry point)")
 
 
-@app.command("eval", help=EVAL_HELP)
-def eval_(
-    model: str = typer.Argument(..., help="Saved model folder or hub id (a sequence classifier, or a causal LM "
-                                "with --text-file)."),
-    task: str = typer.Option(None, "--task", "-t", help="GLUE task the model was trained for."),
-    text_file: str = typer.Option(None, "--text-file", help="A causal LM's held-out text, one document per line: "
-                                  "perplexity (token and word level), ECE and next-token accuracy."),
-    block_size: int = typer.Option(256, "--block-size", help="--text-file: tokens per scored block (documents "
-                                   "packed with EOS between, as a causal-LM store packs them)."),
-    pairs_file: str = typer.Option(None, "--pairs-file", help="A seq2seq model's held-out pairs (a table file; "
-                                   "--text-columns SOURCE,TARGET or its first two columns): BLEU and chrF of its "
-                                   "greedy outputs against the targets, and the targets' perplexity."),
-    text_columns: str = typer.Option(None, help="--pairs-file: its source and target columns, e.g. 'src,tgt'."),
-    prompt: str = typer.Option(None, help="--pairs-file with a decoder-only model: the prompt template its store "
-                               "used ({source} where the source goes; `hsk train` prints it) "
-                               "[default: '{source}\\n']."),
-    max_target: int = typer.Option(64, help="--pairs-file: target tokens scored and generated at most."),
-    split: str = typer.Option("dev", help="dev (all dev splits; MNLI: matched and mismatched), or one split."),
-    data_dir: str = typer.Option(None, help="glue_data folder (or set HSK_DATA_DIR); else the HF hub."),
-    batch_size: int = typer.Option(64, help="Evaluation batch size."),
-    max_length: int = typer.Option(None, help="Max tokens per example [default: 64 for CoLA/SST-2, else 128]."),
-    device: str = typer.Option(None, help="torch device [default: cuda when available, else cpu]."),
-    limit: int = typer.Option(None, "--eval-limit", help="Evaluate on the first N examples only."),
-    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    allow_task_mismatch: bool = typer.Option(
-        False, "--allow-task-mismatch", help="Evaluate a model whose labels or task say it was made for another task."
-    ),
-) -> None:
-    check_threads(threads)
-    if sum(x is not None for x in (task, text_file, pairs_file)) != 1:
+def _eval_table() -> FlagTable:
+    """`hsk eval`'s options: every kind's evaluation (pipelines/kinds/<kind>.py) and the ones they share."""
+    table = FlagTable()
+    table.extra("model", str, typer.Argument(..., help="Saved model folder or hub id (a sequence classifier, a "
+                                             "causal LM with --text-file, a seq2seq model with --pairs-file)."))
+    for kind in runkinds.builtin_kinds():
+        if kind.eval_options is not None:
+            table.add(kind.eval_options, kind.name, "")
+    table.add(runkinds.EvalCommon, None, "")
+    return table
+
+
+EVAL_TABLE = _eval_table()
+
+
+def _evaluation(values: dict) -> runkinds.RunKind:
+    """The kind whose evaluation the options select (--task, --text-file, --pairs-file: one of them)."""
+    kinds = [k for k in runkinds.builtin_kinds() if k.evaluate is not None]
+    chosen = [k for k in kinds if values.get(k.eval_by) is not None]
+    if len(chosen) != 1:
+        given = f"; given {' and '.join(EVAL_TABLE.flags[k.eval_by] for k in chosen)}: keep one" if chosen else ""
         raise UserError("hsk eval needs one of --task (a classifier on a task's dev data), --text-file (a causal "
-                        "LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF)")
+                        f"LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF){given}")
+    return chosen[0]
+
+
+def _eval(values: dict) -> None:
+    kind = _evaluation(values)
+    options = kind_options(EVAL_TABLE, kind.eval_options, kind.name, "the {} evaluation", values, runkinds.EvalCommon)
+    common = common_options(runkinds.EvalCommon, values)
+    check_threads(common.threads)
     from pipelines.core.devices import pick_device
 
-    use_threads(threads, "eval")
-    if text_file is not None:
-        _eval_lm(model, text_file, block_size, batch_size, pick_device(device), limit, as_json)
-        return
-    if pairs_file is not None:
-        _eval_pairs(model, pairs_file, text_columns, prompt, max_length or 128, max_target, min(batch_size, 32),
-                    pick_device(device), limit, as_json)
-        return
-    _eval_task(model, task, split, data_dir, batch_size, max_length, pick_device(device), limit, allow_task_mismatch,
-               as_json)
+    use_threads(common.threads, "eval")
+    kind.load("evaluate")(values["model"], options, common, pick_device(common.device), typer.echo)
+
+
+eval_ = app.command("eval", help=EVAL_HELP)(EVAL_TABLE.command(_eval))

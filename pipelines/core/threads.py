@@ -62,10 +62,10 @@ def physical_cores() -> int:
 def default_threads(command: str) -> int:
     """The thread count `command` uses when --threads is not given (see the module's docstring)."""
     from_env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if from_env.isdigit() and int(from_env) > 0:
+    if from_env.isascii() and from_env.isdigit() and int(from_env) > 0:
         return int(from_env)
     ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")  # torchrun: the ranks on this host share its cores
-    per_rank = physical_cores() // max(1, int(ranks)) if ranks.isdigit() else physical_cores()
+    per_rank = physical_cores() // max(1, int(ranks)) if ranks.isascii() and ranks.isdigit() else physical_cores()
     return max(1, per_rank - BUSY.get(command, 0))
 
 

@@ -88,6 +88,6 @@ CLM_KD = register(
         options=ClmKDOptions,
         build=_build,
         check=_check,
-        objective="clm",
+        kinds=("clm",),
     )
 )

@@ -111,7 +111,7 @@ LIGHTPAFF_PRETRAIN = register(
         options=PretrainOptions,
         build=_build_pretrain,
         check=_check_pretrain,
-        objective="mlm",
+        kinds=("mlm",),
     )
 )
 

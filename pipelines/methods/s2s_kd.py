@@ -79,8 +79,6 @@ def _build(o: S2SKDOptions, ctx: Context) -> list[Stage]:
 
 
 def _check(o: S2SKDOptions, ctx: Context) -> str | None:
-    if ctx.meta.objective != "seq2seq":
-        return "needs a seq2seq store (`hsk dump --objective seq2seq`)"
     sel = ctx.meta.selection
     if sequence_of(o, sel) == "teacher" and not sel.get("decoding"):
         return "--set on=teacher needs the teacher's output: dump with --decode greedy or beam:N"
@@ -110,6 +108,6 @@ S2S_KD = register(
         options=S2SKDOptions,
         build=_build,
         check=_check,
-        objective="seq2seq",
+        kinds=("seq2seq",),
     )
 )

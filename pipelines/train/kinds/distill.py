@@ -5,8 +5,8 @@ teacher), the method's stages against the store (pipelines.methods), the student
 against the store's, the layer pairs of every stage (pipelines.train.losses.pairs), the dev data
 (pipelines.train.data.dev) and a checkpoint to resume. The one loop (pipelines.train.run.loop) then runs
 the stages. What a run needs is prepared according to the store its method distils from
-(`Method.objective`): a task store here (`_prepare_task`), a masked-LM store in
-pipelines.train.kinds.lightpaff_pretrain; the run folder, checkpoints, resume and summary are the same.
+(the store's kind: pipelines.runkinds, whose `prepare` is looked up by name): a task store here (`prepare_task`),
+the others in their kinds' modules; the run folder, checkpoints, resume and summary are the same.
 
 Offline and online runs share everything but where the targets come from. Online mode builds an
 in-memory source with the store's layout (same rows, same shards) and streams it with the same
@@ -35,18 +35,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from hskstore.errors import StoreError
 from hskstore.format.config import ConfigError, Selection
 from hskstore.format.meta import StoreMeta
 from hskstore.io.lease import Lease
 from hskstore.io.location import location
 from hskstore.io.outputs import OutputError, claim_output, mark_output, staged_replace
+from pipelines import runkinds
 from pipelines.core.models import ModelLoadError
 from pipelines.core.output_kinds import RUN
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import write_json
 from pipelines.core.tasks import Task
 from pipelines.methods import Context, get_method
-from pipelines.registry import MethodError, Stage
+from pipelines.registry import MethodError, Stage, check_reads
 from pipelines.train.data.dev import find_dev
 from pipelines.train.data.sources import (
     TaskSource,
@@ -57,9 +59,6 @@ from pipelines.train.data.sources import (
     run_device,
     student_encoding,
 )
-from pipelines.train.kinds.clm import prepare_clm
-from pipelines.train.kinds.lightpaff_pretrain import prepare_pretraining
-from pipelines.train.kinds.seq2seq import prepare_seq2seq
 from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.run.checkpoints import Checkpoints
@@ -110,6 +109,10 @@ def run_problems(task: Task, selection: Selection, meta: StoreMeta, *, student: 
     (pairs.layer_pairs), each in the words `hsk train` refuses with. All problems at once, so one
     round of fixes is enough; `hsk train` and `hsk sweep` (for every planned run) call it."""
     m = get_method(method)
+    try:
+        check_reads(m, meta.objective, "the store")
+    except MethodError as exc:
+        return [str(exc)]
     opts = m.make_options(method_options)
     depth = student_depth(student, student_weights)
     ctx = Context(task, selection, meta, student=student, student_layers=depth)
@@ -265,13 +268,26 @@ def _run_lease(out_dir: str, overwrite: bool, ranks: Ranks, log: Callable[[str],
         yield found
         return
     lease = Lease(out_dir, log=log, kind=RUN_KIND).acquire()
+    refused = False
     try:
         yield found
+    except StoreError:
+        refused = True  # the store was refused (a forged or damaged shard): what the run wrote holds no work
+        raise
     finally:
         lease.release()
         if found == "new":
-            with contextlib.suppress(OSError):
-                location(out_dir).remove_empty_folder()
+            _remove_new_folder(out_dir, refused)
+
+
+def _remove_new_folder(out_dir: str, refused: bool) -> None:
+    """A new run folder that a refused or failed run leaves holding nothing is removed; one whose store was refused
+    before its first checkpoint holds only its marker and metrics (no work): it goes too."""
+    with contextlib.suppress(OSError):
+        if refused and not (Path(out_dir) / RunFolder.state_file).parent.exists():
+            location(out_dir).remove_tree()
+        else:
+            location(out_dir).remove_empty_folder()
 
 
 def _quiet(*_: Any) -> None:
@@ -364,7 +380,10 @@ def _train(
 ) -> RunSummary:
     if (store is None) == (teacher is None):
         raise ConfigError("give either --store (offline) or --teacher with --task and --config (online)")
-    prepare = PREPARE[get_method(options.method).objective]  # what the method distils from: a task or MLM store
+    kind = _store_kind(store)
+    implied = options.method is None
+    options = _with_method(options, kind, store)
+    prepare = runkinds.get(kind).load("prepare")  # the run plan of the store's kind
     claim_output(out_dir, RUN_KIND, overwrite=False)  # refuse a foreign --out before anything else
     out = Path(out_dir)
     notes = _Notes(log)
@@ -372,6 +391,9 @@ def _train(
     precision = StepPrecision.resolve(options.precision, device)  # refused here, before anything loads
     parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
                     data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
+    if implied:  # said once everything is checked: a refusal stays one line
+        log(f"method: {options.method} (what a {kind} store trains with unless --method says otherwise; `hsk methods` "
+            "lists them)")
     folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
     checkpoints, _ = open_run(folder, precision, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
@@ -402,6 +424,24 @@ def _train(
     return summary
 
 
+def _store_kind(store: str | None) -> str:
+    """The kind of the store a run reads (its metadata's objective); a live teacher's targets are a task store's."""
+    if store is None:
+        return "task"
+    from hskstore.io.reader import open_store
+
+    return open_store(store, allow_incomplete=True).objective
+
+
+def _with_method(options: TrainOptions, kind: str, store: str | None) -> TrainOptions:
+    """The options with the method that runs: --method, or the kind's default (said once the run is checked); a
+    method that cannot read the store's kind is refused naming those that can."""
+    if options.method is None:
+        options = dataclasses.replace(options, method=runkinds.get(kind).default_method)
+    check_reads(get_method(options.method), kind, store or "a live teacher's targets")
+    return options
+
+
 def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], Any]) -> None:
     if summary.metric is None:
         losses = {name: stage["final_loss"] for name, stage in summary.stages.items()}
@@ -411,7 +451,7 @@ def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], Any]) -
         f"{summary.examples_per_s:.1f} examples/s")
 
 
-def _prepare_task(options: TrainOptions, *, student: str, store: str | None, teacher: str | None, task: str | None,
+def prepare_task(options: TrainOptions, *, student: str, store: str | None, teacher: str | None, task: str | None,
                   config: str | None, data_dir: str | None, ranks: Ranks, device: str, log: Callable[[str], Any],
                   notes: _Notes) -> RunParts:
     """A run from a task store (or a live teacher): the method's plan, the student, its layer pairs, dev data."""
@@ -442,10 +482,6 @@ def _student_inputs(source: TaskSource, info: StudentInfo, pairs: list[list[Laye
         return None
     notes.items.append("student tokenizer differs from the store's: logits-only KD on re-tokenized texts")
     return student_encoding(source, info.tokenizer, data_dir, log)
-
-
-PREPARE: dict[str, Callable[..., RunParts]] = {"task": _prepare_task, "mlm": prepare_pretraining, "clm": prepare_clm,
-                                               "seq2seq": prepare_seq2seq}
 
 
 def _check_ranks(ranks: Ranks, batch_size: int, source: TaskSource) -> None:

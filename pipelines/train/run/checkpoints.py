@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,8 +16,11 @@ from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import atomic_save, rng_state
 from pipelines.train.options import cli_flag
 
-if TYPE_CHECKING:  # what a checkpoint saves (pipelines.train.run.loop imports this module)
-    from pipelines.train.run.loop import Keeper, Position, Student
+
+class Saved(Protocol):
+    """A part of a run that a checkpoint saves (pipelines.train.run.loop's Position, Student and Keeper)."""
+
+    def state(self) -> dict: ...
 
 # 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
 # "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
@@ -37,15 +40,15 @@ class Checkpoints:
     def full_identity(self) -> dict:
         return {**self.identity, "precision": self.precision.name}
 
-    def save(self, position: Position, student: Student, keeper: Keeper, stage_results: dict,
-             optimizer=None, scheduler=None, stream=None) -> None:
+    def save(self, parts: tuple[Saved, ...], stage_results: dict, optimizer=None, scheduler=None,
+             stream=None) -> None:
+        """The run's state: `parts` (its position, student and keeper, each `state()`), the stage results and the
+        optimizer, scheduler and data stream of the stage under way (None between stages)."""
         state = {
             "version": CHECKPOINT_VERSION,
             "identity": self.full_identity,
             "scaler": self.precision.state_dict(),
-            **position.to_state(),
-            **student.state_dict(),
-            **keeper.state(),
+            **{key: value for part in parts for key, value in part.state().items()},
             "stage_results": stage_results,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,

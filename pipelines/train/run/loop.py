@@ -112,7 +112,7 @@ class Student:
     def forward(self, batch: dict, outputs: tuple[str, ...]) -> StudentOutputs:
         return adapter_for(self.heads.current)(self.model, self.runner, batch, outputs)
 
-    def state_dict(self) -> dict:
+    def state(self) -> dict:
         return {
             "model": self.model.state_dict(),
             "projection": self.projection.state_dict() if self.projection is not None else None,
@@ -152,7 +152,7 @@ class Position:
         self.stage_step = self.stage_examples = 0
         self.stage_seconds = 0.0
 
-    def to_state(self) -> dict:
+    def state(self) -> dict:
         """The checkpoint's "position" (where in the plan) and "progress" (how far, in all)."""
         return {"position": {"stage_index": self.stage_index, "stage_step": self.stage_step},
                 "progress": {"step": self.global_step, "examples": self.examples_seen, "seconds": self.train_seconds,
@@ -508,7 +508,7 @@ def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
     if evaluate:
         run.evaluate(sr.stage)
     if save and run.ranks.main:
-        run.checkpoints.save(pos, run.student, run.keeper, run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
+        run.checkpoints.save((pos, run.student, run.keeper), run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
 
@@ -606,7 +606,7 @@ def _end_stage(run: Run, index: int, sr: _StageRun) -> None:
             run.keeper.save(run.student, pos.global_step, "final model (no dev evaluation chose a best one)")
     pos.next_stage()
     if run.ranks.main:
-        run.checkpoints.save(pos, run.student, run.keeper, run.stage_results)
+        run.checkpoints.save((pos, run.student, run.keeper), run.stage_results)
 
 
 def run_stages(run: Run, state: dict | None) -> None:

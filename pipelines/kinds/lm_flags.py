@@ -1,0 +1,23 @@
+"""Flags that the language-model kinds (mlm, clm, seq2seq) declare alike: their `--help` heading and their text."""
+
+from __future__ import annotations
+
+from pipelines.core.flags import flag
+
+HEADING = "Language-model stores (--objective mlm, clm or seq2seq)"
+
+
+def text_file():
+    return flag(None, "--objective mlm/clm: raw text, one example (document) per line.", section=HEADING)
+
+
+def data_file():
+    return flag(None, "Your own csv/tsv/json/parquet file instead of GLUE.", section="")
+
+
+def text_columns():
+    return flag(None, "Text columns of --data-file, e.g. 'question,sentence'.", section="")
+
+
+def limit():
+    return flag(None, "Dump only the first N examples.", section="")

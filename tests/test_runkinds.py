@@ -1,0 +1,124 @@
+"""Run kinds (pipelines/runkinds.py, pipelines/kinds/): each store kind's compute found by name, its flags typed in
+its own module, a flag of another kind refused, the kind's default method, and a plugin kind loaded by name alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import hsk, tree_hashes
+
+from hskstore.format import kinds as store_kinds
+from pipelines import runkinds
+from pipelines.cli import main
+from pipelines.core.flags import flag_fields
+from pipelines.methods import get_method
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_built_in_store_kind_has_a_run_kind_with_a_method_that_reads_it():
+    for name in runkinds.builtin():
+        kind = runkinds.get(name)
+        assert kind.name == name and store_kinds.get(name).name == name
+        assert name in get_method(kind.default_method).kinds
+        for part in ("dump", "prepare", "teacher", "evaluate"):
+            if getattr(kind, part) is not None:
+                assert callable(kind.load(part)), (name, part)
+        assert dataclasses.is_dataclass(kind.dump_options) and flag_fields(kind.dump_options)
+
+
+def test_the_registry_and_every_kind_declaration_import_without_torch():
+    code = ("import sys\nfrom pipelines import runkinds\nfor n in runkinds.builtin(): runkinds.get(n)\n"
+            "import pipelines.cli.generated\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("extra, owner", [(["--task", "sst2"], "--objective task and seq2seq"),
+                                          (["--config", "3,8,0.2"], "--objective task"),
+                                          (["--decode", "greedy"], "--objective seq2seq"),
+                                          (["--workers", "2"], "--objective task")])
+def test_a_flag_of_another_kind_is_refused_naming_its_kind(extra, owner, clm_teacher, clm_corpus, tmp_path):
+    """`hsk dump --objective clm` with a task or seq2seq flag: one line naming the flag and its kind, nothing
+    written, the corpus and the teacher unchanged (before, the flag was accepted and ignored)."""
+    before = tree_hashes(clm_teacher), clm_corpus.read_bytes()
+    out = tmp_path / "lm.zarr"
+    rc, _, err = hsk("dump", "--objective", "clm", "--teacher", str(clm_teacher), "--text-file", str(clm_corpus),
+                     "--out", str(out), *extra)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0] == f"hsk: error: {extra[0]} is an option of {owner}, not of --objective clm: drop it"
+    assert not out.exists() and (tree_hashes(clm_teacher), clm_corpus.read_bytes()) == before
+
+
+def test_teacher_and_eval_refuse_a_flag_of_another_kind(tmp_path):
+    rc, _, err = hsk("teacher", "--objective", "clm", "--task", "sst2", "--out", str(tmp_path / "t"))
+    assert rc == 2 and err.strip() == "hsk: error: --task is an option of --objective task, not of --objective clm: " \
+                                      "drop it"
+    rc, _, err = hsk("eval", str(tmp_path), "--task", "sst2", "--block-size", "64")
+    assert rc == 2 and "--block-size is an option of the clm evaluation, not of the task evaluation" in err
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.fixture(scope="module")
+def clm_store(tmp_path_factory, clm_teacher, clm_corpus) -> Path:
+    out = tmp_path_factory.mktemp("runkind_clm") / "lm.zarr"
+    assert main(["dump", "--objective", "clm", "--teacher", str(clm_teacher), "--text-file", str(clm_corpus),
+                 "--support", "topk:8", "--block-size", "32", "--limit", "40", "--shard-rows", "8", "--no-progress",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_store_trains_with_its_kinds_method_when_none_is_named(clm_store, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(clm_store), "--student", "first2", "--max-steps", "2", "--batch-size", "4",
+                 "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("method:")]
+    assert said == ["method: clm-kd (what a clm store trains with unless --method says otherwise; `hsk methods` "
+                    "lists them)"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "clm-kd" and summary["steps"] == 2
+
+
+def test_a_method_that_cannot_read_the_store_is_refused_naming_those_that_can(clm_store, tmp_path):
+    before = tree_hashes(clm_store)
+    out = tmp_path / "run"
+    rc, _, err = hsk("train", "--store", str(clm_store), "--student", "first2", "--method", "kd", "--out", str(out))
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert f"method kd reads task stores, and {clm_store} is a clm store (" in lines[0]
+    assert lines[0].endswith("): pass --method clm-kd (or leave --method out: its kind's default)")
+    assert tree_hashes(clm_store) == before and not out.exists()
+
+
+def _site(tmp_path: Path, entry: str) -> Path:
+    """A folder holding an installed package's metadata whose hsk.run_kinds entry point is `entry`."""
+    dist = tmp_path / "site" / "toy_kind-0.3.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-kind\nVersion: 0.3\n")
+    (dist / "entry_points.txt").write_text(f"[hsk.run_kinds]\n{entry}\n")
+    return tmp_path / "site"
+
+
+def test_a_broken_run_kind_plugin_fails_its_own_kind_alone(clm_store, tmp_path):
+    """Run kinds load per name: a plugin that cannot be imported stops `--objective toy` in one line naming its
+    package, and a causal-LM store still trains (the plugin is never imported for it)."""
+    site = _site(tmp_path, "toy = no_such_module_for_toy")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    rc, _, err = hsk("dump", "--objective", "toy", "--teacher", "t", "--out", str(tmp_path / "toy.zarr"), **env)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith("hsk: error: the hsk.run_kinds extension 'toy' of toy-kind 0.3") and \
+        "uninstall toy-kind" in lines[0]
+    rc, out, err = hsk("train", "--store", str(clm_store), "--student", "first2", "--max-steps", "1", "--batch-size",
+                       "4", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run"), timeout=300, **env)
+    assert rc == 0, err
+    assert "method: clm-kd" in out
