@@ -243,6 +243,8 @@ def support_problem(sel: Any) -> str | None:
     causal-LM or seq2seq selection with a support."""
     if sel.support not in SUPPORTS:
         return f"support {sel.support!r} is not one of {', '.join(SUPPORTS)}"
+    if sel.support == HIDDEN:
+        return _hidden_problem(sel)
     if sel.support == "topk":
         return first_problem((int_within("k", sel.k, 1, sel.vocab_size),
                               None if sel.slots == sel.k else f"slots {sel.slots!r} is not k {sel.k!r}",
@@ -252,6 +254,17 @@ def support_problem(sel: Any) -> str | None:
                           None if sel.slots == sel.draws else f"slots {sel.slots!r} is not draws {sel.draws!r}",
                           None if sel.sample_seed is None or is_int(sel.sample_seed) else
                           f"sample_seed {sel.sample_seed!r} is not an integer"))
+
+
+def _hidden_problem(sel: Any) -> str | None:
+    """A hidden-state selection's fields out of their domain (None: none)."""
+    width = getattr(sel, "hidden_size", None)
+    return first_problem((int_within("hidden_size", width, 1, MAX_WIDTH),
+                          None if sel.slots == width else f"slots {sel.slots!r} is not hidden_size {width!r}",
+                          None if isinstance(getattr(sel, "hidden_codec", None), str) else
+                          f"hidden_codec {getattr(sel, 'hidden_codec', None)!r} is not a codec name",
+                          None if isinstance(getattr(sel, "head_sha256", None), str) else
+                          "head_sha256 is not a digest"))
 
 
 def fraction_problem(field: str, value: object) -> str | None:
