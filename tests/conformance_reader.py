@@ -26,6 +26,11 @@ DIGEST_DTYPE = {
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 # "nf3: 3-bit values": the levels in ascending order; code c is level (c + 3) mod 8
 NF3 = np.array([-1.0, -0.5350, -0.2469, 0.0, 0.1833, 0.3819, 0.6229, 1.0], dtype=np.float32)
+# "nf4: 4-bit values": QLoRA's NormalFloat-4 levels in ascending order; code c is level (c + 7) mod 16
+NF4 = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                0.24611230194568634, 0.33791524171829224, 0.44070982933044006, 0.5626170039176941,
+                0.7229568362236023, 1.0], dtype=np.float32)
 
 
 # --- formats 2 and 3's canonical JSON ("Manifest: the exact bytes") -------------------------------------------------
@@ -279,6 +284,9 @@ def data_arrays(meta: dict) -> list[str]:
     if meta.get("objective") == "mlm":
         return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
+    if meta.get("objective") == "clm" and meta["selection"]["support"] == "hidden":  # "The hidden-state support"
+        scaled = meta["selection"]["hidden_codec"] != "float16"
+        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/hidden", *(["clm/hidden_scale"] * scaled)]
     if meta.get("objective") == "clm":
         text = ["clm/actual", "clm/token_bytes", "clm/text"] if meta["selection"].get("text_bytes") is not None else []
         return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"]),
@@ -352,6 +360,9 @@ def decode(values: np.ndarray, scale: np.ndarray | None, value_dtype: str, n_wid
     if value_dtype == "nf3":
         group = np.arange(n_width) // 32
         return NF3[(triplets(values, n_width) + 3) % 8] * nf3_scale(scale)[..., group]
+    if value_dtype == "nf4":  # nf3's scale byte, one per 64 values
+        group = np.arange(n_width) // 64
+        return NF4[(nibbles(values, n_width) + 7) % 16] * nf3_scale(scale)[..., group]
     if value_dtype == "float16":
         return values.astype(np.float32)
     if value_dtype == "int8":
@@ -426,6 +437,32 @@ def clm_block_text(arrays: dict[str, np.ndarray], row: int) -> tuple[str, list[i
         total += int(n)
         ends.append(total)
     return bytes(arrays["clm/text"][row][:total].tolist()).decode("utf-8"), ends
+
+
+def clm_hidden(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:
+    """"The hidden-state support": each position's hidden state (rotated) through the value codec, [n, T, d]."""
+    return decode(arrays["clm/hidden"], arrays.get("clm/hidden_scale"), sel["hidden_codec"], sel["hidden_size"])
+
+
+def clm_head(bundle: Bundle, sel: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """The head stored once (clm/head [V, d] float32, clm/head_bias [V] when head_bias), checked against the
+    selection's head_sha256: sha256 over the weight's float32 little-endian bytes, then the bias's."""
+    weight = bundle.group["clm/head"][:]
+    bias = bundle.group["clm/head_bias"][:] if sel["head_bias"] else None
+    digest = hashlib.sha256(np.ascontiguousarray(weight, dtype="<f4").tobytes())
+    if bias is not None:
+        digest.update(np.ascontiguousarray(bias, dtype="<f4").tobytes())
+    assert "sha256:" + digest.hexdigest() == sel["head_sha256"], "head_sha256"
+    return weight, bias
+
+
+def hidden_logits(hidden: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, softcap: float | None
+                  ) -> np.ndarray:
+    """The teacher's logits: hidden @ head.T (+ bias), then softcap * tanh(logits / softcap) when it is set."""
+    logits = hidden.astype(np.float32) @ weight.T
+    if bias is not None:
+        logits = logits + bias
+    return softcap * np.tanh(logits / softcap) if softcap else logits
 
 
 def block_hash(ids: np.ndarray) -> int:

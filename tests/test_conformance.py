@@ -20,7 +20,7 @@ from hskstore import codecs
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
 # a vector per value codec, then one per other case
-NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "seq2seq"]
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "seq2seq"]
 CLM_NAMES = ("clm", "clm-sample")
 LM_KINDS = ("mlm", "clm", "seq2seq")  # the objectives of stores without layers of kept values
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
@@ -56,12 +56,13 @@ def test_vectors_regenerate_byte_identically(tmp_path):
               if (tmp_path / name).read_bytes() != (VECTORS / name).read_bytes()}
     assert not differ, f"hsk no longer writes the committed vectors (what changed: {differ}); if that is meant, " \
                        "say so in STORE_FORMAT.md and rerun python docs/conformance/generate.py"
-    # under 1 MB: format 3's dimension names and attributes in every array's zarr.json, with the source texts,
+    # under 1.2 MB: format 3's dimension names and attributes in every array's zarr.json, with the source texts,
     # took the eight vectors from 694 kB to 749 kB; the `edges` vector (inner chunks, ties, d = 60) adds 86 kB;
     # the two causal-LM vectors 72 kB, nearly all of it what every bundle has whatever its data (croissant.json,
     # the card, a zarr.json per array: ~28 kB a bundle); the seq2seq vector 48 kB (954 kB in all), its bundle 42 kB
-    # for 11 data arrays, each with its zarr.json
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_000_000
+    # for 11 data arrays, each with its zarr.json; nf4 (one vector per codec) 80 kB and clm-hidden (the final
+    # hidden state and its head) 68 kB: 1,127 kB in all
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_200_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -323,6 +324,26 @@ def test_causal_lm_vectors_keep_their_blocks_text_from_the_doc(name):
         hit = (ids == following[..., None]) & (kept & real)[..., None]
         assert hit.any()
         np.testing.assert_allclose(np.broadcast_to(actual[..., None], hit.shape)[hit], logprobs[hit], atol=2e-3)
+
+
+def test_hidden_vector_decodes_from_the_doc():
+    """The final hidden state through its codec as the JSON says, zero where a position is not kept; the head
+    matches head_sha256, and head(hidden) is a distribution over the teacher's vocabulary."""
+    bundle, vector = load("clm-hidden")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel, decoded = meta["selection"], vector["decoded"]
+    kept = reader.kept_mask(arrays["clm/kept"], sel["block_size"])
+    assert np.array_equal(kept, np.array(decoded["kept"], dtype=bool))
+    hidden = reader.clm_hidden(arrays, sel)
+    np.testing.assert_array_equal(hidden, np.array(decoded["hidden"], dtype=np.float32))
+    assert (hidden[~kept] == 0).all() and (np.abs(hidden[kept]).sum(-1) > 0).all()
+    weight, bias = reader.clm_head(bundle, sel)
+    assert weight.shape == (sel["vocab_size"], sel["hidden_size"]) and bias is None
+    logits = reader.hidden_logits(hidden[kept], weight, bias, sel["logit_softcap"])
+    assert logits.shape == (int(kept.sum()), sel["vocab_size"]) and np.isfinite(logits).all()
+    assert sel["rotation_seed"] == 3 and sel["reconstruction_reference"] == "teacher"
+    assert 0 <= sel["reconstruction_kl"] < 0.05 and 0 < sel["reconstruction_top1"] <= 1
+    check_blocks(arrays, meta, vector["source_tokens"])
 
 
 def check_padding_bits(arrays: dict, sel: dict, group: str, width: int) -> None:

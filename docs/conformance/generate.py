@@ -94,6 +94,9 @@ CLM_COMMON = ["dump", "--objective", "clm", "--teacher", "clm-teacher", "--text-
               "--shard-rows", "2", "--device", "cpu", "--no-progress"]
 CLM_TOPK = ["--support", "topk:3", "--logprobs", "float16", "--block-size", "16", "--positions", "0.75"]
 CLM_SAMPLE = ["--support", "sample:5", "--block-size", "12", "--sample-seed", "7"]
+# The final hidden state (`clm-hidden`): int8 codes and a scale per position of the Llama's 32-wide state, rotated
+# (seed 3), and the rotated head once (clm/head [38, 32] float32); blocks of 16 as the top-K vector.
+CLM_HIDDEN = ["--support", "hidden:int8", "--block-size", "16", "--sample-seed", "3"]
 # The sequence-to-sequence vector (`seq2seq`): the same Llama, decoder-only, reads each source in the prompt template
 # (11, 11 and 6 tokens in max_source 12: padded); its greedy output (two run to max_target 6, one ends with EOS)
 # and top-3 on it (18 bits of ids in 3 bytes; `s2s/kept` holds 6 positions in a byte: 2 padding bits). The
@@ -225,11 +228,13 @@ def dump_stores(work: Path) -> list[str]:
         pin("edges.zarr")
         _hsk(*CLM_COMMON, *CLM_TOPK, "--out", "clm.zarr")
         _hsk(*CLM_COMMON, *CLM_SAMPLE, "--out", "clm-sample.zarr")
+        _hsk(*CLM_COMMON, *CLM_HIDDEN, "--out", "clm-hidden.zarr")
         pin("clm.zarr")
         pin("clm-sample.zarr")
+        pin("clm-hidden.zarr")
         _hsk(*S2S_DUMP, "--out", "seq2seq.zarr")
         pin("seq2seq.zarr")
-    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "seq2seq"]
+    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "seq2seq"]
 
 
 # What a new store takes from a store it is rewritten from: all but what its writer records itself.
@@ -330,9 +335,12 @@ def support_decoded(targets, arrays: dict[str, np.ndarray], sel, group: str) -> 
 
 def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
     """What a causal-LM store's `clm/` support decodes to, over the blocks' positions."""
-    from hskstore.format.clm import GROUP, ClmSelection, block_texts, decode
+    from hskstore.format.clm import GROUP, HIDDEN, ClmSelection, block_texts, decode, decode_hidden
 
     sel = ClmSelection.from_dict(selection)
+    if sel.support == HIDDEN:  # the hidden states through the codec (rotated); the head is an array of the bundle
+        targets = decode_hidden(arrays, sel)
+        return {"kept": _numbers(targets.kept), "hidden": _numbers(targets.hidden.astype(np.float32))}
     doc = support_decoded(decode(arrays, sel), arrays, sel, GROUP)
     if sel.text_bytes is not None:  # each block's text and where its tokens end in it (bytes)
         texts = block_texts(arrays)
@@ -509,7 +517,7 @@ def generate(out: Path) -> list[Path]:
             vectors[name] = {**expected(bundle), "source_texts": source_texts(name)}
             selections[name] = selection(bundle)
         vectors["edges"]["source_values"] = expected(work / "edges-float16.zarr")["decoded_values"]
-        for name in ("clm", "clm-sample"):
+        for name in ("clm", "clm-sample", "clm-hidden"):
             vectors[name]["source_tokens"] = source_tokens(work)
         vectors["seq2seq"]["source_tokens"] = pair_tokens(work)
     check_coverage(vectors, selections)

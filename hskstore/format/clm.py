@@ -47,7 +47,11 @@ from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 CLM = "clm"
 GROUP = "clm"
 ROW_ARRAYS = ("row", "text_hash", "input_ids", "length")
-SUPPORTS = ("topk", "sample")
+SUPPORTS = ("topk", "sample", "hidden")
+HIDDEN = "hidden"  # the support that keeps the teacher's final hidden state (and its head once per store)
+HEAD, HEAD_BIAS = f"{GROUP}/head", f"{GROUP}/head_bias"  # a hidden store's head: not row arrays
+HIDDEN_FIELDS = ("hidden_size", "hidden_codec", "rotation_seed", "head_sha256", "head_bias", "logit_softcap",
+                 "reconstruction_kl", "reconstruction_top1", "reconstruction_tokens", "reconstruction_reference")
 MAX_DRAWS = 255  # counts are one byte
 _SECTION = SPEC_DOC + "#causal-lm-stores-objective-clm"
 _UNIT = ("per position t: the teacher's distribution over token t+1 at temperature 1, on the support; "
@@ -56,15 +60,19 @@ _UNIT = ("per position t: the teacher's distribution over token t+1 at temperatu
 
 @dataclass(frozen=True)
 class Support:
-    """What a position keeps: the top `k` ids and log-probs, or the ids of `draws` samples with counts."""
+    """What a position keeps: the top `k` ids and log-probs, the ids of `draws` samples with counts, or the
+    teacher's final hidden state through a value codec (`hidden:CODEC`, size 0)."""
 
-    kind: str  # "topk" | "sample"
-    size: int  # k, or draws
+    kind: str  # "topk" | "sample" | "hidden"
+    size: int  # k, or draws (0: hidden)
+    codec: str | None = None  # hidden: the value codec of the hidden state
 
     @classmethod
     def parse(cls, text: str) -> Support:
-        """`topk:K` or `sample:N` (a one-line ConfigError naming the value otherwise)."""
+        """`topk:K`, `sample:N` or `hidden[:CODEC]` (a one-line ConfigError naming the value otherwise)."""
         kind, _, number = str(text).strip().partition(":")
+        if kind == HIDDEN:
+            return cls._hidden(text, number or codecs.FULL)
         if kind not in SUPPORTS or not (number.isascii() and number.isdigit()) or int(number) < 1:
             raise ConfigError(f"--support {text!r}: pass topk:K (the K most probable ids, K >= 1) or sample:N "
                               f"(N draws from the teacher, 1 <= N <= {MAX_DRAWS})")
@@ -72,8 +80,14 @@ class Support:
             raise ConfigError(f"--support {text!r}: at most {MAX_DRAWS} draws (counts are stored in one byte)")
         return cls(kind, int(number))
 
+    @classmethod
+    def _hidden(cls, text: str, codec: str) -> Support:
+        if codec not in codecs.names():
+            raise ConfigError(f"--support {text!r}: hidden:CODEC takes a value codec ({', '.join(codecs.names())})")
+        return cls(HIDDEN, 0, codec)
+
     def __str__(self) -> str:
-        return f"{self.kind}:{self.size}"
+        return f"{self.kind}:{self.codec if self.kind == HIDDEN else self.size}"
 
     @property
     def slots(self) -> int:
@@ -102,12 +116,26 @@ class ClmSelection:
     limit_tokens: int | None = None  # `--limit-tokens`: the stream was cut after this many tokens (None: not cut)
     # bytes per block of clm/text (the widest block's text); None: a store written before the text arrays
     text_bytes: int | None = None
+    # hidden: the final hidden state's width and codec, the rotation's seed (None: not rotated), the stored
+    # head's digest and shape, and the reconstruction measured at dump time (HIDDEN_FIELDS; absent otherwise)
+    hidden_size: int | None = None
+    hidden_codec: str | None = None
+    rotation_seed: int | None = None
+    head_sha256: str | None = None
+    head_bias: bool = False
+    logit_softcap: float | None = None
+    reconstruction_kl: float | None = None
+    reconstruction_top1: float | None = None
+    reconstruction_tokens: int | None = None
+    reconstruction_reference: str | None = None  # "teacher", or "source store" for a derived codec
 
     @classmethod
     def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
              positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None,
              text_bytes: int | None = None) -> ClmSelection:
         check_positions(positions)
+        if support.kind == HIDDEN:
+            raise ConfigError("a hidden support is made with ClmSelection.hidden (it needs the teacher's width)")
         topk = support.kind == "topk"
         if topk and not 1 <= support.size <= vocab_size:
             raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
@@ -117,6 +145,24 @@ class ClmSelection:
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
                    float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens,
                    text_bytes=text_bytes)
+
+    @classmethod
+    def hidden(cls, codec: str, *, hidden_size: int, vocab_size: int, block_size: int, eos_id: int,
+               rotation_seed: int | None, head_sha256: str, head_bias: bool, logit_softcap: float | None,
+               positions: float = 1.0, limit_tokens: int | None = None) -> ClmSelection:
+        """The selection of a hidden-state store (the teacher's width, its head's digest and shape known)."""
+        check_positions(positions)
+        codecs.get(codec)
+        return cls(HIDDEN, None, None, hidden_size, None, id_bits(vocab_size), vocab_size, block_size, eos_id,
+                   float(positions), "entropy", None, limit_tokens=limit_tokens, hidden_size=hidden_size,
+                   hidden_codec=codec,
+                   rotation_seed=rotation_seed, head_sha256=head_sha256, head_bias=head_bias,
+                   logit_softcap=logit_softcap)
+
+    def measured(self, kl: float, top1: float, tokens: int, reference: str) -> ClmSelection:
+        """With the reconstruction's mean KL(reference || stored) per token and top-1 agreement recorded."""
+        return replace(self, reconstruction_kl=round(float(kl), 8), reconstruction_top1=round(float(top1), 6),
+                       reconstruction_tokens=int(tokens), reconstruction_reference=reference)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
@@ -131,18 +177,27 @@ class ClmSelection:
         return sel
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.support != HIDDEN:  # the other supports' records stay as they were written
+            for key in HIDDEN_FIELDS:
+                out.pop(key)
+        return out
 
     @property
     def described(self) -> Support:
+        if self.support == HIDDEN:
+            return Support(HIDDEN, 0, self.hidden_codec)
         return Support(self.support, self.k if self.support == "topk" else self.draws)
 
     def label(self) -> tuple[str, str | None]:
         """(config, codec): how a catalog and the card's title name this selection."""
-        return str(self.described), self.logprob_codec
+        return str(self.described), self.logprob_codec or self.hidden_codec
 
     def kept(self) -> str:
         """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        if self.support == HIDDEN:
+            return (f"the teacher's final hidden state per position ({self.hidden_codec}, rotated) and its LM head "
+                    "once per store: the full next-token distribution")
         if self.support == "topk":
             return (f"top-{self.k} next-token ids and log-probs ({self.logprob_codec}) per position, the tail mass "
                     "recoverable")
@@ -154,6 +209,8 @@ class ClmSelection:
 
     def derived(self, support: Support, logprob_codec: str | None) -> ClmSelection:
         """The selection of a store derived from this one (a smaller K, fewer draws, another codec)."""
+        if self.support == HIDDEN or support.kind == HIDDEN:
+            return self._derived_hidden(support, logprob_codec)
         if support.kind != self.support or support.size > self.slots:
             raise ConfigError(f"--support {support}: a store of support {self.described} gives {self.support}:N "
                               f"with N <= {self.slots} only (derive keeps a subset; the teacher is not run)")
@@ -162,6 +219,20 @@ class ClmSelection:
         if logprob_codec:
             raise ConfigError("--logprobs: a sampled store holds counts, not log-probs")
         return replace(self, draws=support.size, slots=support.size)
+
+    def _derived_hidden(self, support: Support, logprob_codec: str | None) -> ClmSelection:
+        if support.kind != self.support:
+            raise ConfigError(f"--support {support}: a store of support {self.described} gives "
+                              f"{self.support}:CODEC only (derive keeps a subset; the teacher is not run)")
+        if logprob_codec:
+            raise ConfigError("--logprobs: a hidden-state store holds hidden states; name the codec as "
+                              "--support hidden:CODEC")
+        if not codecs.can_convert(self.hidden_codec, support.codec):
+            raise ConfigError(f"--support {support}: {support.codec} cannot be made from {self.hidden_codec} "
+                              f"(precision only goes down: {support.codec} is quantised through "
+                              f"{' <- '.join(codecs.get(support.codec).chain())})")
+        return replace(self, hidden_codec=support.codec, reconstruction_kl=None, reconstruction_top1=None,
+                       reconstruction_tokens=None, reconstruction_reference=None)
 
 
 def vocabulary_problem(vocab_size: object, bits: object) -> str | None:
@@ -176,6 +247,8 @@ def support_problem(sel: Any) -> str | None:
     causal-LM or seq2seq selection with a support."""
     if sel.support not in SUPPORTS:
         return f"support {sel.support!r} is not one of {', '.join(SUPPORTS)}"
+    if sel.support == HIDDEN:
+        return _hidden_problem(sel)
     if sel.support == "topk":
         return first_problem((int_within("k", sel.k, 1, sel.vocab_size),
                               None if sel.slots == sel.k else f"slots {sel.slots!r} is not k {sel.k!r}",
@@ -185,6 +258,17 @@ def support_problem(sel: Any) -> str | None:
                           None if sel.slots == sel.draws else f"slots {sel.slots!r} is not draws {sel.draws!r}",
                           None if sel.sample_seed is None or is_int(sel.sample_seed) else
                           f"sample_seed {sel.sample_seed!r} is not an integer"))
+
+
+def _hidden_problem(sel: Any) -> str | None:
+    """A hidden-state selection's fields out of their domain (None: none)."""
+    width = getattr(sel, "hidden_size", None)
+    return first_problem((int_within("hidden_size", width, 1, MAX_WIDTH),
+                          None if sel.slots == width else f"slots {sel.slots!r} is not hidden_size {width!r}",
+                          None if isinstance(getattr(sel, "hidden_codec", None), str) else
+                          f"hidden_codec {getattr(sel, 'hidden_codec', None)!r} is not a codec name",
+                          None if isinstance(getattr(sel, "head_sha256", None), str) else
+                          "head_sha256 is not a digest"))
 
 
 def fraction_problem(field: str, value: object) -> str | None:
@@ -442,6 +526,52 @@ def decode_support(data: Mapping[str, np.ndarray], sel: Any, width: int, group: 
     return kept, ids, probs, np.ascontiguousarray(used)
 
 
+@dataclass(frozen=True)
+class HiddenTargets:
+    """A block of rows' stored final hidden states, decoded: hidden [n, T, d] float32 (rotated when the store
+    is: the store's head reads them as they are), `kept` [n, T]."""
+
+    input_ids: np.ndarray
+    length: np.ndarray
+    kept: np.ndarray
+    hidden: np.ndarray
+
+
+def decode_hidden(data: Mapping[str, np.ndarray], sel: ClmSelection) -> HiddenTargets:
+    """A hidden-state store's rows -> HiddenTargets (positions outside `kept` decode to zeros)."""
+    kept = np.unpackbits(data[f"{GROUP}/kept"], axis=-1, count=sel.block_size).astype(bool)
+    hidden = codecs.get(sel.hidden_codec).decode(data[f"{GROUP}/hidden"], data.get(f"{GROUP}/hidden_scale"),
+                                                 sel.hidden_size)
+    return HiddenTargets(data["input_ids"], data["length"], kept, hidden)
+
+
+def encode_hidden(hidden: np.ndarray, kept: np.ndarray, sel: ClmSelection) -> dict[str, np.ndarray]:
+    """The clm/ arrays of a hidden-state store's rows: hidden [n, T, d] (already rotated), kept [n, T]."""
+    hidden = np.where(kept[..., None], hidden, 0).astype(np.float16)
+    values, scale = codecs.get(sel.hidden_codec).encode(hidden)
+    out = {f"{GROUP}/kept": np.packbits(kept, axis=-1), f"{GROUP}/hidden": values}
+    if scale is not None:
+        out[f"{GROUP}/hidden_scale"] = scale
+    return out
+
+
+def head_digest(weight: np.ndarray, bias: np.ndarray | None) -> str:
+    """`sha256:` over the head's float32 little-endian bytes, [V, d] row-major, then the bias's [V] if any."""
+    digest = hashlib.sha256(np.ascontiguousarray(weight, dtype="<f4").tobytes())
+    if bias is not None:
+        digest.update(np.ascontiguousarray(bias, dtype="<f4").tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def head_logits(hidden: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, softcap: float | None
+                ) -> np.ndarray:
+    """The teacher's logits of stored hidden states: softcap(hidden @ weight.T + bias), float32."""
+    logits = hidden.astype(np.float32) @ weight.astype(np.float32).T
+    if bias is not None:
+        logits = logits + bias
+    return softcap * np.tanh(logits / softcap) if softcap else logits
+
+
 def decode(data: Mapping[str, np.ndarray], sel: ClmSelection) -> LMTargets:
     """A shard's (or any rows') stored arrays -> LMTargets."""
     return LMTargets(data["input_ids"], data["length"], *decode_support(data, sel, sel.block_size))
@@ -466,8 +596,14 @@ def encode_support(ids: np.ndarray, weights: np.ndarray, kept: np.ndarray, sel: 
 
 def support_specs(spec: Callable[[str, tuple[int, ...], str], ArraySpec], sel: Any, width: int,
                   group: str = GROUP) -> list[ArraySpec]:
-    """The `group`/ arrays of a support over `width` positions: kept, ids, then counts or values (and scale)."""
-    specs = [spec(f"{group}/kept", ((width + 7) // 8,), "uint8"), spec(f"{group}/ids", (width, sel.id_bytes), "uint8")]
+    """The `group`/ arrays of a support over `width` positions: kept, ids, then counts or values (and scale);
+    a hidden support: kept, then the hidden state's values (and scale)."""
+    kept = spec(f"{group}/kept", ((width + 7) // 8,), "uint8")
+    if sel.support == HIDDEN:
+        declared = codecs.get(sel.hidden_codec).arrays(sel.hidden_size)
+        return [kept, *(spec(f"{group}/hidden" + ("" if name == "values" else "_scale"), (width, *shape), dtype)
+                        for name, (shape, dtype) in declared.items())]
+    specs = [kept, spec(f"{group}/ids", (width, sel.id_bytes), "uint8")]
     if sel.support == "sample":
         return [*specs, spec(f"{group}/counts", (width, sel.slots), "uint8")]
     declared = codecs.get(sel.logprob_codec).arrays(sel.slots)
@@ -597,6 +733,8 @@ def counts_sum_to_draws(sel: Any, group: str, width: int) -> DomainCheck:
 def support_checks(sel: Any, group: str, length: str, width: int) -> list[DomainCheck]:
     """The rules of a support's arrays over `width` positions whose real ones `length` counts (causal-LM and
     seq2seq stores)."""
+    if sel.support == HIDDEN:  # no ids or log-probs: the hidden states' codec decodes any bytes
+        return [kept_on_real_positions(group, length, width, sel.positions)]
     checks = [kept_on_real_positions(group, length, width, sel.positions), support_ids_below(sel, group, width)]
     if sel.support == "sample":
         return [*checks, counts_sum_to_draws(sel, group, width)]
@@ -628,6 +766,9 @@ SUPPORT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
                "log-prob (nats)"),
     "scale": (("tokens", "scale_groups"), "the value codec's scale of each position's log-probs", None),
     "counts": (("tokens", "slots"), "how many of the draws gave each stored id; 0 = unused slot", "draws"),
+    "hidden": (("tokens", "hidden"), "the teacher's final (post-norm) hidden state, rotated by the selection's "
+               "rotation, as the value codec stores it; clm/head gives its logits", None),
+    "hidden_scale": (("tokens", "scale_groups"), "the value codec's scale of each position's hidden state", None),
 }
 
 
@@ -640,9 +781,9 @@ def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, sectio
     attributes = {"description": text.format(positions=positions), "spec": section, "integrity": INTEGRITY}
     if leaf == "ids":
         attributes.update(codec="bitpack", id_bits=sel["id_bits"], slots=sel["slots"])
-    if leaf in ("values", "scale"):
-        attributes["codec"] = sel["logprob_codec"]
-        if leaf == "values" and spec.shape[2] != sel["slots"]:
+    if leaf in ("values", "scale", "hidden", "hidden_scale"):
+        attributes["codec"] = sel["hidden_codec" if leaf.startswith("hidden") else "logprob_codec"]
+        if leaf in ("values", "hidden") and spec.shape[2] != sel["slots"]:
             dims = (axis, "value_bytes")  # a packed codec: bytes of codes, not one value per slot
         dims = dims[: len(spec.shape) - 1]  # a scale per position (int8) has no group axis
     if units:
@@ -750,6 +891,10 @@ def block_texts(data: Mapping[str, np.ndarray]) -> list[BlockText]:
 
 def require_text(sel: ClmSelection, where: str) -> None:
     """A one-line ConfigError when the store predates the text arrays."""
+    if sel.text_bytes is None and sel.support == HIDDEN:
+        raise ConfigError(f"{where} keeps the teacher's hidden states without block text, token offsets or "
+                          "actual-token log-probs: dump the corpus with --support topk:K or sample:N to train a "
+                          "student with another tokenizer")
     if sel.text_bytes is None:
         raise ConfigError(f"{where} keeps no block text, token offsets or actual-token log-probs (written before they "
                           "were stored): re-dump it with `hsk dump --objective clm` to train a student with another "
@@ -760,3 +905,27 @@ KIND = kinds.register(kinds.StoreKind(
     CLM, "a causal LM's next-token distributions on a sparse support (`hsk dump --objective clm`)", array_specs,
     describe, frozenset({*ROW_ARRAYS, GROUP}), "hskstore.io.clm_store:ClmStore", trains=("clm",),
     selection_type=ClmSelection, category="text-generation"))
+
+
+def hadamard_block(d: int) -> int:
+    """The Hadamard block of a width d: its largest power-of-two divisor, at most 256."""
+    return min(d & -d, 256)
+
+
+def rotation(d: int, seed: int) -> np.ndarray:
+    """float64 [d, d], orthogonal: the seeded randomized Hadamard transform R of a hidden support (h' = R h).
+    Two rounds of random signs, a random permutation and the block-diagonal Walsh-Hadamard transform of blocks
+    of `hadamard_block(d)`: one outlier dimension is spread over up to block^2 dimensions (all of them for
+    d = 576, block 64). The rounds multiply +-1 integers and the result is divided once by the block size (a
+    power of two), so R is exact in float64 and the same seed gives the same R on every machine."""
+    b = hadamard_block(d)
+    h = np.ones((1, 1))
+    while h.shape[0] < b:
+        h = np.block([[h, h], [h, -h]])
+    blocks = np.kron(np.eye(d // b), h)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, d]))
+    r = np.eye(d)
+    for _ in range(2):
+        signs = rng.choice((-1.0, 1.0), size=d)
+        r = blocks @ (signs[:, None] * r[rng.permutation(d)])
+    return r / b

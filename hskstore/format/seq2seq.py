@@ -220,6 +220,9 @@ def _support_fields(support: Support | None, vocab_size: int, logprob_codec: str
     """The selection's support fields: none, top-K (its codec checked) or sampled."""
     if support is None:
         return {"support": None, "k": None, "draws": None, "slots": 0, "logprob_codec": None}
+    if support.kind == "hidden":
+        raise ConfigError(f"--support {support}: a seq2seq store keeps topk:K or sample:N (the final hidden state is "
+                          "a causal-LM support: --objective clm)")
     if support.kind == "sample":
         return {"support": "sample", "k": None, "draws": support.size, "slots": support.slots, "logprob_codec": None,
                 "sample_seed": sample_seed}

@@ -8,22 +8,60 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import CorruptStoreError
 from ..format.clm import (
     ACTUAL,
     CLM,
     GROUP,
+    HEAD,
+    HEAD_BIAS,
+    HIDDEN,
     TEXT_ARRAYS,
     BlockText,
     ClmSelection,
+    HiddenTargets,
     LMTargets,
     block_texts,
     decode,
+    decode_hidden,
     domain_checks,
+    head_digest,
 )
 from ..format.config import ConfigError
 from ..format.domain import DomainCheck
+from ..format.schema import INTEGRITY, ArraySpec
 from . import info
 from .reader import HSKStore
+
+HEAD_CHUNK_ROWS = 4096
+
+
+def head_specs(vocab_size: int, hidden_size: int, bias: bool) -> list[ArraySpec]:
+    """A hidden-state store's head, stored once: clm/head [V, d] float32 (and clm/head_bias [V]), one shard of
+    chunks of HEAD_CHUNK_ROWS rows; its bytes are covered by the selection's head_sha256, its zarr.json by the
+    manifest."""
+    chunk = min(HEAD_CHUNK_ROWS, vocab_size)
+    rows = -(-vocab_size // chunk) * chunk
+    text = {HEAD: ("the teacher's LM head, rotated as the hidden states are: logits = hidden @ head.T (+ head_bias)",
+                   ("vocab", "hidden")),
+            HEAD_BIAS: ("the LM head's bias", ("vocab",))}
+    shapes = {HEAD: (vocab_size, hidden_size), HEAD_BIAS: (vocab_size,)}
+    return [ArraySpec(name, shapes[name], "float32", rows, chunk, dims=text[name][1],
+                      attributes={"description": text[name][0], "integrity": INTEGRITY})
+            for name in ((HEAD, HEAD_BIAS) if bias else (HEAD,))]
+
+
+def write_head(group, weight: np.ndarray, bias: np.ndarray | None) -> None:
+    """Write a hidden-state store's head arrays into its zarr group (before its shards; rewritten on resume)."""
+    for spec, data in zip(head_specs(*weight.shape, bias is not None), (weight, bias)):
+        _create(spec, group)
+        group[spec.name][...] = np.asarray(data, dtype=np.float32)
+
+
+def _create(spec: ArraySpec, group) -> None:
+    if spec.name in group:
+        del group[spec.name]
+    spec.create(group)
 
 # What other tools store per token (bytes, before their own compression where they say so).
 OTHERS = (("Megatron-LM top-128 fp16 + 17-bit ids", 528), ("DistillKit top-128, polynomial tail", 300),
@@ -47,9 +85,35 @@ class ClmStore(HSKStore):
         """(selection, group, positions per row) of the stored support, for derive."""
         return self.clm, GROUP, self.clm.block_size
 
-    def targets(self, data: dict[str, np.ndarray]) -> LMTargets:
-        """Rows read with read_shard / read (every array) -> their decoded teacher distributions."""
-        return decode(data, self.clm)
+    def targets(self, data: dict[str, np.ndarray]) -> LMTargets | HiddenTargets:
+        """Rows read with read_shard / read (every array) -> their decoded teacher distributions (a hidden-state
+        store: the decoded hidden states; `head()` turns them into logits)."""
+        return decode_hidden(data, self.clm) if self.clm.support == HIDDEN else decode(data, self.clm)
+
+    def head(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(weight [V, d], bias [V] or None) float32 of a hidden-state store, checked against head_sha256."""
+        sel = self.clm
+        if sel.support != HIDDEN:
+            raise ConfigError(f"{self.url} keeps support {sel.described}, not the hidden state: it has no head")
+        try:
+            weight = self.group[HEAD][...]
+            bias = self.group[HEAD_BIAS][...] if sel.head_bias else None
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.url}: its head ({HEAD}) cannot be read ({exc.__class__.__name__}): "
+                                    "the store is damaged; re-copy it or dump again") from None
+        if head_digest(weight, bias) != sel.head_sha256:
+            raise CorruptStoreError(f"{self.url}: its head ({HEAD}) does not match head_sha256 in its selection: "
+                                    "the store is damaged; re-copy it or dump again")
+        return weight, bias
+
+    def verify(self, progress=None) -> list[str]:
+        problems = super().verify(progress)
+        if self.clm.support == HIDDEN:
+            try:
+                self.head()
+            except CorruptStoreError as exc:
+                problems.append(str(exc))
+        return problems
 
     def texts(self, data: dict[str, np.ndarray]) -> list[BlockText]:
         """Rows read with the text arrays -> each block's text, teacher token ends and actual-token log-probs."""
@@ -75,7 +139,17 @@ class ClmStore(HSKStore):
                 "bytes_per_example": total / max(len(self), 1), "tokens": real, "kept_positions": kept,
                 "knowledge_bytes": knowledge, "bytes_per_token": knowledge / max(real, 1),
                 "bytes_per_kept_position": knowledge / max(kept, 1), "total_bytes_per_token": total / max(real, 1),
-                "support": str(self.clm.described), "vocab_size": self.clm.vocab_size}
+                "support": str(self.clm.described), "vocab_size": self.clm.vocab_size,
+                **self._hidden_report(arrays)}
+
+    def _hidden_report(self, arrays: dict) -> dict:
+        sel = self.clm
+        if sel.support != HIDDEN:
+            return {}
+        head = sum(int(self.group[name].nbytes_stored()) for name in (HEAD, HEAD_BIAS)[: 1 + sel.head_bias])
+        return {"head_bytes": head, "reconstruction_kl": sel.reconstruction_kl,
+                "reconstruction_top1": sel.reconstruction_top1, "reconstruction_tokens": sel.reconstruction_tokens,
+                "reconstruction_reference": sel.reconstruction_reference}
 
     def size_summary(self, report: dict) -> str:
         """One line: the support and what it costs per token."""
@@ -83,15 +157,15 @@ class ClmStore(HSKStore):
 
     def format_report(self, report: dict) -> str:
         meta, sel = self.metadata, self.clm
-        what = (f"top-{sel.k} ids + log-probs ({sel.logprob_codec}); tail = 1 - sum" if sel.support == "topk" else
-                f"{sel.draws} draws from the teacher (seed {sel.sample_seed}): distinct ids + counts")
+        what = self._what(sel)
         lines = [f"store      {self.url}", info.status_line(meta, "   objective clm"), *info.upgrade_lines(self.meta),
                  f"corpus     {report['rows']} blocks of {sel.block_size} tokens ({report['tokens']} real)   source "
                  f"{meta.dataset.source}",
                  f"teacher    {meta.teacher.name} ({meta.teacher.architecture}, {meta.teacher.num_layers} layers)   "
                  f"weights {(meta.teacher.weights_hash or '?')[:19]}",
                  info.tokenizer_line(meta),
-                 f"support    {what}; ids at {sel.id_bits} bits; positions kept {sel.positions:g} "
+                 f"support    {what}; {'' if sel.support == HIDDEN else f'ids at {sel.id_bits} bits; '}positions kept "
+                 f"{sel.positions:g} "
                  f"({report['kept_positions']})",
                  "", *info.array_lines(report["arrays"]), "",
                  f"total          {info.human_bytes(report['total_bytes'])}  "
@@ -99,10 +173,32 @@ class ClmStore(HSKStore):
                  f"per token      {report['bytes_per_token']:.2f} B stored (clm/ arrays; "
                  f"{report['bytes_per_kept_position']:.2f} B per kept position); the full distribution in fp16: "
                  f"{2 * sel.vocab_size:,} B"]
+        lines += self._hidden_lines(report)
         lines += ["for scale, what other tools store per token:"]
         lines += [f"  {name}: ~{size} B ({size / max(report['bytes_per_token'], 1e-9):.1f}x this store)"
                   for name, size in OTHERS]
         return info.join_report(lines)
+
+    @staticmethod
+    def _what(sel: ClmSelection) -> str:
+        if sel.support == HIDDEN:
+            rotated = "not rotated" if sel.rotation_seed is None else f"Hadamard-rotated, seed {sel.rotation_seed}"
+            return (f"the final hidden state (d {sel.hidden_size}, {sel.hidden_codec}, {rotated}) + the LM head "
+                    "once per store: the full distribution")
+        if sel.support == "topk":
+            return f"top-{sel.k} ids + log-probs ({sel.logprob_codec}); tail = 1 - sum"
+        return f"{sel.draws} draws from the teacher (seed {sel.sample_seed}): distinct ids + counts"
+
+    @staticmethod
+    def _hidden_lines(report: dict) -> list[str]:
+        if "head_bytes" not in report:
+            return []
+        kl = report["reconstruction_kl"]
+        measured = ("not measured" if kl is None else
+                    f"mean KL({report['reconstruction_reference']} || stored) {kl:.5f} nats/token, top-1 "
+                    f"{100 * report['reconstruction_top1']:.1f}% over {report['reconstruction_tokens']} tokens")
+        return [f"head           {info.human_bytes(report['head_bytes'])} once per store (not in B/token)",
+                f"reconstruction {measured}"]
 
     def refuse_derive(self) -> None:
         raise ConfigError(f"{self.url} is a causal-LM store: derive it with --support topk:K or sample:N "

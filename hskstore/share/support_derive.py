@@ -20,9 +20,19 @@ import numpy as np
 
 from .. import __version__, codecs
 from ..errors import StoreExistsError
-from ..format.clm import TEXT_ARRAYS, ClmSelection, Support, decode_support, encode_support
+from ..format.clm import (
+    HIDDEN,
+    TEXT_ARRAYS,
+    ClmSelection,
+    Support,
+    decode_hidden,
+    decode_support,
+    encode_support,
+    head_logits,
+)
 from ..format.config import ConfigError
 from ..format.meta import StoreMeta
+from ..io.clm_store import write_head
 from ..io.writer import writing
 from .derive import _check_source_checksums, _same_location
 
@@ -61,6 +71,14 @@ def _compact(ids: np.ndarray, counts: np.ndarray, slots: int) -> tuple[np.ndarra
 def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelection, rows: np.ndarray, group: str,
                  width: int) -> dict:
     """A shard's arrays with the support of `group` (over `width` positions) made smaller; the rest as it is."""
+    if new.support == HIDDEN:  # the same states through a smaller codec, as the dump's `via` chain encodes them
+        decoded = decode_hidden(data, src)
+        values, scale = codecs.get(new.hidden_codec).requantize(src.hidden_codec, decoded.hidden)
+        arrays = {f"{group}/kept": data[f"{group}/kept"], f"{group}/hidden": values}
+        if scale is not None:
+            arrays[f"{group}/hidden_scale"] = scale
+        arrays.update({name: array for name, array in data.items() if not name.startswith(f"{group}/")})
+        return arrays
     kept, ids, _, _ = decode_support(data, src, width, group)
     if new.support == "topk":
         logprobs = codecs.get(src.logprob_codec).decode(data[f"{group}/values"], data.get(f"{group}/scale"), src.slots)
@@ -77,6 +95,30 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
     return arrays
 
 
+MEASURED_POSITIONS = 1024  # the positions of the first shard a derived codec's reconstruction is measured on
+
+
+def _measured(source, src: ClmSelection, new: ClmSelection, head: tuple) -> ClmSelection:
+    """The derived selection with its reconstruction measured against the source store's (the teacher does not
+    run): mean KL(source || derived) and top-1 agreement over the first shard's first kept positions."""
+    data = source.read_shard(0, verify=True)
+    rows = derive_shard(data, src, new, np.arange(*source.shard_bounds(0)), "clm", src.block_size)
+    before, after = decode_hidden(data, src), decode_hidden(rows, new)
+    kept = before.kept
+    a = head_logits(before.hidden[kept][:MEASURED_POSITIONS], *head, src.logit_softcap)
+    b = head_logits(after.hidden[kept][:MEASURED_POSITIONS], *head, src.logit_softcap)
+    p, q = _log_softmax(a), _log_softmax(b)
+    kl = float((np.exp(p) * (p - q)).sum(-1).clip(min=0).mean()) if len(p) else 0.0
+    top1 = float((p.argmax(-1) == q.argmax(-1)).mean()) if len(p) else 1.0
+    return new.measured(kl, top1, len(p), "source store")
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
 def derive_support(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
                progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
                log: Callable[[str], object] | None = None) -> dict:
@@ -88,6 +130,9 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
     new = src.derived(Support.parse(support), logprob_codec)
     _check_codec(src, new)
     _check_source_checksums(source)
+    head = source.head() if new.support == HIDDEN else None
+    if head is not None:
+        new = _measured(source, src, new, head)
     recorded = source.metadata
     meta = {k: v for k, v in source.meta.items() if k not in _SOURCE_ONLY}
     meta["selection"] = new.to_dict()
@@ -104,6 +149,8 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
             if log is not None:
                 log(f"{out} is already complete, nothing to do")
             return writer.meta
+        if head is not None:
+            write_head(writer.group, *head)
         pending = writer.pending_shards()
         for shard in progress(pending) if progress is not None else pending:
             data = source.read_shard(shard, verify=True)

@@ -57,12 +57,14 @@ Masked-LM store (LightPAFF): --objective mlm runs a BertForMaskedLM teacher (e.g
 
 Causal-LM store: --objective clm runs any AutoModelForCausalLM over raw text (one document per line, packed
 into --block-size blocks with EOS between) and keeps, per position, its next-token distribution on a sparse
---support: topk:K (ids and log-probs; the tail mass is 1 - their sum) or sample:N (RS-KD: N draws, distinct
-ids and counts). `hsk derive --support` makes smaller ones; `hsk train --method clm-kd` trains from them:
+--support: topk:K (ids and log-probs; the tail mass is 1 - their sum), sample:N (RS-KD: N draws, distinct
+ids and counts) or hidden:CODEC (the final hidden state and the LM head: the full distribution). `hsk derive
+--support` makes smaller ones; `hsk train --method clm-kd` trains from them:
 
 \b
   hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support topk:32 --out lm.zarr
   hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support sample:50 --out lm-s50.zarr
+  hsk dump --objective clm --text-file corpus.txt --teacher my-org/my-lm --support hidden:int8 --out lm-h.zarr
 """
 
 

@@ -27,6 +27,7 @@ from hskstore import __version__
 from hskstore.format.clm import (
     ACTUAL,
     CLM,
+    HIDDEN,
     TEXT,
     TOKEN_BYTES,
     ClmSelection,
@@ -42,6 +43,7 @@ from hskstore.format.clm import (
 )
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
+from hskstore.io.clm_store import write_head
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.data import DataError
 from pipelines.core.models import (
@@ -53,6 +55,13 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.precision import FP32, forward_precision, resolve_forward
+from pipelines.dump.clm_hidden import (
+    TeacherHead,
+    compute_hidden_shard,
+    head_arrays,
+    hidden_selection,
+    measure_reconstruction,
+)
 from pipelines.dump.corpus import CorpusSource, ShardCursors, ahead, tokenized
 from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
 from pipelines.dump.stage import compute_record
@@ -278,6 +287,14 @@ def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows:
     return arrays
 
 
+SHARD_COMPUTE: dict[str, Callable[..., dict[str, np.ndarray]]] = {HIDDEN: compute_hidden_shard}
+
+
+def shard_compute(sel: ClmSelection) -> Callable[..., dict[str, np.ndarray]]:
+    """What computes a shard's arrays for the store's support (compute_clm_shard's arguments)."""
+    return SHARD_COMPUTE.get(sel.support, compute_clm_shard)
+
+
 def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
     """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape; its
     forward's precision and its weights' dtype recorded only when not float32, as task stores record them."""
@@ -336,12 +353,14 @@ def initial_rows(request: ClmRequest) -> int:
 
 @dataclass
 class ClmPlan:
-    """A causal-LM dump made ready to run: the tokenizer, the teacher, the support and the store's record."""
+    """A causal-LM dump made ready to run: the tokenizer, the teacher, the support and the store's record (and a
+    hidden-state store's head, written once before its shards)."""
 
     tokenizer: Any
     model: Any
     sel: ClmSelection
     meta: StoreMeta
+    head: TeacherHead | None = None
 
 
 def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str, overwrite: bool,
@@ -355,13 +374,39 @@ def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
     eos = eos_of(tokenizer, teacher)
     model = load_clm_teacher(teacher, load_on or device, request.dtype, device_map)
     check_block_size(model, request.block_size, teacher)
-    sel = ClmSelection.make(request.support, vocab_size=model.config.vocab_size, block_size=request.block_size,
-                            eos_id=eos, logprob_codec=request.logprob_codec, positions=request.positions,
-                            sample_seed=request.sample_seed, limit_tokens=request.max_tokens,
-                            text_bytes=text_bytes_bound(tokenizer, request.block_size))
+    sel, head = _selection(model, tokenizer, corpus, request, eos, teacher, input_device(model, load_on or device),
+                           precision)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
     meta = meta if overwrite else _resumed_record(out, meta)
-    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}))
+    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head)
+
+
+def _selection(model: Any, tokenizer: Any, corpus: CorpusSource, request: ClmRequest, eos: int, teacher: str,
+               device: str, precision: str) -> tuple[ClmSelection, TeacherHead | None]:
+    """The store's selection, and for the hidden support the head it stores once, with the reconstruction
+    measured on the corpus's first block (a hidden-state store keeps no block text: text_bytes None)."""
+    vocab = model.config.vocab_size
+    if request.support.kind != HIDDEN:
+        return ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
+                                 logprob_codec=request.logprob_codec, positions=request.positions,
+                                 sample_seed=request.sample_seed, limit_tokens=request.max_tokens,
+                                 text_bytes=text_bytes_bound(tokenizer, request.block_size)), None
+    sel, head = hidden_selection(model, request.support, vocab_size=vocab, block_size=request.block_size,
+                                 eos_id=eos, positions=request.positions, seed=request.sample_seed,
+                                 limit_tokens=request.max_tokens)
+    first = first_block(corpus, tokenizer, request, eos)
+    check_ids(first.blocks, vocab, teacher)
+    return measure_reconstruction(model, first.blocks, first.lengths, sel, head, device, precision), head
+
+
+def first_block(corpus: CorpusSource, tokenizer: Any, request: ClmRequest, eos: int) -> PackedRows:
+    """The corpus's first block (read from its start, as the dump packs it)."""
+    documents = corpus.documents()
+    if request.max_documents is not None:
+        documents = islice(documents, request.max_documents)
+    for rows in pack_stream(tokenized(documents, tokenizer), request.block_size, eos, 1, request.max_tokens):
+        return rows
+    raise DataError(f"{corpus.described} holds no text")
 
 
 def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
@@ -375,6 +420,8 @@ def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
+        if plan.head is not None:
+            write_head(writer.group, *head_arrays(plan.head))
         run = ShardRun(plan.model, plan.sel, request, input_device(plan.model, device),
                        resolve_forward(request.precision, device), teacher)
         return write_stream(writer, out, corpus, plan.tokenizer, run, progress, log)
@@ -400,8 +447,8 @@ class ShardRun:
     def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
         check_ids(rows.blocks, self.sel.vocab_size, self.teacher)
         index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
-        return compute_clm_shard(self.model, rows.blocks, rows.lengths, index, self.sel, self.request.batch_size,
-                                 self.device, self.precision, shard_text(rows, self.sel))
+        return shard_compute(self.sel)(self.model, rows.blocks, rows.lengths, index, self.sel,
+                                       self.request.batch_size, self.device, self.precision, shard_text(rows, self.sel))
 
 
 def teacher_line(model: Any) -> str:

@@ -27,6 +27,7 @@ from hskstore.errors import ProvenanceError
 from hskstore.format.clm import ClmSelection, PackedRows
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
+from hskstore.io.clm_store import write_head
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.models import weights_hash
 from pipelines.core.precision import resolve_forward
@@ -34,12 +35,13 @@ from pipelines.dump.clm import (
     ClmRequest,
     ShardRun,
     check_ids,
-    compute_clm_shard,
     load_clm_teacher,
     plan_clm,
+    shard_compute,
     shard_text,
     write_stream,
 )
+from pipelines.dump.clm_hidden import head_arrays
 from pipelines.dump.corpus import CorpusSource
 from pipelines.dump.distributed import DistributedDumpError, check_scheduler, cluster_client
 from pipelines.dump.stage import compute_record
@@ -115,8 +117,8 @@ def dump_clm_shard(job: ClmShardJob) -> int:
     model, device = _teacher(job.teacher)
     sel = ClmSelection.from_dict(job.meta.selection)
     rows = np.arange(job.first_row, job.first_row + len(job.blocks), dtype=np.int64)
-    arrays = compute_clm_shard(model, job.blocks, job.lengths, rows, sel, job.batch_size, device, job.precision,
-                               job.text)
+    arrays = shard_compute(sel)(model, job.blocks, job.lengths, rows, sel, job.batch_size, device, job.precision,
+                                job.text)
     _writer(job.url, job.meta).write_shard(job.shard, arrays)
     return job.shard
 
@@ -189,6 +191,8 @@ def dump_clm_distributed(teacher: str, out: str, corpus: CorpusSource, request: 
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
+        if plan.head is not None:  # a hidden-state store's head: written once, by the driver
+            write_head(writer.group, *head_arrays(plan.head))
         run = ShardRun(plan.model, plan.sel, request, device, resolve_forward(request.precision, device), teacher)
         url = writer.url if "://" in writer.url else os.path.abspath(writer.url)
         with cluster_client(request.workers, request.scheduler, device, log=log) as client:

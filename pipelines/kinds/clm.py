@@ -35,14 +35,16 @@ class ClmDumpOptions:
     limit: int | None = lm_flags.limit()
     support: str = flag("topk:64", "--objective clm/seq2seq: per position, topk:K (the K most probable ids and their "
                         "log-probs; the tail mass is 1 - their sum) or sample:N (N draws from the teacher, RS-KD: "
-                        "distinct ids and counts); seq2seq also takes none (the teacher's output alone).", section=LM)
+                        "distinct ids and counts); clm also takes hidden[:CODEC] (the final hidden state through a "
+                        "value codec, Hadamard-rotated, and the LM head once: the full distribution); seq2seq also "
+                        "takes none (the teacher's output alone).", section=LM)
     logprobs: str = flag("float16", "--objective clm with topk: the value codec of the log-probs (float16, int8, "
-                         "int4, mxfp4, nf3).", section=LM)
+                         "int4, mxfp4, nf3, nf4).", section=LM)
     block_size: int = flag(256, "--objective clm: tokens per block (documents packed, EOS between).", section=LM)
     positions: float = flag(1.0, "--objective clm: the fraction of positions that keep a support, those of highest "
                             "teacher entropy (selective KD); 1 keeps all.", section=LM)
     sample_seed: int = flag(0, "--objective clm with sample:N: the draws of block r come from a generator seeded "
-                            "(seed, r).", section=LM)
+                            "(seed, r); with hidden: the rotation's seed.", section=LM)
     limit_tokens: int | None = flag(None, "--objective clm: dump only the first N tokens of the corpus.", section=LM)
     dtype: str = flag("auto", "--objective clm: the teacher's weights loaded as auto (the checkpoint's dtype), "
                       "float32, bfloat16 or float16; recorded in the store.", section=LM)

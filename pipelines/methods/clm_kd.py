@@ -6,6 +6,8 @@ pre-training; 0.5 here, the middle). KD is what the store's support allows:
 - top-K (`hsk dump --support topk:K`): KL over the K ids plus the tail bucket (`tail`, the default), or over
   the K ids renormalized (`--set tail=false`, sparse KD as other tools do it);
 - sampled (`--support sample:N`): RS-KD's unbiased estimate, -sum count/N log q;
+- the final hidden state (`--support hidden:CODEC`): the full-vocabulary KL against the stored head applied to
+  the decoded hidden states, on the device (pipelines/train/kinds/clm.py, hidden_batch);
 - `--set target=live`: the store's teacher runs beside the student and gives the full-vocabulary KL on the
   same blocks in the same order (the online reference arm: what the store's support is measured against).
 
@@ -24,7 +26,7 @@ PAPER = ("Song et al., 'LightPAFF' (2020), GPT-2 distillation; Anshumann et al.,
          "(RS-KD, ACL 2025) for sampled supports")
 TARGETS = ("store", "live")
 # the KD term of each support kind (hskstore.format.clm.SUPPORTS)
-KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce"}
+KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce", "hidden": "clm_full_kl"}
 
 
 @dataclass
@@ -48,9 +50,9 @@ class ClmKDOptions:
 
 
 def _kd_term(o: ClmKDOptions, ctx: Context) -> Term:
-    if o.target == "live":
-        return Term("kd", "clm_full_kl", o.lam, (("temperature", o.temperature),))
     support = ctx.meta.selection["support"]
+    if o.target == "live" or support == "hidden":  # the full distribution: the live teacher's, or the stored head's
+        return Term("kd", "clm_full_kl", o.lam, (("temperature", o.temperature),))
     if support == "topk":
         return Term("kd", KD_TERMS[support], o.lam, (("tail", o.tail), ("temperature", o.temperature)))
     return Term("kd", KD_TERMS[support], o.lam)
@@ -67,7 +69,10 @@ def _build(o: ClmKDOptions, ctx: Context) -> list[Stage]:
 
 
 def _check(o: ClmKDOptions, ctx: Context) -> str | None:
-    if o.temperature != 1.0 and o.target == "store" and (ctx.meta.selection["support"] != "topk" or o.tail):
+    if ctx.meta.objective != "clm":
+        return "needs a causal-LM store (`hsk dump --objective clm`)"
+    support = ctx.meta.selection["support"]
+    if o.temperature != 1.0 and o.target == "store" and support != "hidden" and (support != "topk" or o.tail):
         return ("a temperature other than 1 needs the ids' probabilities alone: --set tail=false on a top-K store, "
                 "or --set target=live (a tail bucket or sampled counts have no tempered form)")
     return None

@@ -25,6 +25,8 @@ first 2 of 30 layers and tied head) for the same steps, batch and seeds:
                 (measured with the teacher on 2,048 KJV training positions: expected distinct ids of N
                 draws 4.0, ~12 and ~32; the teacher's entropy there is 3.0 nats, top-128 mass 0.92)
     sel25       top-32 + tail at 25% of positions (highest teacher entropy)
+    hidden-C    the final hidden state through codec C = int8, nf4 (derived from one float16 dump) and the
+                LM head once: the full distribution reconstructed on the student's device (issue 55)
 
 and each run is evaluated with `hsk eval --text-file` on the KJV test books and on QNLI's Wikipedia
 sentences (a subset of each at the CPU scale), as is the teacher once (the floor). results_SCALE.json:
@@ -52,8 +54,9 @@ even on idle cores. The learning rate is 2e-3 for every arm: at clm-kd's default
 (CE ~17.8 nats at init: 2 layers feeding a head trained for 30) was still at 12.3 nats after 16 steps; at
 2e-3 it reached ~5.5 (plain-torch CE runs on KJV, batch 8). Even so the CPU-scale students are far from
 the teacher (~3.4 nats): the CPU study is a shape check, the GPU scale the measurement.
---scale gpu is 100x the training tokens (2.05M: the whole ~0.94M-token KJV train split, ~2.2 epochs, at
-batch 32 x 500 steps, lr 1e-3) and evaluates on the whole test files.
+--scale gpu is 50x the training tokens per arm (1.02M: 250 steps of 32 x 128, ~1.1 epochs of the whole
+0.94M-token KJV train split, lr 1e-3) with an 8-layer student (first8), and evaluates on the whole test
+files; benchmarks/evidence/lm/gpu.sh runs it in one prepared command (README.md beside this file).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -83,15 +86,19 @@ class Scale:
     batch: int
     eval_tokens: int | None  # tokens per test file (None: the whole file)
     lr: float  # every arm's peak learning rate (warmup 5%, linear decay: clm-kd's schedule)
+    student: str = "first2"  # every arm's student: the teacher's embeddings, first k layers and tied head
 
 
 SCALES = {
     # 2e-3, not clm-kd's default 2e-4: at 2e-4 the first2 student is still at 12 nats after 16 steps
     "cpu": Scale(train_tokens=20_480, steps=20, batch=8, eval_tokens=3_072, lr=2e-3),
-    # 100x the cpu scale's training tokens (2.05M: the whole 0.94M-token train split, ~2.2 epochs)
-    "gpu": Scale(train_tokens=None, steps=500, batch=32, eval_tokens=None, lr=1e-3),
+    # 50x the cpu scale's training tokens per arm (1.02M, ~1.1 epochs of the whole 0.94M-token train split) with
+    # an 8-layer student: what one 15-minute GPU window holds for the 10 arms x 3 seeds of gpu.sh (an estimate
+    # made without a GPU: benchmarks/evidence/lm/README.md says how; gpu.sh's STEPS/BATCH override it)
+    "gpu": Scale(train_tokens=None, steps=250, batch=32, eval_tokens=None, lr=1e-3, student="first8"),
     "smoke": Scale(train_tokens=2_048, steps=2, batch=4, eval_tokens=512, lr=2e-3),  # end-to-end check only
 }
+HIDDEN_CODECS = ("int8", "nf4")  # the final hidden state's stores, derived from its float16 dump
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ def stores() -> dict[str, dict]:
     out[f"rs{draws}"] = {"dump": f"sample:{draws}", "positions": 1.0}
     out.update({f"rs{n}": {"derive": f"rs{draws}", "support": f"sample:{n}"} for n in SAMPLE_DRAWS[1:]})
     out["sel25"] = {"dump": SELECTIVE[0], "positions": SELECTIVE[1]}
+    out["hid16"] = {"dump": "hidden:float16", "positions": 1.0}
+    out.update({f"hid-{c}": {"derive": "hid16", "support": f"hidden:{c}"} for c in HIDDEN_CODECS})
     return out
 
 
@@ -122,6 +131,7 @@ def arms() -> list[Arm]:
     out += [Arm(f"top{k}-notail", f"top{k}", (*kd, "tail=false"), f"top-{k} renormalized") for k in TOPK]
     out += [Arm(f"rs{n}", f"rs{n}", kd, f"RS-KD {n} draws") for n in SAMPLE_DRAWS]
     out.append(Arm("sel25", "sel25", (*kd, "tail=true"), f"{SELECTIVE[0]} + tail at {SELECTIVE[1]:.0%} positions"))
+    out += [Arm(f"hidden-{c}", f"hid-{c}", kd, f"final hidden state ({c}) + head") for c in HIDDEN_CODECS]
     return out
 
 
@@ -146,7 +156,7 @@ def derive_cmd(source: Path, support: str, out: Path) -> list[str]:
 
 def train_cmd(store: Path, arm: Arm, scale: Scale, epochs: float, seed: int, out: Path, threads: int) -> list[str]:
     sets = [x for s in (*arm.sets, f"epochs={epochs:g}", f"lr={scale.lr:g}") for x in ("--set", s)]
-    return [*hsk(), "train", "--store", str(store), "--student", "first2", "--method", "clm-kd", *sets,
+    return [*hsk(), "train", "--store", str(store), "--student", scale.student, "--method", "clm-kd", *sets,
             "--max-steps", str(scale.steps), "--batch-size", str(scale.batch), "--seed", str(seed),
             "--out", str(out), "--threads", str(threads), "--no-progress"]
 
@@ -162,12 +172,32 @@ def info_cmd(store: Path) -> list[str]:
 
 # ---- running them ---------------------------------------------------------------------------------------
 
+IN_PROCESS = False  # --in-process: hsk commands run in this process (no torch import and start per command)
+
+
+def _in_process(cmd: list[str]) -> subprocess.CompletedProcess:
+    """One hsk command through pipelines.cli.main in this process, its stdout and stderr captured."""
+    import contextlib
+    import io
+
+    from pipelines.cli import main as hsk_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = hsk_main(cmd[3:])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(cmd, code or 0, out.getvalue(), err.getvalue())
+
+
 def call(cmd: list[str], log: Path, check: bool = True) -> str | None:
     """Run one hsk command, its output kept in `log`; stdout returned. A failure stops the study with the log's
     tail (check) or returns None (not check: the caller has another way)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[2])}  # this checkout's hsk, not the editable install's
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parents[2])
+    result = _in_process(cmd) if IN_PROCESS else subprocess.run(cmd, capture_output=True, text=True, env=env,
+                                                                 cwd=HERE.parents[2])
     log.write_text(f"$ {' '.join(cmd)}\n{result.stdout}\n--- stderr\n{result.stderr}")
     if result.returncode != 0 and not check:
         return None
@@ -210,7 +240,8 @@ def store_info(store: Path, logs: Path) -> dict:
     if not cached.is_file():
         storage = last_json(call(info_cmd(store), logs / f"info-{store.stem}.log"))["storage"]
         keep = ("support", "tokens", "kept_positions", "bytes_per_token", "bytes_per_kept_position",
-                "total_bytes_per_token")
+                "total_bytes_per_token", "head_bytes", "reconstruction_kl", "reconstruction_top1",
+                "reconstruction_reference")
         cached.write_text(json.dumps({k: storage.get(k) for k in keep}, indent=1))
     return json.loads(cached.read_text())
 
@@ -379,9 +410,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], default=None,
                         help="a comma-separated subset (default: every arm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the hsk commands in this process (gpu.sh: no process start per run)")
+    parser.add_argument("--steps", type=int, default=None, help="override the scale's steps per run")
+    parser.add_argument("--batch", type=int, default=None, help="override the scale's batch")
+    parser.add_argument("--train-tokens", type=int, default=None, help="override the scale's dumped tokens")
     parser.add_argument("--results", type=Path, default=None,
                         help="[benchmarks/evidence/lm/results_SCALE.json; smoke: in --work, never the repo]")
     args = parser.parse_args(argv)
+    global IN_PROCESS
+    IN_PROCESS = args.in_process
+    overrides = {k: v for k, v in (("steps", args.steps), ("batch", args.batch), ("train_tokens", args.train_tokens))
+                 if v is not None}
+    if overrides:
+        SCALES[args.scale] = replace(SCALES[args.scale], **overrides)
     args.teacher, args.corpus = teacher_folder(args.teacher), args.corpus.expanduser()
     args.work = args.work or Path(f"~/.cache/hsk/lm_evidence/work-{args.scale}")
     # one file per scale, so a GPU study never overwrites the CPU one; smoke rows are no results

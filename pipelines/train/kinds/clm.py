@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from hskstore.format.clm import TEXT_ARRAYS, ClmSelection, LMTargets, decode, require_text
+from hskstore.format.clm import HIDDEN, TEXT_ARRAYS, ClmSelection, LMTargets, decode, require_text
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
+from pipelines.core import codecs_torch
+from pipelines.dump.clm_hidden import TeacherHead
 from pipelines.registry import Context, Stage
 from pipelines.train.data.sources import StoreSource
 from pipelines.train.data.stream import StoreStream
@@ -85,7 +87,8 @@ def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Cal
             "(padding only), accepted")
 
 
-def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, live: nn.Module | None) -> dict:
+def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, live: nn.Module | None,
+             head: TeacherHead | None = None) -> dict:
     """A batch of blocks for the adapter and the loss terms: inputs, next-token labels and the masks of the
     positions each term averages over; the stored support at the kept positions ([N, S]), or the live
     teacher's logits at every real position ([N, V]), or neither (no selection: a teacher's own fine-tuning)."""
@@ -102,8 +105,24 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, 
         return batch
     if sel is None:
         return batch
-    batch.update(support_batch(decode(raw, sel), device, ids.shape[1]))
+    if head is not None:
+        batch.update(hidden_batch(raw, sel, head, device))
+    else:
+        batch.update(support_batch(decode(raw, sel), device, ids.shape[1]))
     return batch
+
+
+def hidden_batch(raw: dict[str, np.ndarray], sel: ClmSelection, head: TeacherHead, device: str
+                 ) -> dict[str, torch.Tensor]:
+    """A hidden-state store's batch for the full-vocabulary KL: the kept positions' stored bytes go to the device
+    as they are, where the codec's twin decodes them and the store's head makes the teacher's logits [N kept, V]
+    (no [N, V] ever crosses from the host)."""
+    kept = np.unpackbits(raw["clm/kept"], axis=-1, count=sel.block_size).astype(bool)
+    values = torch.as_tensor(raw["clm/hidden"][kept], device=device)
+    scale = raw.get("clm/hidden_scale")
+    scale = None if scale is None else torch.as_tensor(scale[kept], device=device)
+    hidden = codecs_torch.get(sel.hidden_codec).decode(values, scale, sel.hidden_size)
+    return {"kd_mask": torch.as_tensor(kept, device=device), "teacher_logits": head.logits(hidden)}
 
 
 def support_batch(targets: LMTargets, device: str, width: int | None = None) -> dict[str, torch.Tensor]:
@@ -118,11 +137,11 @@ def support_batch(targets: LMTargets, device: str, width: int | None = None) -> 
 
 
 class _Maker:
-    def __init__(self, sel: ClmSelection, device: str, live: nn.Module | None):
-        self.sel, self.device, self.live = sel, device, live
+    def __init__(self, sel: ClmSelection, device: str, live: nn.Module | None, head: TeacherHead | None = None):
+        self.sel, self.device, self.live, self.head = sel, device, live, head
 
     def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return lm_batch(raw, self.sel, self.device, self.live)
+        return lm_batch(raw, self.sel, self.device, self.live, self.head)
 
     def close(self) -> None:
         pass
@@ -145,7 +164,13 @@ class ClmFeed:
     def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker | XtokMaker:
         if self.text is not None:
             return replace(self.text, device=device)
-        return _Maker(self.store.clm, device, self.live)
+        head = None
+        if self.live is None and self.store.clm.support == HIDDEN:  # the stored head, once, on the device
+            weight, bias = self.store.head()
+            head = TeacherHead(torch.as_tensor(weight, device=device),
+                               None if bias is None else torch.as_tensor(bias, device=device),
+                               self.store.clm.logit_softcap)
+        return _Maker(self.store.clm, device, self.live, head)
 
 
 def clm_feed(store: Any, method_options: Any) -> ClmFeed:
