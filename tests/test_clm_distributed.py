@@ -82,3 +82,20 @@ def test_two_local_workers_write_the_bytes_of_one_process(one_process, clm_teach
     assert "local cluster of 2 processes" in capsys.readouterr().out
     assert chunk_bytes(out) == chunk_bytes(one_process)
     assert open_store(str(out)).meta["dataset"] == open_store(str(one_process)).meta["dataset"]
+
+
+@pytest.mark.slow
+def test_a_hidden_state_dump_on_the_cluster_writes_the_bytes_and_head_of_one_process(clm_teacher, clm_corpus,
+                                                                                        tmp_path, cluster):
+    """--support hidden: the driver measures the reconstruction and writes the head once, the workers compute
+    hidden shards: the selection, head and chunks of a one-process dump."""
+    hidden = ["--support", "hidden:int8", "--limit-tokens", "320", "--threads", str(torch.get_num_threads())]
+    one, spread = tmp_path / "one.zarr", tmp_path / "spread.zarr"
+    assert main([*_args(clm_teacher, clm_corpus, one), *hidden]) == 0
+    assert main([*_args(clm_teacher, clm_corpus, spread), *hidden, "--scheduler", cluster[0].scheduler_address]) == 0
+    store = open_store(str(spread))
+    assert store.clm.support == "hidden" and store.meta["selection"] == open_store(str(one)).meta["selection"]
+    assert chunk_bytes(spread) == chunk_bytes(one)
+    assert [a.tobytes() for a in store.head() if a is not None] == [
+        a.tobytes() for a in open_store(str(one)).head() if a is not None]
+    assert main(["verify", str(spread)]) == 0
