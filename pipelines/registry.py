@@ -145,7 +145,7 @@ class Term:
         check_names(f"term {self.name}", "loss term", [self.loss], LOSS_TERMS)
 
     @property
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, object]:
         return dict(self.params)
 
 
@@ -227,7 +227,7 @@ class Method:
     # `alpha` as the grid's pred-only and no-KD arms (mud); other methods run once per student and seed
     sweep_grid: bool = False
 
-    def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
+    def make_options(self, values: Mapping[str, object] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""
         values = dict(values or {})
         hints = typing.get_type_hints(self.options)
@@ -253,7 +253,7 @@ class Method:
             raise MethodError(f"method {self.name}: nothing to train with these options")
         return stages
 
-    def option_dict(self, options: Any) -> dict[str, Any]:
+    def option_dict(self, options: Any) -> dict[str, object]:
         return dataclasses.asdict(options)
 
 

@@ -327,7 +327,7 @@ def load_classifier(
     num_labels: int | None = None,
     device: str | torch.device = "cpu",
     require_head: bool = False,
-    log: Callable[[str], Any] | None = None,
+    log: Callable[[str], object] | None = None,
     **kwargs: Any,
 ) -> PreTrainedModel:
     """An `AutoModelForSequenceClassification` in eval mode, fp32 unless `dtype=` is passed.
@@ -472,7 +472,7 @@ def _teacher_summary(path: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def teacher_identity(name_or_path: str, config: Any) -> dict[str, Any]:
+def teacher_identity(name_or_path: str, config: Any) -> dict[str, object]:
     """What a classifier was fine-tuned for: {"task", "labels", "num_labels", "problem_type", "identity_from"}.
 
     The task comes from hsk_teacher.json (written by `hsk teacher`) or the config's finetuning_task;

@@ -237,7 +237,7 @@ def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architect
 
 
 def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqRequest, *, device: str = "cpu",
-                 overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
+                 overwrite: bool = False, progress: bool = True, log: Callable[[str], object] = print,
                  extra_meta: dict | None = None) -> dict:
     """Write (or finish) the seq2seq store at `out`; returns its metadata."""
     decoding = request.check()
@@ -263,7 +263,7 @@ def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqReques
 
 def _write_shards(writer: StoreWriter, out: str, model: Any, pairs: dict[str, np.ndarray], sel: Seq2seqSelection,
                   request: Seq2seqRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], Any]) -> dict:
+                  log: Callable[[str], object]) -> dict:
     pending = writer.pending_shards()
     if len(pending) < writer.n_shards:
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")

@@ -58,7 +58,7 @@ def _read_meta(url: str) -> StoreMeta | None:
 
 
 def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | None, *,
-                 log: Callable[[str], Any] | None = None) -> str:
+                 log: Callable[[str], object] | None = None) -> str:
     """The url of the store a run trains from: the source, or a derived store (derived unless complete)."""
     if store_config is None:
         return spec.source

@@ -114,7 +114,7 @@ def _split(blocks: np.ndarray, lengths: np.ndarray) -> tuple[dict, np.ndarray, n
 def train_clm_teacher(base: str, corpus: Examples, out: str | Path, *, block_size: int = 256, epochs: float = 1.0,
                       lr: float = 5e-5, batch_size: int = 8, seed: int = 0, device: str = "cpu",
                       precision: str = "auto", overwrite: bool = False, checkpoint_every: int = 100,
-                      progress: bool = True, log: Callable[[str], Any] = print) -> dict:
+                      progress: bool = True, log: Callable[[str], object] = print) -> dict:
     """Fine-tune the causal LM `base` on `corpus` (next-token CE); save it at `out` (hsk teacher's output rule)."""
     out = Path(out)
     step_precision = StepPrecision.resolve(precision, str(device))  # refused before anything is written

@@ -116,7 +116,7 @@ class MaskedLMFeed:
 
 
 def prepare_pretraining(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                        log: Callable[[str], Any], **_: Any) -> RunParts:
+                        log: Callable[[str], object], **_: Any) -> RunParts:
     """The plan, student and feed of a pre-training run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a masked-LM store")
     from pipelines.dump.mlm import load_mlm_teacher

@@ -245,8 +245,8 @@ def train_mlm_teacher(
     overwrite: bool = False,
     checkpoint_every: int = 100,
     progress: bool = True,
-    log: Callable[[str], Any] = print,
-    on_step: Callable[[int], Any] | None = None,
+    log: Callable[[str], object] = print,
+    on_step: Callable[[int], object] | None = None,
 ) -> dict:
     """Train an MLM head (and the top `train_layers` layers) of `base` on `corpus`; save a BertForMaskedLM.
 
@@ -299,8 +299,8 @@ def _options(batch_size: int, seed: int, checkpoint_every: int, progress: bool, 
 
 
 def _run(model: Any, tokenizer: Any, data: _Data, folder: tuple[Path, dict, StepPrecision], options: TrainOptions,
-         base: str, corpus: Examples, epochs: float, lr: float, device: str, log: Callable[[str], Any],
-         on_step: Callable[[int], Any] | None) -> Run:
+         base: str, corpus: Examples, epochs: float, lr: float, device: str, log: Callable[[str], object],
+         on_step: Callable[[int], object] | None) -> Run:
     """Train in the work folder (resuming its checkpoint when it is this run's): the whole model is the student
     (only the unfrozen parameters train), head mlm."""
     work, identity, precision = folder

@@ -71,7 +71,7 @@ class _Maker:
     def __init__(self, sel: Seq2seqSelection, on: str, kd: bool, device: str):
         self.sel, self.on, self.kd, self.device = sel, on, kd, device
 
-    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, object]:
         return pair_batch(raw, self.sel, self.on, self.kd, self.device)
 
     def close(self) -> None:
@@ -99,7 +99,7 @@ def seq2seq_feed(store: Any, method_options: Any) -> Seq2seqFeed:
 
 
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                    log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
+                    log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True, task=task)
     sel = plan.store.s2s

@@ -182,7 +182,7 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
 
 def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPrecision, source: MemorySource,
          stages: list, base: str, model: Any, tokenizer: Any, dev_sets: dict, max_length: int, device: str,
-         log: Callable[[str], Any]) -> Run:
+         log: Callable[[str], object]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
     info = StudentInfo.of_model(base, model, tokenizer)
@@ -195,7 +195,7 @@ def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPreci
 
 
 def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work: Path, train: Examples,
-          dev_sets: dict, settings: dict, log: Callable[[str], Any]) -> dict:
+          dev_sets: dict, settings: dict, log: Callable[[str], object]) -> dict:
     """hsk_teacher.json of a finished fine-tuning run (without its time fields), from the kept weights."""
     steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
     history = _history(work, steps_per_epoch)
@@ -258,7 +258,7 @@ def fine_tune_teacher(
     precision: str = "auto",
     progress: bool = True,
     overwrite: bool = False,
-    log: Callable[[str], Any] = print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """Fine-tune `base` on the task's train split, keep the best dev evaluation, save it to `out_dir`.
 

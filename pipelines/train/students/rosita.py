@@ -351,7 +351,7 @@ def build_rosita(
     max_length: int | None = None,
     device: str = "cpu",
     overwrite: bool = False,
-    log: Callable[[str], Any] = print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """Build a ROSITA student from `teacher` on `task`'s training data and save it to `out`; returns the summary."""
     started = time.perf_counter()
