@@ -8,10 +8,14 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 def rng_state() -> dict:
@@ -46,7 +50,7 @@ def atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_model_folder(model: Any, tokenizer: Any, tmp: Path) -> None:
+def save_model_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase, tmp: Path) -> None:
     """save_pretrained of a model and its tokenizer into `tmp`; on a full disk the half-written folder is
     removed and the failure raised as OSError(ENOSPC) (safetensors reports it as its own SafetensorError)."""
     from safetensors import SafetensorError

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from pipelines.train.run.loop import Keeper, Student
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STATE_FILE = "clm-state.pt"
 ROWS = ("row", "input_ids", "length")
@@ -78,7 +81,7 @@ class HeldOutPerplexity:
         return len(self.blocks) > 0
 
     @torch.no_grad()
-    def __call__(self, model: Any) -> dict:
+    def __call__(self, model: nn.Module) -> dict:
         model.eval()
         total, count = 0.0, 0
         for start in range(0, len(self.blocks), self.batch_size):

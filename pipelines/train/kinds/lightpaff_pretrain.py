@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import RunParts
 from pipelines.train.students.adapter import masked_lm_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MLM_ARRAYS = ["input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels", "mlm/topk_ids",
               "mlm/topk_logits", "mlm/lse"]
@@ -68,7 +71,7 @@ def _depth(k: int, teacher: str) -> int:
     return k
 
 
-def _check_student(model: nn.Module, tokenizer: Any, meta: StoreMeta) -> None:
+def _check_student(model: nn.Module, tokenizer: PreTrainedTokenizerBase, meta: StoreMeta) -> None:
     """The KL compares vocabulary ids: the student must share the teacher's vocabulary."""
     from pipelines.core.models import vocab_hash
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SUMMARY_FILE = "hsk_teacher.json"
 OUTPUT_KIND = TEACHER.name  # what `hsk teacher --out` holds (pipelines.core.output_kinds)
@@ -181,8 +184,8 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
 
 
 def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPrecision, source: MemorySource,
-         stages: list, base: str, model: Any, tokenizer: Any, dev_sets: dict, max_length: int, device: str,
-         log: Callable[[str], object]) -> Run:
+         stages: list, base: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dev_sets: dict,
+         max_length: int, device: str, log: Callable[[str], object]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
     info = StudentInfo.of_model(base, model, tokenizer)
@@ -194,8 +197,8 @@ def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPreci
         keeper=Keeper(work, task, source.store.url))
 
 
-def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work: Path, train: Examples,
-          dev_sets: dict, settings: dict, log: Callable[[str], object]) -> dict:
+def _card(task: Task, base: str, base_hash: str, tokenizer: PreTrainedTokenizerBase, run: Run, work: Path,
+          train: Examples, dev_sets: dict, settings: dict, log: Callable[[str], object]) -> dict:
     """hsk_teacher.json of a finished fine-tuning run (without its time fields), from the kept weights."""
     steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
     history = _history(work, steps_per_epoch)
