@@ -264,18 +264,23 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     kind = args[0]
     origin = typing.get_origin(kind) or kind
+    if value.lower() == "none" and type(None) in typing.get_args(hint):
+        return None
     try:
-        if value.lower() == "none" and type(None) in typing.get_args(hint):
-            return None
-        if origin is bool:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes")
-        if origin is tuple:
-            return tuple(s.strip() for s in value.split(",") if s.strip())
-        return origin(value)
+        return _parse(value, origin)
     except (TypeError, ValueError):
         raise MethodError(f"option {name}: cannot read {value!r} as {getattr(origin, '__name__', origin)}") from None
+
+
+def _parse(value: str, origin: type) -> object:
+    """A CLI string as `origin`: a bool from true/false/1/0/yes/no, a tuple from a comma list, else origin(value)."""
+    if origin is bool:
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(value)
+        return value.lower() in ("true", "1", "yes")
+    if origin is tuple:
+        return tuple(s.strip() for s in value.split(",") if s.strip())
+    return origin(value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,13 +65,16 @@ def ptp_thresholds(task: str, t1: float | None = None, t2: float | None = None) 
     for name, value in zip(("--ptp-t1", "--ptp-t2"), chosen, strict=True):
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{name} is a softmax confidence and must be in [0, 1]; got {value}")
+    return PTPThresholds(float(chosen[0]), float(chosen[1]), _source(spec.name, default, t1, t2))
+
+
+def _source(task: str, default: tuple[float, float] | None, t1: float | None, t2: float | None) -> str:
+    """Where the thresholds came from: the authors' defaults, the flags, or the flags over the defaults."""
     if (t1, t2) == (None, None):
-        source = f"PEA-KD authors' code ({spec.name})"
-    elif default is None or (t1 is not None and t2 is not None):
-        source = "--ptp-t1/--ptp-t2"
-    else:
-        source = f"override of the PEA-KD defaults for {spec.name}"
-    return PTPThresholds(float(chosen[0]), float(chosen[1]), source)
+        return f"PEA-KD authors' code ({task})"
+    if default is None or (t1 is not None and t2 is not None):
+        return "--ptp-t1/--ptp-t2"
+    return f"override of the PEA-KD defaults for {task}"
 
 
 def ptp_classes(conf: Any, right: Any, thresholds: PTPThresholds) -> Any:
