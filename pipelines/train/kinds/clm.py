@@ -163,6 +163,7 @@ def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
 
 TEXT_READ = "clm-text"
 LIVE_TERM = "clm_full_kl"  # the term that reads the live teacher's logits (clm-kd --set target=live)
+MINED_TERM = "mined_kl"  # the term that maps the support's ids through both tokenizers (alm)
 
 
 def other_tokenizer_methods(meta: StoreMeta) -> tuple[str, ...]:
@@ -191,7 +192,7 @@ def _text_maker(plan: Any, store: Any, teacher: str, student: str, tokenizer: An
     require_text(store.clm, str(store.url))
     check_fast(tokenizer, student)
     table = None
-    if any(term.loss == "mined_kl" for stage in plan.stages for term in stage.terms):
+    if any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms):
         table = mined_table(load_tokenizer(teacher), tokenizer, store.clm.vocab_size)
     return XtokMaker(store.clm, tokenizer, student_eos(tokenizer, student), "cpu", table,
                      getattr(plan.method_options, "max_student_tokens", 0))
@@ -204,7 +205,9 @@ def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks
                           "beside the student)", data_parallel=True, task=task)
     source = plan.source
     live = any(term.loss == LIVE_TERM for stage in plan.stages for term in stage.terms)
-    teacher = _teacher(source, options.teacher, live or _FIRST.fullmatch(student.strip().lower()) is not None)
+    # MinED maps ids through the teacher's tokenizer: it needs the teacher as a first<k> student or a live one does
+    mined = any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms)
+    teacher = _teacher(source, options.teacher, live or mined or _FIRST.fullmatch(student.strip().lower()) is not None)
     if live:
         from pipelines.dump.clm import load_clm_teacher
 
