@@ -8,7 +8,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: object, path: Path) -> None:
     """torch.save to a sibling, then rename: a run killed while saving keeps the previous checkpoint.
 
     A failed save (a full disk) removes the half-written sibling; torch reports a failed write as a
@@ -72,13 +72,13 @@ def _failed_write(exc: BaseException) -> bool:
     return "writ" in text or "unexpected pos" in text
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=json_default))
     os.replace(tmp, path)
 
 
-def json_default(obj: Any) -> Any:
+def json_default(obj: object) -> object:
     if isinstance(obj, (np.integer, np.floating)):
         return obj.item()
     if isinstance(obj, np.ndarray):

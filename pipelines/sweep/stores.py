@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zarr
 
@@ -81,7 +80,7 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
 
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def _write_json_atomic(path: Path, obj: object) -> None:
     with atomic_file(path) as (f, _):
         f.write(json.dumps(obj, indent=2, default=str).encode())
 

@@ -35,10 +35,12 @@ from pipelines.train.students.adapter import masked_lm_batch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from hskstore.io.mlm_store import MLMStore
+
 MLM_ARRAYS = ["input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels", "mlm/topk_ids",
               "mlm/topk_logits", "mlm/lse"]
 
-def mlm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
+def mlm_student(student: str, teacher: str) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
     """(BertForMaskedLM, tokenizer, how it was made): bert<k> = the MLM teacher's first k layers and its head;
     a folder = that encoder, with its MLM head when it has one, else a fresh head tied to its embeddings."""
     from transformers import BertForMaskedLM
@@ -109,7 +111,7 @@ class _Maker:
 class MaskedLMFeed:
     """A stage that reads "mlm" streams the masked inputs and the teacher's stored top-k targets."""
 
-    store: Any
+    store: MLMStore
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
         return list(MLM_ARRAYS)
