@@ -21,12 +21,16 @@ teacher was right: they get IGNORE and drop out of the PTP loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hskstore.format.config import ConfigError
 from pipelines.core.tasks import get_task
+
+if TYPE_CHECKING:  # the rule runs on either; torch is not imported here
+    import torch
+    from numpy.typing import ArrayLike
 
 # (t1, t2) per task, from the authors' code; other tasks need --ptp-t1 and --ptp-t2.
 PTP_THRESHOLDS: dict[str, tuple[float, float]] = {
@@ -77,7 +81,8 @@ def _source(task: str, default: tuple[float, float] | None, t1: float | None, t2
     return f"override of the PEA-KD defaults for {task}"
 
 
-def ptp_classes(conf: Any, right: Any, thresholds: PTPThresholds) -> Any:
+def ptp_classes(conf: np.ndarray | torch.Tensor, right: np.ndarray | torch.Tensor,
+                thresholds: PTPThresholds) -> np.ndarray | torch.Tensor:
     """The PTP class 0..3 of each row from its confidence and whether the teacher was right (the table above).
 
     Bool/float operators only, so numpy arrays and torch tensors (on any device) take the same rule."""
@@ -94,7 +99,7 @@ def _confidence(teacher_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p.max(axis=-1), p.argmax(axis=-1)
 
 
-def ptp_label_array(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -> np.ndarray:
+def ptp_label_array(teacher_logits: ArrayLike, gold: ArrayLike, thresholds: PTPThresholds) -> np.ndarray:
     """[B] int64 PTP labels from teacher logits [B, C] and gold class ids [B] (< 0: no gold -> IGNORE)."""
     conf, predicted = _confidence(teacher_logits)
     gold = np.asarray(gold).astype(np.int64)
@@ -102,7 +107,7 @@ def ptp_label_array(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -
     return np.where(gold < 0, IGNORE, labels)
 
 
-def ptp_label_counts(labels: Any) -> dict[str, int]:
+def ptp_label_counts(labels: np.ndarray) -> dict[str, int]:
     """How many rows fall in each PTP class (and how many have no gold label): for the run's log."""
     counts = {name: int((labels == i).sum()) for i, name in enumerate(PTP_CLASSES)}
     counts["no-gold"] = int((labels == IGNORE).sum())
@@ -117,7 +122,7 @@ def _lower_median(values: np.ndarray, default: float) -> float:
     return float(np.sort(values)[(len(values) - 1) // 2]) if len(values) else default
 
 
-def ptp_label_warning(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -> str | None:
+def ptp_label_warning(teacher_logits: ArrayLike, gold: ArrayLike, thresholds: PTPThresholds) -> str | None:
     """A warning when the PTP labels of these rows are degenerate, with thresholds that would split them; else None.
 
     The authors' thresholds fit confident BERT-base teachers. A weaker teacher is rarely sure above t1
