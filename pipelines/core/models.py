@@ -275,7 +275,7 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     return _load(AutoTokenizer.from_pretrained, name_or_path, "tokenizer", **kwargs)
 
 
-def load_config(name_or_path: str, **kwargs: Any) -> Any:
+def load_config(name_or_path: str, **kwargs: Any) -> PreTrainedConfig:
     return _load(AutoConfig.from_pretrained, name_or_path, "config", **kwargs)
 
 
