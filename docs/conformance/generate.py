@@ -4,19 +4,25 @@
     python docs/conformance/generate.py --out DIR    # anywhere else (tests/test_conformance.py compares)
 
 Every vector is a real store, written by the real commands (`hsk dump`, `hsk derive`, `hsk pack`)
-from a tiny random BERT built here with a fixed seed, a tiny WordPiece vocabulary and a few rows
-of text (the causal-LM vectors: a tiny random Llama over a fixed word list; the seq2seq vector: the
-same Llama over a few source/target pairs), then packed as a bundle `<name>.hsk.zip`. Next to each
-bundle, `<name>.json` says what a reader must find in it: the manifest, the checksums, every shard
-digest, every array as decoded numbers, and the kept values of each layer decoded to float32 (the
-causal-LM and seq2seq vectors: their supports decoded).
+from a tiny BERT built here with fixed-seed weights, a tiny WordPiece vocabulary and a few rows of
+text (the causal-LM vectors: a tiny Llama over a fixed word list; the seq2seq vector: the same Llama
+over a few source/target pairs), then packed as a bundle `<name>.hsk.zip`. Next to each bundle,
+`<name>.json` says what a reader must find in it: the manifest, the checksums, every shard digest,
+every array as decoded numbers, and the kept values of each layer decoded to float32 (the causal-LM
+and seq2seq vectors: their supports decoded).
+
+The teachers are exact (exact_teachers.py): weights on a grid of 1/8, norms and activations that
+round to that grid, attention by powers of two, so every float32 sum they compute is exact and no
+result depends on the order a CPU adds in (SIMD width, threads, BLAS path); each teacher is run in
+float32 and float64 before it is saved and every module's outputs must be equal. The generator
+registers them (their `model_type`, attention function and score reader) in its own process, and
+hsk reads them through its ordinary code paths. So the vectors regenerate byte for byte on any
+x86-64 or ARM CPU, whatever ATEN_CPU_CAPABILITY, MKL_CBWR or thread count.
 
 What depends on where and when the generator runs (the temporary folder the teacher was saved
-in, the creation time, the hsk version) is replaced by fixed values after the dump, and the
-store's `identity`, `manifest` and card are then recomputed exactly as the writer computes them,
-so each vector is a valid store and regenerating gives the same bytes. Torch runs on one CPU
-thread with its portable kernels and MKL's SSE2 code path, so that float results depend neither on
-the thread count nor on the CPU's vector instructions (checked: AVX-512 and AVX2 give the same bytes).
+in, the creation time, the hsk version, the thread count) is replaced by fixed values after the
+dump, and the store's `identity`, `manifest` and card are then recomputed exactly as the writer
+computes them, so each vector is a valid store and regenerating gives the same bytes.
 """
 
 from __future__ import annotations
