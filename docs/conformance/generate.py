@@ -47,6 +47,9 @@ PINNED_CREATED = "2026-01-01T00:00:00+00:00"
 PINNED_VERSION = "conformance"
 PINNED_TEACHER = "/conformance/teacher"
 PINNED_SOURCE_STORE = "float16.zarr"
+# The LM vectors' float16 log-probs lie at least this far (in float16 ulps) from a rounding midpoint: torch's float32
+# log-softmax (not exact) is within a few float32 ulps of the exact value on any CPU: under 1e-3 of a float16 ulp.
+MIN_MARGIN = 0.004
 PINNED_THREADS = 1  # `compute.torch_threads`: the teachers are exact, so the thread count changes no value
 
 VOCAB = list(dict.fromkeys([
@@ -510,6 +513,44 @@ def check_coverage(vectors: dict[str, dict], selections: dict[str, dict]) -> Non
         raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
 
 
+def _midpoint_distance(x: np.ndarray) -> np.ndarray:
+    """How far each float64 value lies from the float16 rounding midpoint next to it, in float16 ulps (0 to 0.5)."""
+    rounded = x.astype(np.float16)
+    neighbour = np.nextafter(rounded, np.where(x > rounded, np.inf, -np.inf).astype(np.float16))
+    step = np.abs(neighbour.astype(np.float64) - rounded)
+    return np.abs(x - (rounded.astype(np.float64) + neighbour) / 2) / step
+
+
+def check_logprob_margins(work: Path, vectors: dict[str, dict], selections: dict[str, dict]) -> None:
+    """Refuse LM vectors whose float16 log-probs a last-bit change would round otherwise: hsk's log-softmax is
+    torch's float32 one (not exact: its exp and log differ between CPUs in the last float32 bits), so each
+    stored log-prob must be float16(float64 log-softmax of the exact logits) and lie MIN_MARGIN from a midpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hskstore.format.seq2seq import Seq2seqSelection
+    from pipelines.core.pair_models import pair_model
+
+    model = AutoModelForCausalLM.from_pretrained(work / "clm-teacher", dtype=torch.float64).eval()
+    clm, s2s = vectors["clm"], vectors["seq2seq"]
+    sel = Seq2seqSelection.from_dict(selections["seq2seq"])
+    inputs = pair_model(sel.architecture).inputs(*(_array(s2s, name) for name in (
+        "source_ids", "source_length", "teacher_ids", "teacher_length")), sel, "cpu")
+    with torch.no_grad():
+        logits = {"clm": model(input_ids=torch.as_tensor(_array(clm, "input_ids").astype(np.int64))).logits,
+                  "seq2seq": inputs.target_logits(model(**inputs.kwargs).logits)}
+    for name, vector in (("clm", clm), ("seq2seq", s2s)):
+        kept = np.array(vector["decoded"]["kept"], dtype=bool)
+        exact = np.take_along_axis(torch.log_softmax(logits[name], -1).numpy(),
+                                   np.array(vector["decoded"]["ids"]), -1)[kept]
+        stored = np.array(vector["decoded"]["logprobs"])[kept]
+        margin = _midpoint_distance(exact).min()
+        if not (exact.astype(np.float16) == stored).all() or margin < MIN_MARGIN:
+            raise SystemExit(f"{name}: a float16 log-prob is {margin:.2g} of a float16 ulp from a rounding midpoint "
+                             f"(under {MIN_MARGIN}), or not float16 of the exact log-prob: another CPU may round it "
+                             "otherwise; change the teacher's seed")
+
+
 def generate(out: Path) -> list[Path]:
     """Write every bundle and its JSON into `out`; returns the files written."""
     import exact_teachers
@@ -530,6 +571,7 @@ def generate(out: Path) -> list[Path]:
         for name in ("clm", "clm-sample"):
             vectors[name]["source_tokens"] = source_tokens(work)
         vectors["seq2seq"]["source_tokens"] = pair_tokens(work)
+        check_logprob_margins(work, vectors, selections)
     check_coverage(vectors, selections)
     written = []
     for name, vector in vectors.items():
