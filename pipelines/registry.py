@@ -59,6 +59,11 @@ LOSS_TERMS: dict[str, str] = {
     "clm_topk_kl": "causal LM: KL over a top-K store's ids plus the tail bucket, or renormalized over them (clm-kd)",
     "clm_sampled_ce": "causal LM: RS-KD's unbiased estimate, -sum count/draws log q, on a sampled store (clm-kd)",
     "clm_full_kl": "causal LM: KL over the whole vocabulary from the live teacher (clm-kd --set target=live)",
+    "uld": "another tokenizer: L1 of the sorted teacher support (with its tail) and the student's sorted top "
+    "probabilities at shared byte boundaries (uld)",
+    "alm_chunks": "another tokenizer: binary KL of teacher and student likelihoods of the chunks between shared "
+    "byte boundaries (alm)",
+    "mined_kl": "another tokenizer: KL to the stored support mapped onto the student's ids by exact string (alm)",
 }
 HEADS: dict[str, str] = {
     "task": "the student's own classifier (the task's labels)",
@@ -74,6 +79,8 @@ STORE_READS: dict[str, str] = {
     "attention": "the stored attention rows of the stage's layer pairs (`hsk dump --attention-rows`)",
     "mlm": "a masked-LM store's masked positions, original tokens and teacher top-k (`hsk dump --objective mlm`)",
     "clm": "a causal-LM store's blocks and per-position teacher support (`hsk dump --objective clm`)",
+    "clm-text": "a causal-LM store's block text, token offsets and actual-token log-probs, re-tokenized by a "
+    "student with another tokenizer (uld, alm)",
     "seq2seq": "a seq2seq store's pairs, teacher output and per-target-token support (`hsk dump --objective seq2seq`)",
 }
 PAIR_RULES: dict[str, str] = {

@@ -59,6 +59,9 @@ class RunKind:
     evaluate: str | None = None  # "module:function" (model, options, EvalCommon, log) -> None: `hsk eval`
     eval_options: type | None = None
     eval_by: str = ""  # the `hsk eval` option whose presence selects this kind's evaluation (e.g. "text_file")
+    # "module:function" (store, method options) -> the batches a transformers.Trainer reads through
+    # pipelines.integrations.hf.LMStoreDataset (None: the task-store dataset, or none)
+    feed: str | None = None
 
     @property
     def help_heading(self) -> str:

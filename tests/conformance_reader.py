@@ -270,7 +270,9 @@ def data_arrays(meta: dict) -> list[str]:
         return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
     if meta.get("objective") == "clm":
-        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"])]
+        text = ["clm/actual", "clm/token_bytes", "clm/text"] if meta["selection"].get("text_bytes") is not None else []
+        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"]),
+                *text]
     if meta.get("objective") == "seq2seq":
         return seq2seq_arrays(meta["selection"])
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
@@ -403,6 +405,17 @@ def clm_tail(logprobs: np.ndarray, kept: np.ndarray) -> np.ndarray:
         total = np.add(total, probs[..., s], dtype=np.float32)
     tail = np.minimum(np.maximum(np.subtract(np.float32(1), total, dtype=np.float32), 0), 1).astype(np.float32)
     return np.where(kept, tail, np.float32(0))
+
+
+def clm_block_text(arrays: dict[str, np.ndarray], row: int) -> tuple[str, list[int]]:
+    """A block's text and its tokens' end offsets in bytes: the text is the first sum(token_bytes) bytes of
+    `clm/text` (UTF-8), token t ends at token_bytes[0] + ... + token_bytes[t] ("Block text, offsets and
+    actual-token log-probs")."""
+    ends, total = [], 0
+    for n in arrays["clm/token_bytes"][row].tolist():
+        total += int(n)
+        ends.append(total)
+    return bytes(arrays["clm/text"][row][:total].tolist()).decode("utf-8"), ends
 
 
 def block_hash(ids: np.ndarray) -> int:

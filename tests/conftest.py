@@ -5,6 +5,7 @@ Heavy imports (transformers) happen inside the helpers, so tests that do not use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -404,6 +405,31 @@ def hsk(*args: str, timeout: float = 120, **extra: str | None) -> tuple[int, str
     `timeout` seconds: a hang fails the test, not the suite."""
     proc = subprocess.run([*HSK, *args], env=hsk_env(**extra), capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_group(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: str | Path | None = None
+              ) -> subprocess.CompletedProcess:
+    """`cmd` in a session of its own, like subprocess.run with capture_output and text; when it runs past `timeout`,
+    or the test is stopped (Ctrl-C, SIGTERM), the whole group is killed: torchrun's workers included, so no
+    orphaned process outlives the test."""
+    import signal
+    import threading
+
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def one_error_line(result: tuple[int, str, str], *words: str) -> str:

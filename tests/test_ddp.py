@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_bert, stop_at_step_script
+from conftest import make_tiny_bert, run_group, stop_at_step_script
 
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.cli import main
@@ -50,7 +50,7 @@ def torchrun(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return run_group(cmd, env=env, timeout=300)  # a stopped test leaves no orphaned torchrun
 
 
 def weights(out: Path) -> dict[str, torch.Tensor]:

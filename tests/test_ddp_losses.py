@@ -13,13 +13,12 @@ ranks' random masks cannot differ from one process's.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_bert
+from conftest import make_tiny_bert, run_group
 
 from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions
@@ -75,19 +74,23 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
+def _one_and_two(argv: list[str], one: Path, two: Path) -> None:
+    """`hsk ARGV` in one process (OUT = one), then under torchrun on 2 ranks (OUT = two)."""
+    alone = run_group([sys.executable, "-m", "pipelines.cli", *[str(one) if a == "OUT" else a for a in argv]],
+                      env=_env(), timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    ranked = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "pipelines.cli", *[str(two) if a == "OUT" else a for a in argv]], env=_env(), timeout=300)
+    assert ranked.returncode == 0, ranked.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(RUNS))
 def test_one_process_and_two_ranks_give_the_same_loss_and_weights(method, stores, tmp_path):
     store, args = RUNS[method]
     argv = ["train", "--store", stores[store], "--out", "OUT", *args, *COMMON]
     one, two = tmp_path / "one", tmp_path / "two"
-    alone = subprocess.run([sys.executable, "-m", "pipelines.cli", *[str(one) if a == "OUT" else a for a in argv]],
-                           env=_env(), capture_output=True, text=True, timeout=300)
-    assert alone.returncode == 0, alone.stderr[-3000:]
-    ranked = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             "-m", "pipelines.cli", *[str(two) if a == "OUT" else a for a in argv]],
-                            env=_env(), capture_output=True, text=True, timeout=300)
-    assert ranked.returncode == 0, ranked.stderr[-3000:]
+    _one_and_two(argv, one, two)
     curve = {r["step"]: r for r in _records(one) if r["type"] == "train"}
     ranked_curve = {r["step"]: r for r in _records(two) if r["type"] == "train"}
     assert curve.keys() == ranked_curve.keys() and 1 in curve
@@ -98,3 +101,46 @@ def test_one_process_and_two_ranks_give_the_same_loss_and_weights(method, stores
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)  # as tests/test_ddp.py
+
+
+@pytest.fixture(scope="module")
+def lm_stores(tmp_path_factory, clm_teacher, clm_corpus) -> dict[str, str]:
+    """A top-8 causal-LM store (24 blocks) and a decoder-only seq2seq store (16 pairs) of the tiny Llama, which
+    has no dropout: first2 is deterministic in one process and on each rank."""
+    from pipelines.cli import main
+
+    root = tmp_path_factory.mktemp("ddp_lm")
+    common = ["--support", "topk:8", "--shard-rows", "8", "--batch-size", "8", "--no-progress", "--device", "cpu"]
+    assert main(["dump", "--objective", "clm", "--teacher", str(clm_teacher), "--text-file", str(clm_corpus),
+                 "--block-size", "32", "--limit", "40", *common, "--out", str(root / "clm.zarr")]) == 0
+    lines = clm_corpus.read_text(encoding="utf-8").splitlines()[:32]
+    pairs = root / "pairs.tsv"
+    pairs.write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])),
+                     encoding="utf-8")
+    assert main(["dump", "--objective", "seq2seq", "--teacher", str(clm_teacher), "--data-file", str(pairs),
+                 "--prompt", "Say: {source}\\nAnswer:", "--max-length", "40", "--max-target", "16", *common,
+                 "--out", str(root / "s2s.zarr")]) == 0
+    return {"clm-kd": str(root / "clm.zarr"), "s2s-kd": str(root / "s2s.zarr")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["clm-kd", "s2s-kd"])
+def test_lm_methods_give_the_same_loss_and_weights_on_two_ranks(method, lm_stores, tmp_path):
+    """clm-kd and s2s-kd average CE and KD over the global batch's positions (the ranks' blocks keep different
+    numbers of them): 2 ranks log one process's losses and reach its weights (the tolerance of test_ddp.py)."""
+    argv = ["train", "--store", lm_stores[method], "--out", "OUT", "--method", method, "--student", "first2",
+            "--set", "lr=1e-3", "--epochs", "2", "--batch-size", "8", "--seed", "5", "--max-steps", "3",
+            "--log-every", "1", "--workers", "0", "--no-progress", "--device", "cpu"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _one_and_two(argv, one, two)
+    curve = {r["step"]: r for r in _records(one) if r["type"] == "train"}
+    ranked_curve = {r["step"]: r for r in _records(two) if r["type"] == "train"}
+    assert curve.keys() == ranked_curve.keys() == {1, 2, 3}
+    for step, record in curve.items():
+        assert ranked_curve[step]["loss"] == pytest.approx(record["loss"], rel=1e-5, abs=1e-8), step
+        assert ranked_curve[step]["terms"] == pytest.approx(record["terms"], rel=1e-5, abs=1e-8), step
+    assert len({r["loss"] for r in curve.values()}) == 3  # it trained
+    a, b = _weights(one), _weights(two)
+    assert a.keys() == b.keys()
+    for name in a:  # Adam moves an element of near-zero gradient by ~lr: float noise there is a fraction of 1e-3
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=2e-5, msg=name)

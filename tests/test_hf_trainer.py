@@ -10,12 +10,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_bert, save_tiny_teacher
+from conftest import make_tiny_bert, save_tiny_seq2seq, save_tiny_teacher
 
 from hskstore import open_store
 from hskstore.format.config import ConfigError, HSKConfig
+from pipelines.cli import main
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.integrations.hf import DistillTrainer, StoreCollator, StoreDataset
+from pipelines.integrations.hf import (
+    DistillTrainer,
+    LMDistillTrainer,
+    LMStoreCollator,
+    LMStoreDataset,
+    StoreCollator,
+    StoreDataset,
+)
+from pipelines.train.run.meter import NonFiniteLoss
 
 ROWS = 48
 
@@ -110,3 +119,128 @@ def test_refusals_name_the_fix(store, tmp_path):
         DistillTrainer(model=make_tiny_bert(), args=args, train_dataset=data, hsk_weight=1.0)
     with pytest.raises(ConfigError, match="the student has 3 labels, the store's teacher 2: .*num_labels=2"):
         DistillTrainer(model=make_tiny_bert(num_labels=3), args=args, train_dataset=data)
+
+
+# --- causal-LM and seq2seq stores ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm_stores(tmp_path_factory, clm_teacher, clm_corpus, bpe_tokenizer) -> dict:
+    """A top-8 causal-LM store of the tiny Llama over 40 documents, and a T5 seq2seq store of 16 pairs."""
+    tmp = tmp_path_factory.mktemp("lm_stores")
+    common = ["--shard-rows", "8", "--batch-size", "8", "--no-progress", "--device", "cpu"]
+    assert main(["dump", "--objective", "clm", "--teacher", str(clm_teacher), "--text-file", str(clm_corpus),
+                 "--support", "topk:8", "--block-size", "32", "--limit", "40", *common,
+                 "--out", str(tmp / "clm.zarr")]) == 0
+    lines = clm_corpus.read_text(encoding="utf-8").splitlines()[:32]
+    pairs = tmp / "pairs.tsv"
+    pairs.write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])),
+                     encoding="utf-8")
+    t5 = save_tiny_seq2seq(tmp / "t5", bpe_tokenizer, "t5")
+    assert main(["dump", "--objective", "seq2seq", "--teacher", str(t5), "--data-file", str(pairs), "--support",
+                 "topk:8", "--max-length", "40", "--max-target", "16", *common, "--out", str(tmp / "s2s.zarr")]) == 0
+    return {"clm": tmp / "clm.zarr", "clm_teacher": clm_teacher, "s2s": tmp / "s2s.zarr", "t5": t5}
+
+
+def _lm_args(tmp_path, steps: int):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=steps,
+                             learning_rate=3e-3, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+                             seed=0)
+
+
+def test_trainer_distills_a_causal_student_from_a_clm_store(lm_stores, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
+
+    torch.set_num_threads(1)
+    teacher = lm_stores["clm_teacher"]
+    student = AutoModelForCausalLM.from_pretrained(teacher, num_hidden_layers=2)
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    data = LMStoreDataset(str(lm_stores["clm"]), options={"lam": 0.5})
+    assert data.method.name == "clm-kd" and [t.loss for t in data.stage.terms] == ["clm_ce", "clm_topk_kl"]
+    trainer = LMDistillTrainer(model=student, args=_lm_args(tmp_path, 16), train_dataset=data,
+                               data_collator=LMStoreCollator(), processing_class=AutoTokenizer.from_pretrained(teacher))
+    assert isinstance(trainer, Trainer)
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 16 and all(np.isfinite(losses))
+    assert np.mean(losses[-4:]) < np.mean(losses[:4])
+    assert all(not torch.equal(before[n], p) for n, p in student.named_parameters())
+
+
+def test_the_lm_loss_is_hsk_trains_terms(lm_stores):
+    """A batch's loss through the Trainer's path, recomputed from the stored rows with lm.py's maths."""
+    from transformers import AutoModelForCausalLM
+
+    from hskstore import open_store
+    from hskstore.format.clm import decode
+    from pipelines.train.losses import lm
+
+    student = AutoModelForCausalLM.from_pretrained(lm_stores["clm_teacher"], num_hidden_layers=2)
+    data = LMStoreDataset(str(lm_stores["clm"]), options={"lam": 0.3}, shuffle=False)
+    batch = next(iter(torch.utils.data.DataLoader(data, batch_size=4, collate_fn=LMStoreCollator())))
+    with torch.no_grad():
+        loss, terms = data.loss(student, batch)
+        rows = batch["hsk_rows"].arrays
+        width = batch["input_ids"].shape[1]
+        ids = torch.as_tensor(rows["input_ids"].astype(np.int64))
+        logits = student(input_ids=ids, attention_mask=(torch.arange(width)[None] < torch.as_tensor(
+            rows["length"].astype(np.int64))[:, None]).long()).logits
+    stored = decode(open_store(str(lm_stores["clm"])).read(slice(0, 4)), data.store.clm)
+    kept = stored.kept[:, :width]
+    logq = torch.log_softmax(logits[torch.as_tensor(kept)], -1)
+    kd = lm.topk_tail_kl(logq, torch.as_tensor(stored.ids[kept]), torch.as_tensor(stored.probs[kept]),
+                         torch.as_tensor(stored.used[kept])).mean()
+    torch.testing.assert_close(terms["kd"], kd)
+    torch.testing.assert_close(loss, 0.7 * terms["ce"] + 0.3 * kd)
+
+
+def test_trainer_distills_a_seq2seq_student(lm_stores, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.set_num_threads(1)
+    student = AutoModelForSeq2SeqLM.from_pretrained(lm_stores["t5"])
+    data = LMStoreDataset(str(lm_stores["s2s"]))
+    assert data.method.name == "s2s-kd"
+    trainer = LMDistillTrainer(model=student, args=_lm_args(tmp_path, 4), train_dataset=data,
+                               data_collator=LMStoreCollator())
+    trainer.train()
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+
+
+def test_a_nan_loss_stops_both_trainers(store, lm_stores, tmp_path):
+    """NaN weights give a NaN loss: training raises at the first step instead of ending normally."""
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    student = make_tiny_bert(num_layers=2, hidden=32, heads=4, seed=3)
+    torch.nn.init.constant_(student.classifier.weight, float("nan"))
+    data = StoreDataset(store)
+    args = TrainingArguments(str(tmp_path / "task"), per_device_train_batch_size=8, max_steps=3, report_to="none",
+                             save_strategy="no", use_cpu=True)
+    with pytest.raises(NonFiniteLoss, match="NaN or infinite at step 1"):
+        DistillTrainer(model=student, args=args, train_dataset=data, data_collator=StoreCollator(data)).train()
+    causal = AutoModelForCausalLM.from_pretrained(lm_stores["clm_teacher"], num_hidden_layers=1)
+    torch.nn.init.constant_(causal.lm_head.weight, float("nan"))
+    lm_data = LMStoreDataset(str(lm_stores["clm"]))
+    with pytest.raises(NonFiniteLoss, match="NaN or infinite at step 1"):
+        LMDistillTrainer(model=causal, args=_lm_args(tmp_path, 3), train_dataset=lm_data,
+                         data_collator=LMStoreCollator()).train()
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_lm_refusals_name_the_fix(store, lm_stores, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ConfigError, match=r"is a clm store: read it with LMStoreDataset"):
+        StoreDataset(str(lm_stores["clm"]))
+    with pytest.raises(ConfigError, match=r"is a task store: read it with StoreDataset"):
+        LMStoreDataset(store)
+    with pytest.raises(ConfigError, match="target=live"):
+        LMStoreDataset(str(lm_stores["clm"]), options={"target": "live"})
+    small = AutoModelForCausalLM.from_pretrained(lm_stores["clm_teacher"], num_hidden_layers=1, vocab_size=100,
+                                                 ignore_mismatched_sizes=True)
+    with pytest.raises(ConfigError, match="100 rows but the store's tokenizer has 300 tokens"):
+        LMDistillTrainer(model=small, args=_lm_args(tmp_path, 1), train_dataset=LMStoreDataset(str(lm_stores["clm"])),
+                         data_collator=LMStoreCollator())

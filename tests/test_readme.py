@@ -38,8 +38,7 @@ NOT_RUN_PAGES = {
     "docs/guide/sharing-security.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/adding-a-codec.md": "new (issue 39): add it to RUN_PAGES once its blocks take seconds on a CPU",
     "docs/guide/zarr-tools.md": "reads the committed vectors; tests/test_zarr_tools.py makes the same reads",
-    "docs/guide/lm-stores.md": "needs a causal-LM teacher folder; tests/test_clm.py and tests/test_seq2seq.py run "
-                               "these commands on tiny random Llama, T5 and BART teachers",
+    "docs/guide/lm-stores.md": "runs in test_lm_guide_blocks_run, on a tiny random Llama for its teachers",
     "docs/guide/adding-a-store-kind.md": "its code shows a registration that hsk itself makes",
 }
 # Every page whose `hsk` commands must parse as written (the generated CLI reference is the CLI itself).
@@ -180,6 +179,7 @@ NOT_RUN = {
     "/tmp/weed": "starts a SeaweedFS server as tests/s3_server.py does for tests/test_s3.py",
     "--workers 2": "a dask cluster of 2 processes: tests/test_dump_distributed.py and tests/test_sweep.py run it",
     "torchrun": "2 training processes: tests/test_ddp.py runs it",
+    "LMDistillTrainer(": "needs a causal-LM store and teacher: test_lm_guide_blocks_run runs it on a tiny Llama",
     "register(Method(": "registers a method in the test process: tests/test_method.py adds methods the same way",
     "upload_folder(": "pushes to the Hugging Face Hub (network and a token): tests/test_share.py builds the folder "
                       "it pushes, offline",
@@ -324,3 +324,78 @@ def test_readme_blocks_run_in_order(tmp_path, glue_dir, monkeypatch):
     assert (work / "runs" / "sweep" / "notebook" / "marginal_utility.png").is_file()
     assert json.loads((work / "runs" / "bert2" / "summary.json").read_text())["method"] == "mud"
     assert len(ran) >= 20
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/guide/lm-stores.md and the LM part of docs/guide/hf-trainer.md, run as written on a tiny teacher
+
+# Size flags of the LM guide's commands (replaced or added): blocks of 32 tokens, a few documents and steps.
+LM_SIZES = {
+    "dump": {"--limit": "24", "--block-size": "32", "--max-length": "40", "--max-target": "12", "--batch-size": "8"},
+    "teacher": {"--limit": "24", "--max-length": "32"},
+    "train": {"--max-steps": "2"},
+    "eval": {"--eval-limit": "4", "--block-size": "32", "--max-length": "40", "--max-target": "6"},
+}
+LM_PAGES = ("docs/guide/lm-stores.md", "docs/guide/hf-trainer.md")
+
+
+def _lm_sized(args: list[str]) -> list[str]:
+    flags = {k: v for k, v in LM_SIZES.get(args[0], {}).items()
+             if k in args or k in ("--limit", "--max-steps", "--eval-limit")}
+    if args[0] == "eval" and "--pairs-file" in args:
+        flags.pop("--block-size", None)
+    if args[0] == "eval" and "--text-file" in args:
+        flags = {k: v for k, v in flags.items() if k in ("--eval-limit", "--block-size")}
+    return _set_flags(args, flags)
+
+
+def _lm_files(work: Path) -> None:
+    """What the guide's commands read: a corpus and held-out text, pairs and held-out pairs, and runs/my-lm (a
+    tiny random Llama over a BPE tokenizer of the corpus; it also stands in for smollm2)."""
+    from conftest import build_bpe_tokenizer, corpus_lines, save_tiny_causal_lm
+
+    lines = corpus_lines(400)
+    (work / "corpus.txt").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    (work / "test.txt").write_text("\n".join(lines[300:340]) + "\n", encoding="utf-8")
+    for name, rows in (("pairs.tsv", lines[:32]), ("dev.tsv", lines[340:352])):
+        (work / name).write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in zip(rows[::2], rows[1::2])),
+                                 encoding="utf-8")
+    save_tiny_causal_lm(work / "runs" / "my-lm", build_bpe_tokenizer(work / "tok", lines))
+
+
+@pytest.mark.slow
+def test_lm_guide_blocks_run(tmp_path, glue_dir, monkeypatch):
+    """Every shell and python block of the LM guide (and the LM section of the Trainer guide), in order, as
+    written: LM_SIZES shrink the sizes, a tiny Llama is runs/my-lm and stands in for smollm2 (the guide's point
+    there is the command's shape; a real SmolLM2 takes minutes on 2 cores); `pip install` lines are skipped."""
+    from pipelines.core import models
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _lm_files(work)
+    monkeypatch.setitem(models.NAMED, "smollm2", lambda: str(work / "runs" / "my-lm"))
+    monkeypatch.chdir(work)
+    variables: dict[str, str] = {}
+    ran = []
+    for page in LM_PAGES:
+        for block in readme_blocks(page_text(page)):
+            source = "\n".join(block.lines)
+            if block.lang == "python" and "LMStoreDataset" in source:
+                exec(compile(source, f"{page}:{block.line_no}", "exec"), {})
+                ran.append(f"python block at {page}:{block.line_no}")
+            if block.lang != "bash" or page != LM_PAGES[0]:
+                continue
+            for line in block.lines:
+                if not line.strip() or line.strip().startswith(("#", "pip ")):
+                    continue
+                if re.fullmatch(r"[A-Z]+='.*'", line.strip()):  # PROMPT='...': the shell variable the block uses
+                    name, value = line.strip().split("=", 1)
+                    variables[name] = shlex.split(value)[0]
+                    continue
+                text = re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), line)
+                if text.startswith("hsk teacher"):  # it writes runs/my-lm, which the first block already reads
+                    text = text.replace("runs/my-lm", "runs/my-lm-tuned")
+                args = _lm_sized(shlex.split(text, comments=True)[1:])
+                assert main(args) == 0, f"{page}:{block.line_no}: `{line}` failed (ran as hsk {args})"
+                ran.append(line)
+    assert len(ran) >= 12 and (work / "runs" / "para" / "best").is_dir() and (work / "runs" / "hf-lm").is_dir()

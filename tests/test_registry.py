@@ -92,7 +92,7 @@ def test_every_declared_name_is_implemented_by_train_and_nothing_else_is():
     # "mlm": the masked-LM arrays, read by lightpaff-pretrain's run (pipelines/train/kinds/lightpaff_pretrain.py);
     # "clm": a causal-LM store's, read by clm-kd's (pipelines/train/kinds/clm.py); "seq2seq": a seq2seq store's,
     # read by s2s-kd's (pipelines/train/kinds/seq2seq.py)
-    assert set(sources.STORE_READS) | {"mlm", "clm", "seq2seq"} == set(registry.STORE_READS)
+    assert set(sources.STORE_READS) | {"mlm", "clm", "clm-text", "seq2seq"} == set(registry.STORE_READS)
     factors = {name: schedule_factor(name, 100, 0.1) for name in registry.SCHEDULES}
     assert [round(f(5), 3) for f in factors.values()] == [1.0, 0.95, 0.5]  # constant, linear, warmup-linear
     for vocabulary in (registry.LOSS_TERMS, registry.HEADS, registry.STORE_READS, registry.PAIR_RULES,

@@ -95,7 +95,8 @@ def test_a_method_that_cannot_read_the_store_is_refused_naming_those_that_can(cl
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
     assert f"method kd reads task stores, and {clm_store} is a clm store (" in lines[0]
-    assert lines[0].endswith("): pass --method clm-kd (or leave --method out: its kind's default)")
+    fits = lines[0].split("): pass --method ")[1].split(" (or leave --method out")[0].split(" or ")
+    assert "clm-kd" in fits and "kd" not in fits and lines[0].endswith("(or leave --method out: its kind's default)")
     assert tree_hashes(clm_store) == before and not out.exists()
 
 
@@ -122,3 +123,5 @@ def test_a_broken_run_kind_plugin_fails_its_own_kind_alone(clm_store, tmp_path):
                        "4", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run"), timeout=300, **env)
     assert rc == 0, err
     assert "method: clm-kd" in out
+    rc, out, err = hsk("info", str(clm_store), **env)
+    assert rc == 0 and "clm" in out, err

@@ -127,3 +127,23 @@ def test_bundle_on_s3_opens_directly(s3, local_store, tmp_path, capsys):
     assert capsys.readouterr().out == (Path(local_store) / "README.md").read_text()
     assert main(["unpack", url, str(tmp_path / "copy.zarr")]) == 0
     assert open_store(str(tmp_path / "copy.zarr")).meta == open_store(local_store).meta
+
+
+def test_clm_kd_streams_a_causal_lm_store_from_s3(s3, clm_teacher, clm_corpus, tmp_path):
+    """A causal-LM store on S3 trains as a local one: the same steps and losses, read through the stream."""
+    local = tmp_path / "clm.zarr"
+    assert main(["dump", "--objective", "clm", "--teacher", str(clm_teacher), "--text-file", str(clm_corpus),
+                 "--support", "topk:4", "--block-size", "32", "--limit", "30", "--shard-rows", "4", "--no-progress",
+                 "--device", "cpu", "--out", str(local)]) == 0
+    url = s3_url("clm.zarr")
+    s3.filesystem().put(str(local), url.removeprefix("s3://"), recursive=True)
+    runs = {}
+    for name, store in (("local", str(local)), ("s3", url)):
+        runs[name] = tmp_path / name
+        assert main(["train", "--store", store, "--student", "first2", "--method", "clm-kd", "--max-steps", "3",
+                     "--batch-size", "4", "--log-every", "1", "--workers", "1", "--device", "cpu", "--no-progress",
+                     "--out", str(runs[name])]) == 0
+    assert json.loads((runs["s3"] / "summary.json").read_text())["source"] == url
+    losses = {name: [json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for name, run in runs.items()}
+    assert losses["s3"] == losses["local"] and len([x for x in losses["s3"] if x is not None]) == 3

@@ -236,6 +236,15 @@ def test_a_two_layer_student_trains_from_the_store(stores, tmp_path, arch):
     assert depth == 2
 
 
+@pytest.mark.parametrize("arch, batch_size", [("t5", 1), ("llama", 1), ("llama", 5), ("t5", 24)])
+def test_s2s_kd_trains_at_every_batch_size(stores, tmp_path, arch, batch_size):
+    """One epoch at batch size 1 (every pair alone, the shortest too), 5 (a remainder of 4) and the whole store."""
+    out = tmp_path / "run"
+    assert main(["train", "--store", str(stores[arch]), "--method", "s2s-kd", "--student", "first2", "--batch-size",
+                 str(batch_size), "--epochs", "1", "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == -(-24 // batch_size)
+
+
 def test_kd_lowers_the_students_kl_to_the_teacher(stores, tmp_path):
     """Word-level KD on the reference (lam 1) brings the student's distribution closer to the stored one than
     the reference alone does, from the same start, steps and seed."""

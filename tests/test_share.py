@@ -461,3 +461,20 @@ def test_a_student_run_records_the_stores_it_read(shelf, glue_dir, tmp_path):
                  "--workers", "1"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stores_read"] == [{"url": str(store), "content_address": open_store(str(store)).content_address}]
+
+
+def test_iterable_dataset_gives_torch_rows_without_signed_hash(shelf):
+    """`.with_format("torch")` of the plain iterable dataset yields rows: text_hash as int64 with the same bits
+    (torch has no uint64), every other format uint64 as exported."""
+    import datasets
+
+    from hskstore.share.export import iterable_dataset
+
+    store = open_store(str(shelf / "att.zarr"))
+    plain = iterable_dataset(str(shelf / "att.zarr"))
+    assert plain.features["text_hash"] == datasets.Value("uint64")
+    rows = list(plain.with_format("torch"))
+    assert len(rows) == len(store) and rows[0]["text_hash"].dtype == torch.int64
+    hashes = np.array([int(r["text_hash"]) for r in rows], dtype=np.int64).view(np.uint64)
+    assert np.array_equal(hashes, store.read(slice(None))["text_hash"]) and (hashes >= 2**63).any()
+    assert list(plain.with_format("numpy"))[0]["text_hash"].dtype == np.uint64

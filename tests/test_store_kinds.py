@@ -182,6 +182,7 @@ HOMES = {
     "clm": Home("ClmStore", r"""["']clm["']|clm_(?!kd)""",
                 frozenset({"hskstore/format/clm.py", "hskstore/io/clm_store.py", "hskstore/share/support_derive.py",
                            "pipelines/dump/clm.py", "pipelines/train/kinds/clm.py", "pipelines/methods/clm_kd.py",
+                           "pipelines/methods/xtok.py",
                            "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py",
                            "pipelines/train/kinds/clm_teacher.py", "pipelines/kinds/clm.py"}),
                 frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY, "pipelines/train/losses/terms.py",

@@ -470,6 +470,7 @@ def test_quickstart_without_its_data_leaves_nothing(tmp_path, capsys, monkeypatc
 
 def test_dump_to_an_unreachable_scheduler_leaves_nothing(teacher, glue_dir, tmp_path, capsys):
     import dask
+    import distributed  # noqa: F401  its defaults in dask's config first: set() would drop a section it made
 
     before = tree_hashes(tmp_path)
     with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):  # the user's dask config is honoured

@@ -269,7 +269,8 @@ def test_the_documented_attribute_texts_are_the_codes():
         "integrity": schema.INTEGRITY,
         "task": of_kind(schema.task_entry, [*schema.TASK_ROW_ARRAYS, *layer]),
         "mlm": of_kind(mlm.entry, list(mlm._DESCRIBED)),
-        "clm": lm_texts(clm, clm.GROUP, "the block"),
+        "clm": {**lm_texts(clm, clm.GROUP, "the block"),
+                **{name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm.TEXT_DESCRIBED.items()}},
         # the page writes the target the support sits on as <supports_on>: a store names it (reference, teacher)
         "seq2seq": lm_texts(seq2seq, seq2seq.GROUP, "the <supports_on> target's positions"),
         "progress": {name: attrs for name, (_, attrs) in PROGRESS_DESCRIBED.items()},

@@ -356,10 +356,15 @@ def support_decoded(targets, arrays: dict[str, np.ndarray], sel, group: str) -> 
 
 def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
     """What a causal-LM store's `clm/` support decodes to, over the blocks' positions."""
-    from hskstore.format.clm import GROUP, ClmSelection, decode
+    from hskstore.format.clm import GROUP, ClmSelection, block_texts, decode
 
     sel = ClmSelection.from_dict(selection)
-    return support_decoded(decode(arrays, sel), arrays, sel, GROUP)
+    doc = support_decoded(decode(arrays, sel), arrays, sel, GROUP)
+    if sel.text_bytes is not None:  # each block's text and where its tokens end in it (bytes)
+        texts = block_texts(arrays)
+        ends = np.stack([t.ends for t in texts]).astype(np.int32)  # numbers, not strings
+        doc.update(texts=[t.text.decode("utf-8") for t in texts], ends=_numbers(ends))
+    return doc
 
 
 def seq2seq_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:

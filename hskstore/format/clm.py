@@ -100,10 +100,13 @@ class ClmSelection:
     temperature: float = 1.0
     unit: str = _UNIT
     limit_tokens: int | None = None  # `--limit-tokens`: the stream was cut after this many tokens (None: not cut)
+    # bytes per block of clm/text (the widest block's text); None: a store written before the text arrays
+    text_bytes: int | None = None
 
     @classmethod
     def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
-             positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None) -> ClmSelection:
+             positions: float = 1.0, sample_seed: int = 0, limit_tokens: int | None = None,
+             text_bytes: int | None = None) -> ClmSelection:
         check_positions(positions)
         topk = support.kind == "topk"
         if topk and not 1 <= support.size <= vocab_size:
@@ -112,7 +115,8 @@ class ClmSelection:
             codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
         return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
-                   float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens)
+                   float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens,
+                   text_bytes=text_bytes)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
@@ -351,9 +355,11 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     def spec(name: str, tail: tuple[int, ...], dtype: str) -> ArraySpec:
         return ArraySpec(name, (n, *tail), dtype, rows, chunk, bitshuffle=np.dtype(dtype).itemsize > 1)
 
+    text = [] if sel.text_bytes is None else [spec(ACTUAL, (t,), "float16"), spec(TOKEN_BYTES, (t,), "uint16"),
+                                              spec(TEXT, (sel.text_bytes,), "uint8")]
     return [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
-            *support_specs(spec, sel, t)]
+            *support_specs(spec, sel, t), *text]
 
 
 # --- the values' domain (hskstore.format.domain): what the readers check of each shard -------------------------
@@ -516,6 +522,11 @@ def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, sectio
 
 def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     group, _, leaf = spec.name.rpartition("/")
+    if spec.name in TEXT_DESCRIBED:
+        dims, text, units = TEXT_DESCRIBED[spec.name]
+        attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY, **({"units": units} if units
+                                                                                         else {})}
+        return replace(spec, dims=(ROWS, *dims), attributes=attributes)
     if group == GROUP:
         return described_support(spec, meta["selection"], leaf, _SECTION)
     dims, text, units = _DESCRIBED[spec.name]
@@ -523,6 +534,92 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     if units:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)
+
+# --- what a student with another tokenizer needs (docs/STORE_FORMAT.md, "Block text, offsets and actual-token
+# log-probs"): the block's text, where each teacher token ends in it, and the teacher's log-prob of each next token
+ACTUAL, TOKEN_BYTES, TEXT = f"{GROUP}/actual", f"{GROUP}/token_bytes", f"{GROUP}/text"
+TEXT_ARRAYS = (ACTUAL, TOKEN_BYTES, TEXT)
+MAX_TOKEN_BYTES = (1 << 16) - 1  # token_bytes are uint16
+TEXT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
+    ACTUAL: (("tokens",), "position t: the teacher's log-prob (temperature 1, float16) of the block's token t+1, "
+             "whatever the support; 0 at the last real position and the padding", "log-prob (nats)"),
+    TOKEN_BYTES: (("tokens",), "the UTF-8 bytes of the block's text each token owns: its end offset minus the "
+                  "previous token's (delta-coded end offsets); an EOS owns its document's trailing bytes", "bytes"),
+    TEXT: (("text_bytes",), "the block's text as UTF-8, its first sum(token_bytes) bytes; zero-padded", None),
+}
+
+
+def token_ends(char_offsets: list[tuple[int, int]], text: str) -> np.ndarray:
+    """A document's tokens' end offsets in bytes of its UTF-8 text, from a fast tokenizer's character offsets
+    (`return_offsets_mapping`), made non-decreasing (tokens of one character share its end)."""
+    starts = np.zeros(len(text) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum([len(ch.encode("utf-8")) for ch in text])
+    ends = np.array([end for _, end in char_offsets], dtype=np.int64)
+    return np.maximum.accumulate(starts[np.clip(ends, 0, len(text))]) if len(ends) else ends
+
+
+def pack_token_bytes(ends: list[np.ndarray], texts: list[str], block_size: int,
+                     max_tokens: int | None = None) -> tuple[np.ndarray, list[bytes]]:
+    """(token_bytes [n, block_size] uint16, each block's text) of documents packed as pack_blocks packs their ids
+    (each document's tokens then its EOS): token i owns the bytes from the previous token's end to its own, the
+    first from the document's start, the EOS the rest of the document, so the blocks' texts concatenated are the
+    documents' bytes concatenated (cut where `max_tokens` cuts the tokens)."""
+    deltas, raw = [], []
+    for doc_ends, text in zip(ends, texts, strict=True):
+        data = text.encode("utf-8")
+        deltas.append(np.diff(np.concatenate([[0], doc_ends, [len(data)]])))
+        raw.append(data)
+    stream = np.concatenate(deltas) if deltas else np.zeros(0, dtype=np.int64)
+    stream = stream[:max_tokens] if max_tokens is not None else stream
+    if len(stream) and int(stream.max()) > MAX_TOKEN_BYTES:
+        raise ConfigError(f"a token of the corpus spans {int(stream.max())} bytes (more than {MAX_TOKEN_BYTES}): "
+                          "split the documents' whitespace runs")
+    corpus = b"".join(raw)
+    n = -(-len(stream) // block_size)
+    token_bytes = np.zeros((n, block_size), dtype=np.uint16)
+    token_bytes.reshape(-1)[: len(stream)] = stream
+    cut = np.concatenate([[0], np.cumsum(token_bytes.sum(1, dtype=np.int64))])
+    return token_bytes, [corpus[cut[i]:cut[i + 1]] for i in range(n)]
+
+
+def text_array(texts: list[bytes], width: int) -> np.ndarray:
+    """uint8 [n, width]: each block's text, zero-padded."""
+    out = np.zeros((len(texts), width), dtype=np.uint8)
+    for i, data in enumerate(texts):
+        out[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def actual_logprobs(logprobs_at_next: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """float16 [n, T]: the teacher's log-prob of token t+1 at position t, zeroed where t+1 is not a real token."""
+    t = np.arange(logprobs_at_next.shape[1])[None, :]
+    return np.where(t + 1 < lengths[:, None], logprobs_at_next, 0.0).astype(np.float16)
+
+
+@dataclass(frozen=True)
+class BlockText:
+    """What a student with another tokenizer reads of a block: its text (UTF-8), the teacher tokens' end
+    offsets in it (bytes) and the teacher's log-prob of each position's next token."""
+
+    text: bytes
+    ends: np.ndarray  # [T] int64, non-decreasing
+    actual: np.ndarray  # [T] float32
+    length: int
+
+
+def block_texts(data: Mapping[str, np.ndarray]) -> list[BlockText]:
+    """Rows read with the text arrays -> one BlockText each."""
+    ends = np.cumsum(data[TOKEN_BYTES].astype(np.int64), axis=1)
+    return [BlockText(data[TEXT][i, : ends[i, -1]].tobytes(), ends[i], data[ACTUAL][i].astype(np.float32),
+                      int(data["length"][i])) for i in range(len(ends))]
+
+
+def require_text(sel: ClmSelection, where: str) -> None:
+    """A one-line ConfigError when the store predates the text arrays."""
+    if sel.text_bytes is None:
+        raise ConfigError(f"{where} keeps no block text, token offsets or actual-token log-probs (written before they "
+                          "were stored): re-dump it with `hsk dump --objective clm` to train a student with another "
+                          "tokenizer")
 
 
 KIND = kinds.register(kinds.StoreKind(

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format.clm import CLM, GROUP, ClmSelection, LMTargets, decode, domain_checks
+from ..format.clm import (
+    ACTUAL,
+    CLM,
+    GROUP,
+    TEXT_ARRAYS,
+    BlockText,
+    ClmSelection,
+    LMTargets,
+    block_texts,
+    decode,
+    domain_checks,
+)
 from ..format.config import ConfigError
 from ..format.domain import DomainCheck
 from . import info
@@ -40,6 +51,10 @@ class ClmStore(HSKStore):
         """Rows read with read_shard / read (every array) -> their decoded teacher distributions."""
         return decode(data, self.clm)
 
+    def texts(self, data: dict[str, np.ndarray]) -> list[BlockText]:
+        """Rows read with the text arrays -> each block's text, teacher token ends and actual-token log-probs."""
+        return block_texts(data)
+
     def tokens(self) -> tuple[int, int]:
         """(real tokens, kept positions) over the whole store."""
         real = kept = 0
@@ -52,7 +67,9 @@ class ClmStore(HSKStore):
     def storage_report(self) -> dict:
         arrays = info.array_bytes(self)
         real, kept = self.tokens()
-        knowledge = sum(a["stored"] for name, a in arrays.items() if name.startswith("clm/"))
+        # the block text and its offsets are the corpus, not the teacher's knowledge; the actual-token log-probs are
+        knowledge = sum(a["stored"] for name, a in arrays.items()
+                        if name.startswith("clm/") and (name == ACTUAL or name not in TEXT_ARRAYS))
         total = sum(a["stored"] for a in arrays.values())
         return {"rows": len(self), "arrays": arrays, "total_bytes": total,
                 "bytes_per_example": total / max(len(self), 1), "tokens": real, "kept_positions": kept,

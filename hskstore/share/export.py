@@ -147,12 +147,20 @@ def rows(url: str, signed_hash: bool = False) -> Iterator[dict[str, np.ndarray]]
 def iterable_dataset(url: str, *, signed_hash: bool = False):
     """A `datasets.IterableDataset` over the store (decoded rows, digest-checked), typed exactly like the Parquet
     export (`text_hash` uint64). `signed_hash=True` gives `text_hash` as int64 with the same bits, which torch
-    needs: `iterable_dataset("sst2.zarr", signed_hash=True).with_format("torch")`.
+    needs; `.with_format("torch")` asks for that itself (hskstore.share.hf_rows.StoreRows).
     """
     import datasets  # only here: hskstore itself does not need datasets
 
+    from hskstore.share.hf_rows import store_rows_class
+
     store = open_store(url)
-    first = _signed(shard_columns(store, store.read(slice(0, min(1, len(store))))), signed_hash)
-    features = datasets.Features.from_arrow_schema(arrow_table(first).schema)
-    return datasets.IterableDataset.from_generator(rows, features=features,
-                                                   gen_kwargs={"url": str(url), "signed_hash": signed_hash})
+    first = shard_columns(store, store.read(slice(0, min(1, len(store)))))
+
+    def arguments(signed: bool) -> dict:
+        features = datasets.Features.from_arrow_schema(arrow_table(_signed(first, signed)).schema)
+        return {"generator": rows, "features": features, "gen_kwargs": {"url": str(url), "signed_hash": signed}}
+
+    made = datasets.IterableDataset.from_generator(**arguments(signed_hash))
+    made.__class__ = store_rows_class()  # the same object, with the with_format that knows text_hash
+    made.hsk_signed_twin = None if signed_hash else arguments(True)
+    return made

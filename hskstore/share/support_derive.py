@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import __version__, codecs
 from ..errors import StoreExistsError
-from ..format.clm import ClmSelection, Support, decode_support, encode_support
+from ..format.clm import TEXT_ARRAYS, ClmSelection, Support, decode_support, encode_support
 from ..format.config import ConfigError
 from ..format.meta import StoreMeta
 from ..io.writer import writing
@@ -71,7 +71,9 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
                            for i, row in enumerate(rows)])
         ids, counts = _compact(ids, counts, new.slots)
         arrays = encode_support(ids, counts, kept, new, group)
-    arrays.update({name: array for name, array in data.items() if not name.startswith(f"{group}/")})
+    # the text arrays (clm/actual, token_bytes, text) are not the support: kept as they are
+    arrays.update({name: array for name, array in data.items()
+                   if not name.startswith(f"{group}/") or name in TEXT_ARRAYS})
     return arrays
 
 

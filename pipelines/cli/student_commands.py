@@ -1,4 +1,5 @@
-"""`hsk student build`: students made from a teacher's own parameters (ROSITA), for `hsk train --student DIR`."""
+"""`hsk student build`: students made from a teacher's own parameters (ROSITA); `hsk student lm`: a small causal LM
+over a tokenizer of the user's choice. Both for `hsk train --student DIR`."""
 
 from __future__ import annotations
 
@@ -81,3 +82,42 @@ def build(
     typer.echo(describe_counts(summary))
     typer.echo(f"student saved to {out} (plain transformers export: {out}/plain); distil it with "
                f"hsk train --student {out} --store ...")
+
+
+LM_HELP = """Make a small random causal LM over a tokenizer of your choice and save it to OUT: a student for
+`hsk train --method uld | alm` (its tokenizer need not be the store's teacher's).
+
+The tokenizer is --tokenizer (a folder, a hub id, 'minilm' for MiniLM's WordPiece vocabulary, 'smollm2'), or
+a byte-level BPE of --vocab-size trained on --train-tokenizer FILE (one document per line) with the
+`tokenizers` library. The model is a Llama-shaped decoder (--layers, --hidden, --heads, --ffn) over it.
+
+Example:
+
+\b
+  hsk student lm --train-tokenizer corpus.txt --vocab-size 8000 --layers 2 --hidden 128 --out runs/bpe8k
+  hsk train --store lm.zarr --student runs/bpe8k --method alm --out runs/alm
+"""
+
+
+@student_app.command("lm", help=LM_HELP)
+def lm(
+    out: str = typer.Option(..., "--out", "-o", help="Folder for the student (model and tokenizer)."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="An existing tokenizer: folder, hub id, minilm, smollm2."),
+    train_tokenizer: str = typer.Option(None, "--train-tokenizer", help="Train a byte-level BPE on this text file."),
+    vocab_size: int = typer.Option(8192, "--vocab-size", help="The trained BPE's vocabulary size."),
+    layers: int = typer.Option(2, "--layers", help="Decoder layers."),
+    hidden: int = typer.Option(64, "--hidden", help="Hidden width."),
+    heads: int = typer.Option(4, "--heads", help="Attention heads."),
+    ffn: int = typer.Option(256, "--ffn", help="FFN width."),
+    max_positions: int = typer.Option(1024, "--max-positions", help="The longest block it takes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random initialisation."),
+    overwrite: bool = typer.Option(False, help="Replace an existing student folder at OUT."),
+) -> None:
+    from pipelines.train.run.lm_eval import read_documents
+    from pipelines.train.students.causal import CausalShape, build_causal_student
+
+    corpus = read_documents(train_tokenizer) if train_tokenizer else None
+    made = build_causal_student(out, CausalShape(layers, hidden, heads, ffn, max_positions), tokenizer=tokenizer,
+                                corpus=corpus, vocab_size=vocab_size, seed=seed, overwrite=overwrite)
+    typer.echo(f"student saved to {made['out']}: {made['parameters']:,} parameters, vocabulary {made['vocab_size']} "
+               f"({made['tokenizer']}); distil it with hsk train --student {made['out']} --method uld|alm --store ...")

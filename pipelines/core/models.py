@@ -84,6 +84,16 @@ def check_encoder(config, role: str) -> str | None:
     return None
 
 
+_GENERATIVE = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # transformers' class name endings
+
+
+def language_model(config: Any) -> str | None:
+    """The generative class a checkpoint was saved as (LlamaForCausalLM, T5ForConditionalGeneration, ...), or None
+    (an encoder, a classifier, or no architectures recorded)."""
+    found = [a for a in getattr(config, "architectures", None) or [] if str(a).endswith(_GENERATIVE)]
+    return found[0] if found else None
+
+
 def _what_to_pass(what: str) -> str:
     """The advice that works for what is being loaded (a hint that leads to a second error is no hint)."""
     return _WHAT_TO_PASS_FINE_TUNED if what == FINE_TUNED else _WHAT_TO_PASS
@@ -347,6 +357,10 @@ def load_classifier(
             output_loading_info=True, **kwargs,
         )
     missing = head_keys(model, info.get("missing_keys") or [])
+    if missing and require_head and language_model(config):
+        raise ModelLoadError(f"{name_or_path} is a language model ({language_model(config)}), not a classifier: "
+                             "its perplexity is `hsk eval MODEL --text-file FILE` (a seq2seq model's BLEU: "
+                             "--pairs-file FILE), and it distils with `hsk dump --objective clm` or seq2seq")
     if missing and require_head:
         raise ModelLoadError(
             f"{name_or_path} has no trained classification head ({', '.join(missing[:4])} not in its checkpoint): "
@@ -484,12 +498,14 @@ def teacher_identity(name_or_path: str, config: Any) -> dict[str, Any]:
     }
 
 
-def resolve_teacher(meta_teacher: dict, override: str | None = None, *, flag: str = "--teacher") -> str:
+def resolve_teacher(meta_teacher: dict, override: str | None = None, *, flag: str = "--teacher",
+                    near: str | None = None) -> str:
     """A loadable name for the model a store records (its "teacher" or "tokenizer" metadata).
 
     The override (what the user passed with `flag`), else the recorded absolute path if it is still
-    there, else the recorded hub id, else (stores written before hsk recorded paths) the name as it
-    was typed, if it resolves from here. Check the weights of what you load with `check_weights`.
+    there, else the recorded hub id, else (causal-LM and seq2seq stores, and stores written before hsk
+    recorded paths) the name as it was typed, if it resolves from here or beside the store `near`. Check the
+    weights of what you load with `check_weights`.
     """
     if override:
         resolve_model(override)  # a clear error now if it is neither a folder nor a hub id
@@ -499,13 +515,33 @@ def resolve_teacher(meta_teacher: dict, override: str | None = None, *, flag: st
         return path
     if hub_id:
         return hub_id
-    if name and not path and (Path(name).expanduser().is_dir() or str(name).strip().lower() in NAMED):
-        return name
+    if name and not path:
+        found = _typed_name(str(name), near)
+        if found:
+            return found
     expected = meta_teacher.get("weights_hash")
+    typed = name and not path and not Path(str(name)).expanduser().is_absolute()
+    where = (f"recorded as typed at the dump, {printable(name)}, is not a folder under {Path.cwd()}"
+             + (f" nor beside the store ({Path(near).parent})" if near else "")) if typed else \
+        f"is no longer at {printable(path or name)} and has no hub id"
     raise ModelLoadError(
-        f"the store's teacher is no longer at {printable(path or name)} and has no hub id: pass {flag} "
-        f"with its checkpoint folder" + (f" (its weights must hash to {expected})" if expected else "")
+        f"the store's teacher {where}: pass {flag} with its checkpoint folder"
+        + (f" (its weights must hash to {expected})" if expected else "")
     )
+
+
+def _typed_name(name: str, near: str | None) -> str | None:
+    """A teacher recorded as typed (causal-LM and seq2seq stores): a named base (resolved offline by
+    `resolve_model`), an absolute folder, or a relative one under the working directory or beside the store
+    `near` (a local store's path: `hsk dump --out` usually ran where the teacher's relative path starts). The
+    caller checks the weights of what is found, so a look beside the store cannot pick another model."""
+    if name.strip().lower() in NAMED:
+        return name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    beside = Path(near).expanduser().absolute().parent / path if near and not path.is_absolute() else None
+    return str(beside) if beside is not None and beside.is_dir() else None
 
 
 def check_weights(

@@ -24,13 +24,20 @@ from tqdm.auto import tqdm
 
 from hskstore import __version__
 from hskstore.format.clm import (
+    ACTUAL,
     CLM,
+    TEXT,
+    TOKEN_BYTES,
     ClmSelection,
     Support,
+    actual_logprobs,
     block_hashes,
     encode_support,
     kept_positions,
     pack_blocks,
+    pack_token_bytes,
+    text_array,
+    token_ends,
 )
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
@@ -90,6 +97,12 @@ def load_clm_teacher(teacher: str, device: str) -> Any:
 
 def eos_of(tokenizer: Any, teacher: str) -> int:
     if tokenizer.eos_token_id is None:
+        from pipelines.core.models import load_config
+
+        saved_as = getattr(load_config(teacher), "architectures", None) or []
+        if saved_as and not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in saved_as):
+            raise ModelLoadError(f"{teacher} is a {saved_as[0]}, not a causal LM: pass an AutoModelForCausalLM "
+                                 "teacher (e.g. smollm2) to --objective clm")
         raise ModelLoadError(f"the tokenizer of {teacher} has no EOS token, which separates the corpus's documents")
     return int(tokenizer.eos_token_id)
 
@@ -99,6 +112,33 @@ def tokenize_corpus(tokenizer: Any, texts: list[str], block_size: int, eos_id: i
     """(blocks, lengths) of a list of documents: each tokenized without special tokens, then packed."""
     documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return pack_blocks(documents, block_size, eos_id, max_tokens)
+
+
+@dataclass(frozen=True)
+class CorpusBlocks:
+    """The corpus packed into blocks, with each block's text and its tokens' byte lengths (None: a slow
+    tokenizer gives no offsets, and the store keeps no text arrays)."""
+
+    blocks: np.ndarray
+    lengths: np.ndarray
+    token_bytes: np.ndarray | None = None
+    texts: list[bytes] | None = None
+
+    @property
+    def text_bytes(self) -> int | None:
+        return None if self.texts is None else max([len(t) for t in self.texts] + [1])
+
+
+def tokenize_corpus_text(tokenizer: Any, texts: list[str], block_size: int, eos_id: int,
+                         max_tokens: int | None = None) -> CorpusBlocks:
+    """As tokenize_corpus, and (a fast tokenizer) where each token ends in the text: char offsets -> bytes."""
+    if not getattr(tokenizer, "is_fast", False):
+        return CorpusBlocks(*tokenize_corpus(tokenizer, texts, block_size, eos_id, max_tokens))
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    blocks, lengths = pack_blocks(encoded["input_ids"], block_size, eos_id, max_tokens)
+    ends = [token_ends(offsets, text) for offsets, text in zip(encoded["offset_mapping"], texts, strict=True)]
+    token_bytes, block_text = pack_token_bytes(ends, texts, block_size, max_tokens)
+    return CorpusBlocks(blocks, lengths, token_bytes, block_text)
 
 
 def _row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
@@ -145,12 +185,20 @@ def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
-                    precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every position is kept) of a batch of
-    blocks, on the teacher's device: weights are float16 log-probs (top-K) or counts (sampled)."""
+                    precision: str) -> tuple[torch.Tensor, ...]:
+    """(ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every position is kept, the log-prob
+    of each position's next token [b, T]) of a batch of blocks, on the teacher's device: weights are float16
+    log-probs (top-K) or counts (sampled)."""
     with forward_precision(precision, str(input_ids.device)):
         logits = model(input_ids=input_ids).logits
-    return support_of(logits, rows, sel)
+    return (*support_of(logits, rows, sel), next_token_logprobs(logits, input_ids))
+
+
+def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """[b, T]: log_softmax(logits)[t, input_ids[t + 1]] (the last position: of id 0, zeroed on the host)."""
+    following = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], 1)
+    logits = logits.float()
+    return logits.gather(-1, following[..., None].long())[..., 0] - torch.logsumexp(logits, -1)
 
 
 def support_of(logits: torch.Tensor, rows: np.ndarray, sel: Any) -> tuple[torch.Tensor, torch.Tensor,
@@ -169,7 +217,8 @@ def support_of(logits: torch.Tensor, rows: np.ndarray, sel: Any) -> tuple[torch.
 
 
 def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
-                      batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
+                      batch_size: int, device: str, precision: str,
+                      text: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every array of one shard's rows. The supports stay on the device until the shard is done: one copy to
     the host per shard, and the teacher's next batch is queued while the last one runs."""
     parts = [teacher_support(model, torch.as_tensor(blocks[start:start + batch_size], device=device),
@@ -181,6 +230,9 @@ def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows:
     kept = kept_positions(entropy, lengths, sel.positions)
     arrays = encode_support(ids, weights, kept, sel)
     arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
+    if text is not None:  # the rows' (token_bytes, text): a student with another tokenizer re-tokenizes them
+        actual = torch.cat([part[3] for part in parts]).cpu().numpy()
+        arrays.update({ACTUAL: actual_logprobs(actual, lengths), TOKEN_BYTES: text[0], TEXT: text[1]})
     return arrays
 
 
@@ -225,10 +277,12 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
     eos = eos_of(tokenizer, teacher)
     model = load_clm_teacher(teacher, device)
     vocab = model.config.vocab_size
+    packed = tokenize_corpus_text(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
+    blocks = packed.blocks
     sel = ClmSelection.make(request.support, vocab_size=vocab, block_size=request.block_size, eos_id=eos,
                             logprob_codec=request.logprob_codec, positions=request.positions,
-                            sample_seed=request.sample_seed, limit_tokens=request.max_tokens)
-    blocks, lengths = tokenize_corpus(tokenizer, list(corpus.texts[0]), request.block_size, eos, request.max_tokens)
+                            sample_seed=request.sample_seed, limit_tokens=request.max_tokens,
+                            text_bytes=packed.text_bytes)
     if int(blocks.max(initial=0)) >= vocab:
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids up to {int(blocks.max())} but the model's "
                              f"vocabulary has {vocab}: pass a teacher saved with its own tokenizer")
@@ -239,12 +293,18 @@ def dump_clm(teacher: str, out: str, corpus: Examples, request: ClmRequest, *, d
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        return _write_shards(writer, out, model, blocks, lengths, sel, request, device, precision, progress, log)
+        return _write_shards(writer, out, model, packed, sel, request, device, precision, progress, log)
 
 
-def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray, lengths: np.ndarray,
-                  sel: ClmSelection, request: ClmRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], Any]) -> dict:
+def _shard_text(packed: CorpusBlocks, sel: ClmSelection, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+    if packed.texts is None:
+        return None
+    return packed.token_bytes[start:stop], text_array(packed.texts[start:stop], sel.text_bytes)
+
+
+def _write_shards(writer: StoreWriter, out: str, model: Any, packed: CorpusBlocks, sel: ClmSelection,
+                  request: ClmRequest, device: str, precision: str, progress: bool, log: Callable[[str], Any]) -> dict:
+    blocks, lengths = packed.blocks, packed.lengths
     pending = writer.pending_shards()
     if len(pending) < writer.n_shards:
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
@@ -257,7 +317,7 @@ def _write_shards(writer: StoreWriter, out: str, model: Any, blocks: np.ndarray,
             start, stop = writer.shard_bounds(shard)
             rows = np.arange(start, stop, dtype=np.int64)
             arrays = compute_clm_shard(model, blocks[start:stop], lengths[start:stop], rows, sel, request.batch_size,
-                                       device, precision)
+                                       device, precision, _shard_text(packed, sel, start, stop))
             if writes:
                 writes.submit(shard, arrays, {})
             else:

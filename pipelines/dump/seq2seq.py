@@ -38,8 +38,16 @@ DEFAULT_PROMPT = "{source}\n"  # a decoder-only teacher's template when none is 
 
 
 def typed_prompt(text: str | None) -> str | None:
-    """A --prompt as typed in a shell: \\n and \\t stand for a newline and a tab."""
-    return None if text is None else text.replace("\\n", "\n").replace("\\t", "\t")
+    """A --prompt as typed in a shell: \\n and \\t stand for a newline and a tab. Text that is not UTF-8 (bytes
+    the shell passed undecoded arrive as lone surrogates) is refused: no tokenizer reads it."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"--prompt {text.encode('utf-8', 'backslashreplace').decode()!r} is not UTF-8 text "
+                        f"(character {exc.start}): pass the template in UTF-8") from None
+    return text.replace("\\n", "\n").replace("\\t", "\t")
 
 
 @dataclass(frozen=True)

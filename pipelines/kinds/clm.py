@@ -124,7 +124,8 @@ def evaluate(model: str, options: ClmEvalOptions, common: EvalCommon, device: st
         log(json.dumps(result, indent=2))
         return
     log(f"{options.text_file}: perplexity {result['perplexity']:.3f} ({result['tokens']} tokens), per word "
-        f"{result['word_perplexity']:.3f} ({result['words']} words), ECE {result['ece']:.4f}, next-token "
+        f"{result['word_perplexity']:.3f} ({result['words']} words), bits per byte {result['bits_per_byte']:.4f} "
+        f"({result['bytes']} bytes), ECE {result['ece']:.4f}, next-token "
         f"accuracy {result['accuracy']:.4f}")
 
 
@@ -134,4 +135,5 @@ RUN_KIND = RunKind(
     prepare="pipelines.train.kinds.clm:prepare_clm", default_method="clm-kd",
     teacher="pipelines.kinds.clm:teacher", teacher_options=ClmTeacherOptions,
     evaluate="pipelines.kinds.clm:evaluate", eval_options=ClmEvalOptions, eval_by="text_file",
+    feed="pipelines.train.kinds.clm:clm_feed",
 )

@@ -100,11 +100,20 @@ def evaluate(model: str, options: Seq2seqEvalOptions, common: EvalCommon, device
              log: Log) -> None:
     import json
 
+    from hskstore.errors import UserError
     from pipelines.dump.seq2seq import load_pairs, typed_prompt
-    from pipelines.train.run.s2s_eval import evaluate_pairs
+    from pipelines.train.run.s2s_eval import evaluate_pairs, stored_prompt
 
+    for name, value in (("--max-length", options.max_length or 128), ("--max-target", options.max_target)):
+        if value < 1:
+            raise UserError(f"{name} {value}: pass 1 or more tokens")
     pairs = load_pairs(data_file=options.pairs_file, text_columns=options.text_columns, limit=common.limit)
-    result = evaluate_pairs(model, pairs, prompt=typed_prompt(options.prompt), max_source=options.max_length or 128,
+    prompt = options.prompt
+    if prompt is None:  # a student of an hsk store: its store's prompt
+        prompt, said = stored_prompt(model)
+        if said and not common.as_json:
+            log(said)
+    result = evaluate_pairs(model, pairs, prompt=typed_prompt(prompt), max_source=options.max_length or 128,
                             max_target=options.max_target, batch_size=min(common.batch_size, 32), device=device)
     if common.as_json:
         log(json.dumps(result, indent=2))
@@ -118,4 +127,5 @@ RUN_KIND = RunKind(
     dump="pipelines.kinds.seq2seq:dump", dump_options=Seq2seqDumpOptions, heading=LM,
     prepare="pipelines.train.kinds.seq2seq:prepare_seq2seq", default_method="s2s-kd",
     evaluate="pipelines.kinds.seq2seq:evaluate", eval_options=Seq2seqEvalOptions, eval_by="pairs_file",
+    feed="pipelines.train.kinds.seq2seq:seq2seq_feed",
 )

@@ -6,7 +6,7 @@ train-side pieces live (loss terms in pipelines/train/losses/terms.py, ...). Not
 pipelines.train: methods see only the registry, pipelines.core.tasks and hskstore.
 """
 
-from pipelines.methods import clm_kd, finetune, kd, lightpaff, mud, pea, pkd, s2s_kd, tinybert  # noqa: F401  (registers the built-in methods)
+from pipelines.methods import clm_kd, finetune, kd, lightpaff, mud, pea, pkd, s2s_kd, tinybert, xtok  # noqa: F401  (registers the built-in methods)
 from pipelines.registry import Context, Method, MethodError, Stage, Term, all_methods, get_method, register
 
 __all__ = ["Context", "Method", "MethodError", "Stage", "Term", "all_methods", "get_method", "register"]

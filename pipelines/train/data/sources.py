@@ -74,7 +74,8 @@ class TrainingSource(Protocol):
     @property
     def content_address(self) -> str | None: ...
 
-    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str: ...
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None,
+                     required: bool = False) -> str: ...
 
     def stores_read(self) -> list[dict]: ...
 
@@ -86,11 +87,13 @@ def _store_bytes(store: HSKStore, names: list[str]) -> dict:
     return {"total": sum(sizes.values()), "read": sum(sizes[n] for n in names if n in sizes)}
 
 
-def store_teacher(metadata: StoreMeta, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+def store_teacher(metadata: StoreMeta, override: str | None, *, load: Callable[[str], nn.Module] | None = None,
+                  near: str | None = None, required: bool = False) -> str:
     """Where a store's teacher is now (bert<k> init, tokenizer fallback): `override` (--teacher), else the
-    recorded path or hub id (core.models.resolve_teacher). Its weights are checked against the store's hash
-    whichever way it was found (loaded with `load`, default as a classifier): a teacher retrained in place
-    is refused, not silently used."""
+    recorded path or hub id, else the name as typed, from here or beside the local store `near`
+    (core.models.resolve_teacher). Its weights are checked against the store's hash whichever way it was
+    found (loaded with `load`, default as a classifier): a teacher retrained in place is refused, not
+    silently used. Not found: the recorded name, unless the run `required` it (then the refusal naming the fix)."""
     from pipelines.core.models import ModelLoadError, check_weights, resolve_teacher
 
     recorded = metadata.teacher.record
@@ -98,8 +101,10 @@ def store_teacher(metadata: StoreMeta, override: str | None, *, load: Callable[[
         found = resolve_teacher(recorded, override)
     else:
         try:
-            found = resolve_teacher(recorded)
+            found = resolve_teacher(recorded, near=near)
         except ModelLoadError:
+            if required:
+                raise
             # Not every student needs the teacher (tinybert4, hub encoders): bert<k> says where it looked.
             return recorded.get("path") or metadata.teacher.name
     check_weights(load(found) if load else found, recorded.get("weights_hash"), override or found)
@@ -124,8 +129,11 @@ class _StoredTargets:
     def content_address(self) -> str | None:
         return getattr(self.store, "content_address", None)
 
-    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
-        return store_teacher(self.store.metadata, override, load=load)
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None,
+                     required: bool = False) -> str:
+        url = str(self.store.url)
+        return store_teacher(self.store.metadata, override, load=load, near=None if "://" in url else url,
+                             required=required)
 
     def stores_read(self) -> list[dict]:
         return [{"url": str(self.store.url), "content_address": self.store.content_address}]
@@ -268,7 +276,8 @@ class _RowsSource:
     def content_address(self) -> None:
         return None  # nothing was written
 
-    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None) -> str:
+    def teacher_path(self, override: str | None, *, load: Callable[[str], nn.Module] | None = None,
+                     required: bool = False) -> str:
         return self.metadata.teacher.record.get("path") or self.teacher_name
 
     def stream_names(self, reads: tuple[str, ...], kept: list[int]) -> list[str]:

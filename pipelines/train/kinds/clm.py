@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from hskstore.format.clm import ClmSelection, LMTargets, decode
+from hskstore.format.clm import TEXT_ARRAYS, ClmSelection, LMTargets, decode, require_text
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
-from pipelines.registry import Stage
+from pipelines.registry import Context, Stage
 from pipelines.train.data.sources import StoreSource
 from pipelines.train.data.stream import StoreStream
+from pipelines.train.data.xtok import XtokMaker, check_fast, mined_table, student_eos
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
@@ -43,7 +44,8 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     from pipelines.core.models import ModelLoadError, load_config, load_tokenizer, resolve_model
 
     match = _FIRST.fullmatch(student.strip().lower())
-    source = teacher if match else resolve_model(student)
+    # a named base ("smollm2") is its offline folder, never a hub id
+    source = resolve_model(teacher) if match else resolve_model(student)
     kwargs = {}
     if match:
         depth = load_config(teacher).num_hidden_layers
@@ -60,9 +62,11 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     return model, load_tokenizer(source), init
 
 
-def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], Any]) -> None:
-    """The KD compares token ids: the student must tokenize as the teacher did. Embedding sizes may differ by
-    padding only (both cover the tokenizer), which is said, not refused."""
+def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], Any],
+                     others: tuple[str, ...] = ()) -> None:
+    """The KD compares token ids: the student must tokenize as the teacher did (`others`: the methods that take
+    another tokenizer, named in the refusal). Embedding sizes may differ by padding only (both cover the
+    tokenizer), which is said, not refused."""
     from pipelines.core.models import vocab_hash
 
     mine, theirs = vocab_hash(tokenizer), meta.tokenizer.vocab_hash
@@ -70,7 +74,9 @@ def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Cal
     if mine != theirs:
         raise ConfigError(f"the student's vocabulary ({len(tokenizer)} tokens, {mine[:19]}) is not the store's "
                           f"teacher's ({meta.tokenizer.vocab_size} tokens, {theirs[:19]}): distillation compares token "
-                          "ids; use first<k> or a student with the teacher's tokenizer")
+                          "ids; use first<k> or a student with the teacher's tokenizer"
+                          + (f", or a method that takes another tokenizer: --method {' or '.join(others)}" if others
+                             else ""))
     if size < meta.tokenizer.vocab_size:
         raise ConfigError(f"the student's embeddings have {size} rows but the tokenizer has "
                           f"{meta.tokenizer.vocab_size} tokens: pass a student whose embeddings cover its tokenizer")
@@ -96,18 +102,19 @@ def lm_batch(raw: dict[str, np.ndarray], sel: ClmSelection | None, device: str, 
         return batch
     if sel is None:
         return batch
-    batch.update(support_batch(decode(raw, sel), device))
+    batch.update(support_batch(decode(raw, sel), device, ids.shape[1]))
     return batch
 
 
-def support_batch(targets: LMTargets, device: str) -> dict[str, torch.Tensor]:
+def support_batch(targets: LMTargets, device: str, width: int | None = None) -> dict[str, torch.Tensor]:
     """The stored support of a batch for the KD terms: the kept positions' mask [B, T] and their ids,
-    probabilities and used slots [N kept, S]."""
-    kept = targets.kept
+    probabilities and used slots [N kept, S]. `width`: the batch's inputs were cut to its longest row (the
+    stream trims input_ids), so the mask is cut with them; positions past every row's length keep nothing."""
+    kept = targets.kept[:, :width]
     return {"kd_mask": torch.as_tensor(kept, device=device),
-            "kd_ids": torch.as_tensor(targets.ids[kept], device=device),
-            "kd_probs": torch.as_tensor(targets.probs[kept], device=device),
-            "kd_used": torch.as_tensor(targets.used[kept], device=device)}
+            "kd_ids": torch.as_tensor(targets.ids[:, :width][kept], device=device),
+            "kd_probs": torch.as_tensor(targets.probs[:, :width][kept], device=device),
+            "kd_used": torch.as_tensor(targets.used[:, :width][kept], device=device)}
 
 
 class _Maker:
@@ -128,36 +135,92 @@ class ClmFeed:
     store: Any
     live: nn.Module | None = None
 
+    text: XtokMaker | None = None  # a student with another tokenizer: its maker (the stage reads clm-text)
+
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
         wanted = ("input_ids", "length") if self.live is not None else ("input_ids", "length", "clm/")
-        return [name for name in self.store.specs if name.startswith(wanted)]
+        skip = () if self.text is not None else TEXT_ARRAYS  # the text only for a student that re-tokenizes it
+        return [name for name in self.store.specs if name.startswith(wanted) and name not in skip]
 
-    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker:
+    def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker | XtokMaker:
+        if self.text is not None:
+            return replace(self.text, device=device)
         return _Maker(self.store.clm, device, self.live)
 
 
-def _teacher(source: StoreSource, override: str | None) -> str:
-    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM)."""
+def clm_feed(store: Any, method_options: Any) -> ClmFeed:
+    """The feed of a causal-LM store read without a live teacher (the Hugging Face Trainer's)."""
+    return ClmFeed(store)
+
+
+def _teacher(source: StoreSource, override: str | None, required: bool) -> str:
+    """Where the store's teacher is, its weights checked against the store's hash (loaded as a causal LM);
+    `required` (a first<k> student, a live teacher): not found is refused naming --teacher."""
     from pipelines.dump.clm import load_clm_teacher
 
-    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"))
+    return source.teacher_path(override, load=lambda name: load_clm_teacher(name, "cpu"), required=required)
+
+
+TEXT_READ = "clm-text"
+LIVE_TERM = "clm_full_kl"  # the term that reads the live teacher's logits (clm-kd --set target=live)
+MINED_TERM = "mined_kl"  # the term that maps the support's ids through both tokenizers (alm)
+
+
+def other_tokenizer_methods(meta: StoreMeta) -> tuple[str, ...]:
+    """The registered causal-LM methods whose stages (default options) re-tokenize the store's text."""
+    from pipelines.methods import all_methods
+    from pipelines.registry import MethodError
+
+    names = []
+    for method in all_methods():
+        if "clm" not in method.kinds:
+            continue
+        try:
+            stages = method.stages(method.make_options(), Context(None, None, meta))
+        except MethodError:
+            continue
+        if any(TEXT_READ in stage.reads for stage in stages):
+            names.append(method.name)
+    return tuple(names)
+
+
+def _text_maker(plan: Any, store: Any, teacher: str, student: str, tokenizer: Any) -> XtokMaker:
+    """The maker of a student with another tokenizer: the store must keep its text; MinED's id table when a
+    stage has the mined_kl term."""
+    from pipelines.core.models import load_tokenizer
+
+    require_text(store.clm, str(store.url))
+    check_fast(tokenizer, student)
+    table = None
+    if any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms):
+        table = mined_table(load_tokenizer(teacher), tokenizer, store.clm.vocab_size)
+    return XtokMaker(store.clm, tokenizer, student_eos(tokenizer, student), "cpu", table,
+                     getattr(plan.method_options, "max_student_tokens", 0))
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], Any], **_: Any) -> RunParts:
+                log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
-                          "beside the student)")
+                          "beside the student)", data_parallel=True, task=task)
     source = plan.source
-    teacher = _teacher(source, options.teacher)
-    if plan.method_options.target == "live":
+    live = any(term.loss == LIVE_TERM for stage in plan.stages for term in stage.terms)
+    # MinED maps ids through the teacher's tokenizer: it needs the teacher as a first<k> student or a live one does
+    mined = any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms)
+    teacher = _teacher(source, options.teacher, live or mined or _FIRST.fullmatch(student.strip().lower()) is not None)
+    if live:
         from pipelines.dump.clm import load_clm_teacher
 
         source.teacher = load_clm_teacher(teacher, device).requires_grad_(False)
     model, tokenizer, init = clm_student(student, teacher)
-    check_vocabulary(model, tokenizer, source.metadata, log)
-    log(f"clm-kd: {init}; {len(source.store)} blocks of {source.store.clm.block_size} tokens, support "
-        f"{source.store.clm.described}, target {plan.method_options.target}")
+    text = None
+    if any(TEXT_READ in stage.reads for stage in plan.stages):
+        text = _text_maker(plan, source.store, teacher, student, tokenizer)
+    else:
+        check_vocabulary(model, tokenizer, source.metadata, log, other_tokenizer_methods(source.metadata))
+    target = "live" if live else "store"
+    log(f"{plan.method.name}: {init}; {len(source.store)} blocks of {source.store.clm.block_size} tokens, support "
+        f"{source.store.clm.described}, target {target}")
     return plan.parts(student, plan.student_info(student, "causal_lm", init, teacher, model, tokenizer), model, "clm",
-                      ClmFeed(source.store, source.teacher), device, 8,
+                      ClmFeed(source.store, source.teacher, text), device, 8,
                       f"its perplexity: hsk eval OUT/best --text-file FILE --block-size {source.store.clm.block_size}")

@@ -93,14 +93,20 @@ class Seq2seqFeed:
         return _Maker(self.store.s2s, self.on, _kd(stage), device)
 
 
+def seq2seq_feed(store: Any, method_options: Any) -> Seq2seqFeed:
+    """The feed of a seq2seq store: the target the method's options learn (the Hugging Face Trainer's)."""
+    return Seq2seqFeed(store, sequence_of(method_options, store.metadata.selection))
+
+
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                    log: Callable[[str], Any], **_: Any) -> RunParts:
+                    log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
-    plan = plan_store_run(options, store, ranks, "a seq2seq store")
+    plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True, task=task)
     sel = plan.store.s2s
     on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)
-    teacher = plan.source.teacher_path(options.teacher, load=lambda name: arch.load(name, "cpu"))
+    teacher = plan.source.teacher_path(options.teacher, load=lambda name: arch.load(name, "cpu"),
+                                       required=_FIRST.fullmatch(student.strip().lower()) is not None)
     model, tokenizer, init = seq2seq_student(student, teacher, arch)
     check_vocabulary(model, tokenizer, plan.source.metadata, log)
     learns = "the teacher's output" if on == "teacher" else "the reference"

@@ -55,13 +55,18 @@ class StorePlan:
                         None, batch_size, self.identity(student, batch_size), done_note=done_note)
 
 
-def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str) -> StorePlan:
-    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error."""
+def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str, *,
+                   data_parallel: bool = False, task: str | None = None) -> StorePlan:
+    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error.
+    `data_parallel`: the kind runs under torchrun (its terms average over the global batch: losses.Counter)."""
     if store is None:
         raise ConfigError(f"--method {options.method} distils from {needs}: give --store")
-    if ranks.distributed:
+    if ranks.distributed and not data_parallel:
         raise ConfigError(f"--method {options.method} runs in one process: start it without torchrun")
     source = StoreSource(open_store(store))
+    if task is not None:  # a task of the command line that this run would not read
+        raise ConfigError(f"--task {task}: {store} is a {source.store.objective} store, which holds no task: drop "
+                          "--task")
     check_expected_store(source, options.expect_store)
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)

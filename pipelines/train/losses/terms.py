@@ -356,11 +356,17 @@ def term_mlm_topk_kl(x: TermInputs) -> torch.Tensor:
 @loss_term("clm_ce")
 def term_clm_ce(x: TermInputs) -> torch.Tensor:
     mask = x.batch["ce_mask"]
-    return lm.next_token_ce(x.outputs.logits[mask], x.batch["labels"][mask]).mean()
+    return lm.next_token_ce(x.outputs.logits[mask], x.batch["labels"][mask]).sum() / x.count(mask.sum())
 
 
 def _kd_logprobs(x: TermInputs, temperature: float) -> torch.Tensor:
     return torch.log_softmax(x.outputs.logits[x.batch["kd_mask"]].float() / temperature, -1)
+
+
+def _kd_mean(per_position: torch.Tensor, x: TermInputs) -> torch.Tensor:
+    """The mean over the batch's kept positions: their sum over `count` of them (under torchrun the global
+    count, so that the ranks' losses average to the global batch's whatever positions each rank keeps)."""
+    return per_position.sum() / x.count(x.batch["kd_mask"].sum())
 
 
 def _tempered(p: torch.Tensor, used: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -376,19 +382,54 @@ def term_clm_topk_kl(x: TermInputs, tail: bool = True, temperature: float = 1.0)
     b = x.batch
     p = _tempered(b["kd_probs"], b["kd_used"], temperature)
     kl = lm.topk_tail_kl if tail else lm.topk_renormalized_kl
-    return kl(_kd_logprobs(x, temperature), b["kd_ids"], p, b["kd_used"]).mean() * temperature ** 2
+    return _kd_mean(kl(_kd_logprobs(x, temperature), b["kd_ids"], p, b["kd_used"]), x) * temperature ** 2
 
 
 @loss_term("clm_sampled_ce")
 def term_clm_sampled_ce(x: TermInputs) -> torch.Tensor:
     b = x.batch
-    return lm.sampled_ce(_kd_logprobs(x, 1.0), b["kd_ids"], b["kd_probs"], b["kd_used"]).mean()
+    return _kd_mean(lm.sampled_ce(_kd_logprobs(x, 1.0), b["kd_ids"], b["kd_probs"], b["kd_used"]), x)
 
 
 @loss_term("clm_full_kl")
 def term_clm_full_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
     teacher = torch.log_softmax(x.batch["teacher_logits"].float() / temperature, -1)
-    return lm.full_kl(_kd_logprobs(x, temperature), teacher).mean() * temperature ** 2
+    return _kd_mean(lm.full_kl(_kd_logprobs(x, temperature), teacher), x) * temperature ** 2
+
+
+# Cross-tokenizer KD (pipelines/methods/xtok.py; the batch from pipelines/train/data/xtok.py): outputs.logits is
+# the student's [B, W, V_student] over its own tokens; x_pos / m_pos are flat indices into B * W.
+
+
+def _flat_logits(x: TermInputs, positions: torch.Tensor) -> torch.Tensor:
+    logits = x.outputs.logits
+    return logits.reshape(-1, logits.shape[-1])[positions].float()
+
+
+@loss_term("uld")
+def term_uld(x: TermInputs, tail: bool = True) -> torch.Tensor:
+    b = x.batch
+    probs = torch.softmax(_flat_logits(x, b["x_pos"]), -1)
+    return lm.uld_l1(probs, b["x_probs"], b["x_used"], tail).sum() / local_count(b["x_pos"].new_tensor(
+        b["x_pos"].numel()))
+
+
+@loss_term("alm_chunks")
+def term_alm_chunks(x: TermInputs) -> torch.Tensor:
+    b, logits = x.batch, x.outputs.logits.float()
+    picked = torch.log_softmax(logits, -1).gather(-1, b["labels"][..., None])[..., 0]
+    cumulative = torch.nn.functional.pad(picked.cumsum(-1), (1, 0)).reshape(-1)  # [B * (W + 1)]
+    student = cumulative[b["c_stop"]] - cumulative[b["c_start"]]
+    count = local_count(b["c_stop"].new_tensor(b["c_stop"].numel()))
+    return lm.binary_kl(b["c_teacher"].clamp(max=0.0), student).sum() / count
+
+
+@loss_term("mined_kl")
+def term_mined_kl(x: TermInputs) -> torch.Tensor:
+    b = x.batch
+    logprobs = torch.log_softmax(_flat_logits(x, b["m_pos"]), -1)
+    return lm.mapped_ce(logprobs, b["m_ids"], b["m_probs"]).sum() / local_count(b["m_pos"].new_tensor(
+        b["m_pos"].numel()))
 
 
 def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

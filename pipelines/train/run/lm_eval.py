@@ -3,7 +3,10 @@
 The text is packed into blocks exactly as a causal-LM store packs its corpus (documents each followed by
 EOS, hskstore.format.clm.pack_blocks) and scored block by block, without overlap: position t predicts token
 t + 1 of its block. Token perplexity is exp(mean NLL) over those predictions; word perplexity is
-exp(total NLL / words), words counted by whitespace in the text scored (comparable across tokenizers).
+exp(total NLL / words), words counted by whitespace in the text scored, and bits per byte is total NLL / ln 2 /
+bytes, the bytes of the text's UTF-8 with one per document's end (its newline): both are comparable across
+tokenizers, their denominators the text's. (The first token of each block is predicted from nothing and left
+out, as in the token perplexity: a tokenizer with more blocks leaves out a little more text.)
 ECE: |accuracy - confidence| of the argmax next token, averaged over 15 equal-width confidence bins weighted
 by their counts (Guo et al., 2017).
 """
@@ -25,9 +28,16 @@ ECE_BINS = 15
 
 def read_documents(text_file: str, limit: int | None = None) -> list[str]:
     path = Path(text_file)
+    if path.is_dir():
+        raise DataError(f"--text-file {text_file} is a folder: pass a text file, one document per line")
     if not path.is_file():
         raise DataError(f"--text-file {text_file}: no such file")
-    docs = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"--text-file {text_file} is not UTF-8 text (byte {exc.start}: 0x{exc.object[exc.start]:02x}):"
+                        " pass a text file, one document per line") from None
+    docs = [line.strip() for line in text.splitlines() if line.strip()]
     docs = docs[:limit] if limit else docs
     if not docs:
         raise DataError(f"--text-file {text_file} holds no text")
@@ -82,8 +92,10 @@ def evaluate_lm(model_dir: str, text_file: str, *, block_size: int = 256, batch_
     blocks, lengths = pack_blocks(encoded, block_size, eos_of(tokenizer, model_dir))
     scored = _score(model, blocks, lengths, batch_size, device)
     words = sum(len(doc.split()) for doc in docs)
+    size = sum(len(doc.encode("utf-8")) + 1 for doc in docs)
     total, n = float(scored["nll"].sum()), max(len(scored["nll"]), 1)
     return {"model": str(model_dir), "text_file": str(text_file), "block_size": block_size,
             "tokens": int(len(scored["nll"])), "words": words, "nll": total / n, "perplexity": math.exp(total / n),
-            "word_perplexity": math.exp(total / max(words, 1)), "ece": ece(scored["confidence"], scored["correct"]),
+            "word_perplexity": math.exp(total / max(words, 1)), "bytes": size,
+            "bits_per_byte": total / math.log(2) / max(size, 1), "ece": ece(scored["confidence"], scored["correct"]),
             "accuracy": float(scored["correct"].mean())}

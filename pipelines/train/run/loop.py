@@ -558,6 +558,15 @@ def _epoch(run: Run, sr: _StageRun, bar) -> bool:
     return True
 
 
+def _short_of(run: Run, sr: _StageRun) -> str:
+    """What to pass when the stage's epochs end before --max-steps (it caps the steps, it adds none)."""
+    wanted = run.options.max_steps
+    if wanted is None or wanted <= sr.total or not sr.steps_per_epoch:
+        return ""
+    return (f" (its epochs end before --max-steps {wanted}: pass --epochs {math.ceil(wanted / sr.steps_per_epoch)} "
+            "to train that many steps)")
+
+
 def run_stage(run: Run, index: int, state: dict | None) -> None:
     sr = _open_stage(run, index, state)
     stage, pos = sr.stage, run.position
@@ -568,7 +577,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
         schedule = {"constant": "constant", "linear": "linear decay"}.get(stage.schedule, "warmup + linear decay")
         terms = " + ".join(f"{t.weight:g} {t.name}" for t in stage.terms)
         run.log(f"stage {stage.name}: {stage.epochs:g} epochs x {sr.steps_per_epoch} steps (batch {run.batch_size})"
-                f" -> {sr.total} steps, lr {stage.lr:g} {schedule}; loss {terms}")
+                f" -> {sr.total} steps, lr {stage.lr:g} {schedule}; loss {terms}{_short_of(run, sr)}")
     bar = tqdm(total=sr.total, initial=pos.stage_step, desc=f"train {stage.name}", unit="step",
                disable=not (run.options.progress and run.ranks.main) or None)
     run.student.model.train()

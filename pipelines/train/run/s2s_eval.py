@@ -79,3 +79,23 @@ def evaluate_pairs(model_dir: str, pairs: Any, *, prompt: str | None = None, max
             "output_tokens": int(sum(len(o) for o in outputs)),
             "examples": [{"source": src, "reference": ref, "output": hyp}
                          for src, ref, hyp in list(zip(pairs.texts[0], references, hypotheses))[:3]]}
+
+
+def stored_prompt(model_dir: str) -> tuple[str | None, str | None]:
+    """(the prompt template of the store a student was trained from, the line that says so): what `hsk eval
+    --pairs-file` uses without --prompt, read through best/hsk_student.json's source store. (None, None) for a
+    model that no hsk run saved, or whose store is not there now; the teacher's default then applies."""
+    import json
+    from pathlib import Path
+
+    from hskstore import open_store
+
+    try:
+        source = json.loads((Path(model_dir) / "hsk_student.json").read_text(encoding="utf-8")).get("source")
+        store = open_store(str(source))
+        prompt = store.metadata.selection.get("prompt")
+    except Exception:  # no card, no store, not a seq2seq store: nothing recorded to use
+        return None, None
+    if not prompt:
+        return None, None
+    return prompt, f"prompt: {prompt!r}, the one {source} was dumped with (--prompt to give another)"
