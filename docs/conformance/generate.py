@@ -164,7 +164,7 @@ def build_clm_teacher(out: Path) -> None:
     config = ExactLlamaConfig(vocab_size=len(CLM_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                               eos_token_id=0, bos_token_id=0, pad_token_id=0)
-    model = exact_weights(ExactLlamaForCausalLM(config).eval(), seed=3)
+    model = exact_weights(ExactLlamaForCausalLM(config).eval(), seed=9)
     with torch.no_grad():
         model.lm_head.weight.mul_(4)  # weights up to 1/2: a distribution with a shape (top-3, repeated draws)
     _checked(model, out, [*CLM_CORPUS, *(S2S_PROMPT.replace("{source}", a) + " " + b for a, b in S2S_PAIRS)])
@@ -456,6 +456,11 @@ def clm_cases(topk: dict, sample: dict, selections: dict[str, dict]) -> dict[str
     lengths = _array(topk, "length")
     real = np.arange(selections["clm"]["block_size"])[None, :] < lengths[:, None]
     cases["clm: real positions not kept"] = bool((real & ~np.array(topk["decoded"]["kept"], dtype=bool)).any())
+    tokens = _array(topk, "input_ids").astype(int)
+    following = np.concatenate([tokens[:, 1:], tokens[:, :1] * 0], 1)  # the next token at each position
+    kept_real = real & np.array(topk["decoded"]["kept"], dtype=bool)
+    cases["clm: a next token among the top-3"] = bool(
+        ((np.array(topk["decoded"]["ids"]) == following[..., None]) & kept_real[..., None]).any())
     counts, kept = _array(sample, "clm/counts"), np.array(sample["decoded"]["kept"], dtype=bool)
     cases["clm-sample: empty slots"] = bool((kept[..., None] & (counts == 0)).any())
     cases["clm-sample: a repeated draw"] = bool((counts > 1).any())
