@@ -14,11 +14,12 @@ such a grid:
   No exp, no division by a sum: nothing but exact sums and power-of-two scales;
 - Llama's rotary embedding by the identity (cos 1, sin 0): cos and sin are CPU-dependent approximations.
 
-With inputs bounded by 8 on a grid of 1/8, weights |w| <= 1/4 on a grid of 1/8 and widths <= 128, every
-product and partial sum needs well under float32's 24 bits; `check_exact` confirms it on the real inputs by
-running the model in float32 and float64 and requiring every module's output to be equal. hsk reads these
-models through its ordinary code paths (hooks on BERT's query/key Linears, the Auto classes, generation):
-they are registered under their own `model_type` in the generator's process only (`register`).
+With inputs bounded by 8 on a grid of 1/8, weights |w| <= 1/4 on a grid of 1/8 (the Llama's output layer: <= 1)
+and widths <= 128, every product and partial sum needs well under float32's 24 bits; `check_exact`
+confirms it on the real inputs by running the model in float32 and float64 and requiring every module's
+output to be equal. hsk reads these models through its ordinary code paths (hooks on BERT's query/key
+Linears, the Auto classes, generation): they are registered under their own `model_type` in the
+generator's process only (`register`).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def build_clm_teacher(out: Path) -> None:
                               eos_token_id=0, bos_token_id=0, pad_token_id=0)
     model = exact_weights(ExactLlamaForCausalLM(config).eval(), seed=9)
     with torch.no_grad():
-        model.lm_head.weight.mul_(4)  # weights up to 1/2: a distribution with a shape (top-3, repeated draws)
+        model.lm_head.weight.mul_(4)  # weights up to 1: a distribution with a shape (top-3, repeated draws)
     _checked(model, out, [*CLM_CORPUS, *(S2S_PROMPT.replace("{source}", a) + " " + b for a, b in S2S_PAIRS)])
     model.save_pretrained(out)
 
