@@ -6,6 +6,7 @@ Each step prints the `hsk` command that does the same, so the quickstart doubles
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hskstore.format.config import HSKConfig
@@ -15,11 +16,26 @@ from hskstore.io.reader import open_store
 from pipelines.core.data import load_examples
 from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
+from pipelines.core.threads import physical_cores
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.kinds.distill import train
 from pipelines.train.options import TrainOptions
 
 OUTPUT_KIND = QUICKSTART.name
+# What the default job took on this project's quiet 2-core machine (README: "Run the main job")
+QUIET_SECONDS = 142
+
+
+def expected_time(load: float | None, cores: int) -> str:
+    """The line the quickstart starts with: what it takes on a quiet machine, and how busy this one is now
+    (a shared machine's load stretches it far more than linearly: 84 minutes were seen at load 9 on 2 cores)."""
+    quiet = f"about {QUIET_SECONDS // 60} min {QUIET_SECONDS % 60} s on a quiet 2-core CPU"
+    if load is None:
+        return f"expected: {quiet}"
+    if load <= cores:
+        return f"expected: {quiet}; load now {load:.1f} on {cores} cores"
+    return (f"expected: {quiet}, but the load now is {load:.1f} on {cores} cores: other processes share them, and "
+            "runs take many times longer (84 min at load 9 on 2 cores); `hsk doctor` says more")
 
 
 def quickstart(
@@ -45,6 +61,7 @@ def quickstart(
 
     if data_dir is not None:  # refused before anything is created (a --data-dir without the data: one line)
         load_examples(task, "train", data_dir=data_dir, limit=1)
+    log(expected_time(os.getloadavg()[0] if hasattr(os, "getloadavg") else None, physical_cores()))
     if claim_output(out_dir, OUTPUT_KIND, overwrite=overwrite) == "new":
         mark_output(out_dir, OUTPUT_KIND, task=task, config=config)
     out = Path(out_dir)
