@@ -21,15 +21,14 @@ teacher was right: they get IGNORE and drop out of the PTP loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hskstore.format.config import ConfigError
 from pipelines.core.tasks import get_task
 
-if TYPE_CHECKING:  # the rule runs on either; torch is not imported here
-    import torch
+if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
 # (t1, t2) per task, from the authors' code; other tasks need --ptp-t1 and --ptp-t2.
@@ -81,8 +80,7 @@ def _source(task: str, default: tuple[float, float] | None, t1: float | None, t2
     return f"override of the PEA-KD defaults for {task}"
 
 
-def ptp_classes(conf: np.ndarray | torch.Tensor, right: np.ndarray | torch.Tensor,
-                thresholds: PTPThresholds) -> np.ndarray | torch.Tensor:
+def ptp_classes(conf: Any, right: Any, thresholds: PTPThresholds) -> Any:  # numpy arrays or torch tensors
     """The PTP class 0..3 of each row from its confidence and whether the teacher was right (the table above).
 
     Bool/float operators only, so numpy arrays and torch tensors (on any device) take the same rule."""
