@@ -95,7 +95,7 @@ Example:
 
 \b
   hsk student lm --train-tokenizer corpus.txt --vocab-size 8000 --student-layers 2 --hidden 128 --out runs/bpe8k
-  hsk train --store lm.zarr --student runs/bpe8k --method alm --out runs/alm
+  hsk train --store corpus.zarr --student runs/bpe8k --method alm --out runs/alm
 """
 
 
