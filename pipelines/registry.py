@@ -145,7 +145,7 @@ class Term:
         check_names(f"term {self.name}", "loss term", [self.loss], LOSS_TERMS)
 
     @property
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, object]:
         return dict(self.params)
 
 
@@ -227,7 +227,7 @@ class Method:
     # `alpha` as the grid's pred-only and no-KD arms (mud); other methods run once per student and seed
     sweep_grid: bool = False
 
-    def make_options(self, values: Mapping[str, Any] | None = None) -> Any:
+    def make_options(self, values: Mapping[str, object] | None = None) -> Any:
         """The options dataclass from `values` (strings are converted to the field's type)."""
         values = dict(values or {})
         hints = typing.get_type_hints(self.options)
@@ -253,7 +253,7 @@ class Method:
             raise MethodError(f"method {self.name}: nothing to train with these options")
         return stages
 
-    def option_dict(self, options: Any) -> dict[str, Any]:
+    def option_dict(self, options: Any) -> dict[str, object]:
         return dataclasses.asdict(options)
 
 
@@ -264,18 +264,23 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     kind = args[0]
     origin = typing.get_origin(kind) or kind
+    if value.lower() == "none" and type(None) in typing.get_args(hint):
+        return None
     try:
-        if value.lower() == "none" and type(None) in typing.get_args(hint):
-            return None
-        if origin is bool:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes")
-        if origin is tuple:
-            return tuple(s.strip() for s in value.split(",") if s.strip())
-        return origin(value)
+        return _parse(value, origin)
     except (TypeError, ValueError):
         raise MethodError(f"option {name}: cannot read {value!r} as {getattr(origin, '__name__', origin)}") from None
+
+
+def _parse(value: str, origin: type) -> object:
+    """A CLI string as `origin`: a bool from true/false/1/0/yes/no, a tuple from a comma list, else origin(value)."""
+    if origin is bool:
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(value)
+        return value.lower() in ("true", "1", "yes")
+    if origin is tuple:
+        return tuple(s.strip() for s in value.split(",") if s.strip())
+    return origin(value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -123,7 +123,8 @@ def test_stores_that_cannot_serve_the_method_are_refused(mlm_store, task_stores,
     base = ["train", "--out", str(out), "--no-progress", "--no-eval"]
     assert main([*base, "--store", task_stores["mixed"], "--student", "bert2", "--method", "lightpaff-pretrain"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("hsk: error:") and "masked-LM store" in err
+    assert err.count("\n") == 1 and err.startswith("hsk: error:")
+    assert "reads mlm stores" in err and "is a task store" in err
     assert main([*base, "--store", str(mlm_store), "--init", "bert2", "--method", "lightpaff"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--method lightpaff-pretrain" in err

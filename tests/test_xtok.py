@@ -293,7 +293,7 @@ def test_hsk_student_lm_trains_a_bpe_on_the_corpus_and_the_student_distils(xstor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "bpe500"
-    assert main(["student", "lm", "--train-tokenizer", str(xcorpus), "--vocab-size", "500", "--layers", "1",
+    assert main(["student", "lm", "--train-tokenizer", str(xcorpus), "--vocab-size", "500", "--student-layers", "1",
                  "--hidden", "32", "--ffn", "64", "--out", str(out)]) == 0
     assert "vocabulary 500" in capsys.readouterr().out
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -310,7 +310,7 @@ def test_hsk_student_lm_over_minilms_wordpiece_takes_sep_as_eos(tmp_path, capsys
     from transformers import AutoTokenizer
 
     out = tmp_path / "minilm-vocab"
-    assert main(["student", "lm", "--tokenizer", "minilm", "--layers", "1", "--hidden", "32", "--ffn", "64",
+    assert main(["student", "lm", "--tokenizer", "minilm", "--student-layers", "1", "--hidden", "32", "--ffn", "64",
                  "--out", str(out)]) == 0
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.eos_token == "[SEP]" and len(tokenizer) == 30522

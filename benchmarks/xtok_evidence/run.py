@@ -38,7 +38,7 @@ TRAIN_DOCS, TEST_DOCS = 500, 100
 # what ran on the shared 2-core CPU (load ~20): the first 2,048 teacher tokens (16 blocks) dumped, 20 steps
 TRAIN_TOKENS, STEPS, BATCH, LR, BLOCK = 2048, 20, 8, 2e-3, 128
 EPOCHS = 10  # 16 blocks at batch 8: 2 steps an epoch, so 20 steps are 10 epochs
-SHAPE = ["--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512"]
+SHAPE = ["--student-layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512"]
 STUDENTS = {"bpe8k": ["--vocab-size", "8000"], "minilm": ["--tokenizer", "minilm"],
             "smollm2": ["--tokenizer", "smollm2"]}
 ARMS = {  # arm -> (student tokenizer, method, --set options)

@@ -4,19 +4,25 @@
     python docs/conformance/generate.py --out DIR    # anywhere else (tests/test_conformance.py compares)
 
 Every vector is a real store, written by the real commands (`hsk dump`, `hsk derive`, `hsk pack`)
-from a tiny random BERT built here with a fixed seed, a tiny WordPiece vocabulary and a few rows
-of text (the causal-LM vectors: a tiny random Llama over a fixed word list; the seq2seq vector: the
-same Llama over a few source/target pairs), then packed as a bundle `<name>.hsk.zip`. Next to each
-bundle, `<name>.json` says what a reader must find in it: the manifest, the checksums, every shard
-digest, every array as decoded numbers, and the kept values of each layer decoded to float32 (the
-causal-LM and seq2seq vectors: their supports decoded).
+from a tiny BERT built here with fixed-seed weights, a tiny WordPiece vocabulary and a few rows of
+text (the causal-LM vectors: a tiny Llama over a fixed word list; the seq2seq vector: the same Llama
+over a few source/target pairs), then packed as a bundle `<name>.hsk.zip`. Next to each bundle,
+`<name>.json` says what a reader must find in it: the manifest, the checksums, every shard digest,
+every array as decoded numbers, and the kept values of each layer decoded to float32 (the causal-LM
+and seq2seq vectors: their supports decoded).
+
+The teachers are exact (exact_teachers.py): weights on a grid of 1/8, norms and activations that
+round to that grid, attention by powers of two, so every float32 sum they compute is exact and no
+result depends on the order a CPU adds in (SIMD width, threads, BLAS path); each teacher is run in
+float32 and float64 before it is saved and every module's outputs must be equal. The generator
+registers them (their `model_type`, attention function and score reader) in its own process, and
+hsk reads them through its ordinary code paths. So the vectors regenerate byte for byte on any
+x86-64 or ARM CPU, whatever ATEN_CPU_CAPABILITY, MKL_CBWR or thread count.
 
 What depends on where and when the generator runs (the temporary folder the teacher was saved
-in, the creation time, the hsk version) is replaced by fixed values after the dump, and the
-store's `identity`, `manifest` and card are then recomputed exactly as the writer computes them,
-so each vector is a valid store and regenerating gives the same bytes. Torch runs on one CPU
-thread with its portable kernels and MKL's SSE2 code path, so that float results depend neither on
-the thread count nor on the CPU's vector instructions (checked: AVX-512 and AVX2 give the same bytes).
+in, the creation time, the hsk version, the thread count) is replaced by fixed values after the
+dump, and the store's `identity`, `manifest` and card are then recomputed exactly as the writer
+computes them, so each vector is a valid store and regenerating gives the same bytes.
 """
 
 from __future__ import annotations
@@ -32,19 +38,19 @@ from pathlib import Path
 
 import numpy as np
 
-# Float results must not depend on the machine: torch's portable (non-vectorised) kernels, MKL's
-# SSE2 code path, one thread. Set before torch is imported (this module imports it lazily).
-os.environ.update(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE,STRICT", OMP_NUM_THREADS="1",
-                  MKL_NUM_THREADS="1")
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # the repository root: run from anywhere
+sys.path.insert(1, str(HERE))  # exact_teachers.py, also when this file is imported rather than run
 
 # Fixed values for what would otherwise name this run's machine, folder or time.
 PINNED_CREATED = "2026-01-01T00:00:00+00:00"
 PINNED_VERSION = "conformance"
 PINNED_TEACHER = "/conformance/teacher"
 PINNED_SOURCE_STORE = "float16.zarr"
+# The LM vectors' float16 log-probs lie at least this far (in float16 ulps) from a rounding midpoint: torch's float32
+# log-softmax (not exact) is within a few float32 ulps of the exact value on any CPU: under 1e-3 of a float16 ulp.
+MIN_MARGIN = 0.004
+PINNED_THREADS = 1  # `compute.torch_threads`: the teachers are exact, so the thread count changes no value
 
 VOCAB = list(dict.fromkeys([
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
@@ -129,62 +135,80 @@ def _tokenizer(out: Path) -> None:
 
 
 def _config(hidden: int = HIDDEN, **kwargs):
-    from transformers import BertConfig
+    from exact_teachers import ExactBertConfig
 
-    return BertConfig(vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                      intermediate_size=2 * hidden, max_position_embeddings=32, type_vocab_size=2, pad_token_id=0,
-                      **kwargs)
+    return ExactBertConfig(vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, intermediate_size=2 * hidden, max_position_embeddings=32,
+                           type_vocab_size=2, pad_token_id=0, **kwargs)
+
+
+def _checked(model, tokenizer_dir: Path, texts: list[str]):
+    """The model, once `check_exact` has run it on `texts` (padded: masks exercised)."""
+    from exact_teachers import check_exact
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    check_exact(model, **tokenizer(texts, padding=True, return_tensors="pt"))
+    return model
 
 
 def build_clm_teacher(out: Path) -> None:
-    """A tiny random Llama over CLM_WORDS, saved with its tokenizer (whitespace and punctuation split, EOS)."""
+    """A tiny exact Llama over CLM_WORDS, saved with its tokenizer (whitespace and punctuation split, EOS)."""
     import torch
+    from exact_teachers import ExactLlamaConfig, ExactLlamaForCausalLM, exact_weights
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CLM_WORDS)}, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", unk_token="<unk>").save_pretrained(out)
-    # initializer_range 0.2 (not 0.02): a distribution with a shape, so top-3 and repeated draws mean something
-    config = LlamaConfig(vocab_size=len(CLM_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         initializer_range=0.2, eos_token_id=0, bos_token_id=0, pad_token_id=0)
-    torch.manual_seed(3)
-    LlamaForCausalLM(config).eval().save_pretrained(out)
+    config = ExactLlamaConfig(vocab_size=len(CLM_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                              eos_token_id=0, bos_token_id=0, pad_token_id=0)
+    model = exact_weights(ExactLlamaForCausalLM(config).eval(), seed=9)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4)  # weights up to 1: a distribution with a shape (top-3, repeated draws)
+    _checked(model, out, [*CLM_CORPUS, *(S2S_PROMPT.replace("{source}", a) + " " + b for a, b in S2S_PAIRS)])
+    model.save_pretrained(out)
 
 
 def build_teachers(work: Path) -> None:
-    """A sequence classifier (the task teacher), a masked-LM teacher and a causal LM, random with fixed seeds.
+    """A sequence classifier (the task teacher), a masked-LM teacher and a causal LM: exact (exact_teachers.py),
+    their weights drawn from fixed seeds.
 
-    The classifier's top layer writes zeros in hidden dims 32..63 (its output LayerNorm scales and
-    shifts them by 0), so the kept values 32..34 of its vectors, the second 4-bit group, are all zero.
+    The classifier's top layer writes zeros in hidden dims 32..63 (its output norm scales and shifts them by 0),
+    so the kept values 32..34 of its vectors, the second 4-bit group, are all zero.
     """
     import torch
-    from transformers import BertForMaskedLM, BertForSequenceClassification
+    from exact_teachers import ExactBertForMaskedLM, ExactBertForSequenceClassification, exact_weights
 
-    torch.manual_seed(0)
-    teacher = BertForSequenceClassification(_config(num_labels=2)).eval()
+    for name in ("teacher", "mlm-teacher", "edge-teacher"):
+        _tokenizer(work / name)
+    texts = [text for text, _ in ROWS]
+    teacher = exact_weights(ExactBertForSequenceClassification(_config(num_labels=2)).eval(), seed=0)
     with torch.no_grad():
         norm = teacher.bert.encoder.layer[-1].output.LayerNorm
         norm.weight[32:] = 0.0
         norm.bias[32:] = 0.0
-    teacher.save_pretrained(work / "teacher")
-    _tokenizer(work / "teacher")
-    torch.manual_seed(1)
-    mlm = BertForMaskedLM(_config()).eval()
+    _checked(teacher, work / "teacher", texts).save_pretrained(work / "teacher")
+    mlm = exact_weights(ExactBertForMaskedLM(_config()).eval(), seed=1)
     with torch.no_grad():
-        mlm.cls.predictions.bias.normal_(0, 2.0)  # a peaked distribution: distinct top-k logits
-    mlm.save_pretrained(work / "mlm-teacher")
-    _tokenizer(work / "mlm-teacher")
-    torch.manual_seed(2)
-    edge = BertForSequenceClassification(_config(EDGE_HIDDEN, num_labels=2)).eval()
+        # a peaked distribution (a bias of spread 2, on a grid of 1/4) with no two ids ever tied: each id's bias
+        # has its own fraction of 1/64 (the grid of h . E), so top-k's order never depends on tie-breaking
+        generator = torch.Generator().manual_seed(1)
+        bias = mlm.cls.predictions.bias
+        spread = torch.round(torch.randn(bias.shape, generator=generator) * 8) / 4
+        bias.copy_(spread + torch.randperm(len(bias), generator=generator) / (64 * 128))
+    _checked(mlm, work / "mlm-teacher", CORPUS).save_pretrained(work / "mlm-teacher")
+    edge = exact_weights(ExactBertForSequenceClassification(_config(EDGE_HIDDEN, num_labels=2)).eval(), seed=2)
     with torch.no_grad():
         norm = edge.bert.encoder.layer[-1].output.LayerNorm
         k = len(EDGE_CONSTANTS)
         norm.weight[:k] = 0.0
         norm.bias[:k] = torch.tensor(EDGE_CONSTANTS)
-    edge.save_pretrained(work / "edge-teacher")
-    _tokenizer(work / "edge-teacher")
+    _checked(edge, work / "edge-teacher", texts).save_pretrained(work / "edge-teacher")
     build_clm_teacher(work / "clm-teacher")
 
 
@@ -270,6 +294,8 @@ def pin(url: str) -> None:
     group = zarr.open_group(url, mode="r+")
     meta = group.attrs[META_KEY]
     meta.update(created=PINNED_CREATED, software_version=PINNED_VERSION)
+    if meta.get("compute", {}).get("torch_threads"):
+        meta["compute"]["torch_threads"] = PINNED_THREADS
     for key in ("teacher", "tokenizer"):
         if meta[key].get("path"):
             meta[key].update(path=PINNED_TEACHER, name=PINNED_TEACHER)
@@ -438,6 +464,11 @@ def clm_cases(topk: dict, sample: dict, selections: dict[str, dict]) -> dict[str
     lengths = _array(topk, "length")
     real = np.arange(selections["clm"]["block_size"])[None, :] < lengths[:, None]
     cases["clm: real positions not kept"] = bool((real & ~np.array(topk["decoded"]["kept"], dtype=bool)).any())
+    tokens = _array(topk, "input_ids").astype(int)
+    following = np.concatenate([tokens[:, 1:], tokens[:, :1] * 0], 1)  # the next token at each position
+    kept_real = real & np.array(topk["decoded"]["kept"], dtype=bool)
+    cases["clm: a next token among the top-3"] = bool(
+        ((np.array(topk["decoded"]["ids"]) == following[..., None]) & kept_real[..., None]).any())
     counts, kept = _array(sample, "clm/counts"), np.array(sample["decoded"]["kept"], dtype=bool)
     cases["clm-sample: empty slots"] = bool((kept[..., None] & (counts == 0)).any())
     cases["clm-sample: a repeated draw"] = bool((counts > 1).any())
@@ -500,14 +531,52 @@ def check_coverage(vectors: dict[str, dict], selections: dict[str, dict]) -> Non
         raise SystemExit(f"the conformance vectors lost their cases: {'; '.join(missing)}")
 
 
+def _midpoint_distance(x: np.ndarray) -> np.ndarray:
+    """How far each float64 value lies from the float16 rounding midpoint next to it, in float16 ulps (0 to 0.5)."""
+    rounded = x.astype(np.float16)
+    neighbour = np.nextafter(rounded, np.where(x > rounded, np.inf, -np.inf).astype(np.float16))
+    step = np.abs(neighbour.astype(np.float64) - rounded)
+    return np.abs(x - (rounded.astype(np.float64) + neighbour) / 2) / step
+
+
+def check_logprob_margins(work: Path, vectors: dict[str, dict], selections: dict[str, dict]) -> None:
+    """Refuse LM vectors whose float16 log-probs a last-bit change would round otherwise: hsk's log-softmax is
+    torch's float32 one (not exact: its exp and log differ between CPUs in the last float32 bits), so each
+    stored log-prob must be float16(float64 log-softmax of the exact logits) and lie MIN_MARGIN from a midpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hskstore.format.seq2seq import Seq2seqSelection
+    from pipelines.core.pair_models import pair_model
+
+    model = AutoModelForCausalLM.from_pretrained(work / "clm-teacher", dtype=torch.float64).eval()
+    clm, s2s = vectors["clm"], vectors["seq2seq"]
+    sel = Seq2seqSelection.from_dict(selections["seq2seq"])
+    inputs = pair_model(sel.architecture).inputs(*(_array(s2s, name) for name in (
+        "source_ids", "source_length", "teacher_ids", "teacher_length")), sel, "cpu")
+    with torch.no_grad():
+        logits = {"clm": model(input_ids=torch.as_tensor(_array(clm, "input_ids").astype(np.int64))).logits,
+                  "seq2seq": inputs.target_logits(model(**inputs.kwargs).logits)}
+    for name, vector in (("clm", clm), ("seq2seq", s2s)):
+        kept = np.array(vector["decoded"]["kept"], dtype=bool)
+        exact = np.take_along_axis(torch.log_softmax(logits[name], -1).numpy(),
+                                   np.array(vector["decoded"]["ids"]), -1)[kept]
+        stored = np.array(vector["decoded"]["logprobs"])[kept]
+        margin = _midpoint_distance(exact).min()
+        if not (exact.astype(np.float16) == stored).all() or margin < MIN_MARGIN:
+            raise SystemExit(f"{name}: a float16 log-prob is {margin:.2g} of a float16 ulp from a rounding midpoint "
+                             f"(under {MIN_MARGIN}), or not float16 of the exact log-prob: another CPU may round it "
+                             "otherwise; change the teacher's seed")
+
+
 def generate(out: Path) -> list[Path]:
     """Write every bundle and its JSON into `out`; returns the files written."""
-    import torch
+    import exact_teachers
 
     from hskstore.share.bundle import pack
 
-    torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
+    exact_teachers.register()
     vectors, selections = {}, {}
     with tempfile.TemporaryDirectory(prefix="hsk-conformance-") as tmp:
         work = Path(tmp)
@@ -520,6 +589,7 @@ def generate(out: Path) -> list[Path]:
         for name in ("clm", "clm-sample", "clm-hidden"):
             vectors[name]["source_tokens"] = source_tokens(work)
         vectors["seq2seq"]["source_tokens"] = pair_tokens(work)
+        check_logprob_margins(work, vectors, selections)
     check_coverage(vectors, selections)
     written = []
     for name, vector in vectors.items():

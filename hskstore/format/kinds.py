@@ -38,8 +38,8 @@ class StoreKind:
 
     name: str  # meta["objective"]
     summary: str  # one line for `hsk info` and the docs
-    array_specs: Callable[[Mapping[str, Any]], list]  # metadata -> its ArraySpecs (hskstore.format.schema)
-    describe: Callable[[Any, Mapping[str, Any]], Any]  # (ArraySpec, metadata) -> the spec with dims and attributes
+    array_specs: Callable[[Mapping[str, object]], list]  # metadata -> its ArraySpecs (hskstore.format.schema)
+    describe: Callable[[Any, Mapping[str, object]], Any]  # (ArraySpec, metadata) -> the spec with dims and attributes
     root_entries: frozenset[str]  # array and group names it may hold at a store's root
     reader: str  # "module:Class": its hskstore.io reader (an HSKStore subclass)
     trains: tuple[str, ...] = ()  # the run kinds (pipelines) that train from it, for `hsk info` and the docs
@@ -161,7 +161,7 @@ def loadable() -> list[StoreKind]:
     return found
 
 
-def objective_of(meta: Mapping[str, Any]) -> str:
+def objective_of(meta: Mapping[str, object]) -> str:
     """The kind a metadata dict describes: `task` unless it says otherwise."""
     return meta.get("objective", TASK)
 
@@ -171,5 +171,5 @@ def records_objective(objective: str) -> bool:
     return objective != TASK
 
 
-def kind_of(meta: Mapping[str, Any]) -> StoreKind:
+def kind_of(meta: Mapping[str, object]) -> StoreKind:
     return get(objective_of(meta))

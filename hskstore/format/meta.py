@@ -20,7 +20,7 @@ from .kinds import TASK as TASK  # re-exported: the task dump takes it with the 
 from .kinds import objective_of, records_objective
 
 
-def _serialise(record: Any, written: tuple[str, ...] | None, extra: Mapping[str, Any]) -> dict:
+def _serialise(record: Any, written: tuple[str, ...] | None, extra: Mapping[str, object]) -> dict:
     """A reference record as its mapping: the `written` keys in that order (None included: a writer that
     records a key records it even when empty), or, when `written` is None, every field that is not None
     in declaration order. Keys that are no field (from a newer hsk) come from `extra`, the record read."""
@@ -40,7 +40,7 @@ class Layout:
     n_width: int
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Layout:
+    def from_dict(cls, d: Mapping[str, object]) -> Layout:
         return cls(d["n_rows"], d["shard_rows"], d["chunk_rows"], d["n_width"])
 
     def to_dict(self) -> dict:
@@ -77,7 +77,7 @@ class TaskRef:
     metric: str | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TaskRef:
+    def from_dict(cls, d: Mapping[str, object]) -> TaskRef:
         return cls(d["name"], d.get("split"), d.get("labels"), bool(d.get("regression")), d.get("metric"))
 
     def to_dict(self) -> dict:
@@ -94,7 +94,7 @@ class DataRef:
     n_rows: int | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> DataRef:
+    def from_dict(cls, d: Mapping[str, object] | None) -> DataRef:
         d = d or {}
         return cls(d.get("source"), d.get("fingerprint"), d.get("n_rows"))
 
@@ -116,7 +116,7 @@ class _NamedRecord:
     (`record`, so keys of a newer hsk survive) and the keys it was written with (`written`, their order)."""
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]):
+    def from_dict(cls, d: Mapping[str, object]):
         known = {f.name for f in fields(cls)} - {"name", "record", "written"}
         return cls(d["name"], **{k: d.get(k) for k in known}, record=dict(d), written=tuple(d))
 
@@ -151,7 +151,7 @@ class TeacherRef(_NamedRecord):
     problem_type: str | None = None
     identity_from: str | None = None
     task_fit: str | None = None
-    record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    record: Mapping[str, object] = field(default_factory=dict, repr=False, compare=False)
     # The teacher's transformers `model_type` and how its [CLS] attention rows were read
     # (pipelines/dump/scores.py), recorded where that is not the format's default reader,
     # `projections` (BERT-style query/key Linears): stores read that way, older ones included, have neither.
@@ -197,7 +197,7 @@ class TokenizerRef(_NamedRecord):
     path: str | None = None
     hub_id: str | None = None
     revision: str | None = None
-    record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    record: Mapping[str, object] = field(default_factory=dict, repr=False, compare=False)
     written: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -228,7 +228,7 @@ class StoreMeta:
     tokenizer: TokenizerRef
     max_length: int
     layout: Layout
-    selection: Mapping[str, Any]
+    selection: Mapping[str, object]
     format_version: int | None = None
     complete: bool = False
     identity: str | None = None
@@ -238,12 +238,12 @@ class StoreMeta:
     manifest: str | None = None
     stored_bytes: int | None = None
     checksums: Mapping[str, str] = field(default_factory=dict, repr=False)
-    derived_from: Mapping[str, Any] | None = field(default=None, repr=False)
-    sharing: Mapping[str, Any] | None = None
-    compute: Mapping[str, Any] | None = field(default=None, repr=False)  # what the dump ran on (threads, ...)
+    derived_from: Mapping[str, object] | None = field(default=None, repr=False)
+    sharing: Mapping[str, object] | None = None
+    compute: Mapping[str, object] | None = field(default=None, repr=False)  # what the dump ran on (threads, ...)
     data_origin: Any = None  # the data file's sha256 or hub id (lineage)
-    upgraded: Mapping[str, Any] | None = None  # `hsk upgrade`'s record: from which format, when, by which hsk
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    upgraded: Mapping[str, object] | None = None  # `hsk upgrade`'s record: from which format, when, by which hsk
+    raw: Mapping[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def selection_record(self) -> Any:
@@ -252,7 +252,7 @@ class StoreMeta:
         return kind.selection_type.from_dict(self.selection) if kind.selection_type else self.selection
 
     @classmethod
-    def parse(cls, meta: Mapping[str, Any]) -> StoreMeta:
+    def parse(cls, meta: Mapping[str, object]) -> StoreMeta:
         """The typed view of a metadata dict (KeyError/TypeError when a required part is missing)."""
         return cls(
             objective=objective_of(meta), task=TaskRef.from_dict(meta["task"]),
@@ -276,7 +276,7 @@ class StoreMeta:
         values.update(self._bookkeeping())
         return {name: values[name] if name in values else self.raw[name] for name in self._order(values)}
 
-    def _order(self, values: Mapping[str, Any]) -> list[str]:
+    def _order(self, values: Mapping[str, object]) -> list[str]:
         """The keys as read, then those set since in the writer's order; the manifest, which covers the rest, stays
         last when a key is added (an unchanged record keeps its keys exactly as read)."""
         added = [name for name in (*_DESCRIPTION, *_BOOKKEEPING) if name in values and name not in self.raw]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from . import kinds
 from .domain import DomainCheck, finite, ids_below, lengths_within
@@ -42,11 +41,11 @@ class MaskedLMSelection:
     unit: str = UNIT  # the masking rule, as the stores say it
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MaskedLMSelection:
+    def from_dict(cls, d: Mapping[str, object]) -> MaskedLMSelection:
         return cls(d["mask_rate"], d["mask_token_rate"], d["random_token_rate"], d["keep_rate"], d["mask_seed"],
                    d["max_masked"], d["top_k"], d.get("unit", UNIT))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The stored mapping, keys in the order the dump writes them."""
         return {"mask_rate": self.mask_rate, "mask_token_rate": self.mask_token_rate,
                 "random_token_rate": self.random_token_rate, "mask_seed": self.mask_seed, "keep_rate": self.keep_rate,
@@ -62,7 +61,7 @@ class MaskedLMSelection:
                 "and log-sum-exp kept per masked position")
 
 
-def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
+def array_specs(meta: Mapping[str, object]) -> list[ArraySpec]:
     """A masked-LM store: the masked inputs and, per masked position, the teacher's top-k and log-sum-exp."""
     layout, sel = meta["layout"], meta["selection"]
     n, rows, chunk = layout["n_rows"], layout["shard_rows"], layout["chunk_rows"]
@@ -87,7 +86,7 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
     ]
 
 
-def domain_checks(meta: Mapping[str, Any]) -> list[DomainCheck]:
+def domain_checks(meta: Mapping[str, object]) -> list[DomainCheck]:
     """The rules of a masked-LM store's arrays (hskstore.format.domain): its ids below the tokenizer's vocabulary,
     lengths within the rows, the teacher's logits and log-sum-exps finite."""
     vocab = meta["tokenizer"]["vocab_size"]
@@ -116,7 +115,7 @@ def entry(name: str) -> tuple[tuple[str, ...], str, str, str | None]:
     return _DESCRIBED[name]
 
 
-def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
+def describe(spec: ArraySpec, meta: Mapping[str, object]) -> ArraySpec:
     return described_as(spec, entry(spec.name))
 
 

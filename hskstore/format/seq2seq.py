@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -111,7 +110,7 @@ class Seq2seqSelection:
                    **_support_fields(support, vocab_size, logprob_codec, sample_seed), positions=float(positions))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Seq2seqSelection:
+    def from_dict(cls, d: Mapping[str, object]) -> Seq2seqSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
         problem = sel._problem()
         if problem:
@@ -259,7 +258,7 @@ def decode(data: Mapping[str, np.ndarray], sel: Seq2seqSelection) -> LMTargets:
     return LMTargets(data[ids_name], data[length_name], *decode_support(data, sel, sel.max_target, GROUP))
 
 
-def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
+def array_specs(meta: Mapping[str, object]) -> list[ArraySpec]:
     """The pairs, the teacher's output (with `decoding`) and the support over the target (with `support`)."""
     layout, sel = meta["layout"], Seq2seqSelection.from_dict(meta["selection"])
     n, rows, chunk = layout["n_rows"], layout["shard_rows"], layout["chunk_rows"]
@@ -307,7 +306,7 @@ _DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
 }
 
 
-def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
+def describe(spec: ArraySpec, meta: Mapping[str, object]) -> ArraySpec:
     group, _, leaf = spec.name.rpartition("/")
     if group == GROUP:
         sel = meta["selection"]

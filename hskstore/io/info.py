@@ -7,6 +7,7 @@ The paper's format (docs/METHOD.md section 4) is the yardstick: about 4 bytes pe
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptStoreError, printable
@@ -62,14 +63,14 @@ def task_storage_report(store: TaskStore) -> dict:
     n = max(len(store), 1)
     total = sum(a["stored"] for a in arrays.values())
     # TinyBERT attention rows are counted on their own: they are not hidden-state knowledge.
-    attention = sum(a["stored"] for name, a in arrays.items() if name.endswith("/attention"))
-    hsk = sum(a["stored"] for name, a in arrays.items() if name.startswith("layers/")) - attention
+    attention = _stored(arrays, lambda name: name.endswith("/attention"))
+    hsk = _stored(arrays, lambda name: name.startswith("layers/")) - attention
     vectors = count_kept_vectors(store) if store.layers else 0
     d, k = store.hidden_size, store.metadata.layout.n_width
     kept_values = vectors * k
     paper = vectors * (4 * k + (d if k < d else 0))
     dense_fp32 = vectors * d * 4
-    parts = {p: sum(a["stored"] for name, a in arrays.items() if part_of(name) == p) for p in PARTS}
+    parts = {p: _stored(arrays, lambda name, p=p: part_of(name) == p) for p in PARTS}
     report = {
         "rows": len(store),
         "arrays": arrays,
@@ -82,17 +83,27 @@ def task_storage_report(store: TaskStore) -> dict:
         "hsk_bytes_per_example": hsk / n,
         "attention_bytes": attention,
         "attention_bytes_per_example": attention / n,
-        "bytes_per_kept_value": hsk / kept_values if kept_values else float("nan"),
+        "bytes_per_kept_value": _ratio(hsk, kept_values),
         "paper_bytes": paper,
-        "paper_bytes_per_kept_value": paper / kept_values if kept_values else float("nan"),
-        "ratio_vs_paper": paper / hsk if hsk else float("nan"),
+        "paper_bytes_per_kept_value": _ratio(paper, kept_values),
+        "ratio_vs_paper": _ratio(paper, hsk),
         "dense_fp32_bytes": dense_fp32,
-        "ratio_vs_dense_fp32": dense_fp32 / hsk if hsk else float("nan"),
+        "ratio_vs_dense_fp32": _ratio(dense_fp32, hsk),
         # HSK bytes by part (every layer together), and per kept value: where the bytes go
         "hsk_parts": parts,
-        "hsk_parts_per_kept_value": {p: b / kept_values if kept_values else float("nan") for p, b in parts.items()},
+        "hsk_parts_per_kept_value": {p: _ratio(b, kept_values) for p, b in parts.items()},
     }
     return report
+
+
+def _stored(arrays: dict, chosen: Callable[[str], bool]) -> int:
+    """The stored bytes of the arrays whose name is `chosen`."""
+    return sum(a["stored"] for name, a in arrays.items() if chosen(name))
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (nothing to divide by: an empty or logits-only store)."""
+    return a / b if b else float("nan")
 
 
 def array_lines(arrays: dict) -> list[str]:

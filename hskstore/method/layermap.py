@@ -64,16 +64,7 @@ def select_depth(
     if n_keep == 0:
         return [], ([] if explicit_layers is None else None), []
     if explicit_layers is not None:
-        layers = sorted(set(explicit_layers))
-        if len(layers) != n_keep:
-            raise ConfigError(
-                f"--layers lists {len(layers)} distinct layers but the config keeps N^D={n_keep}"
-            )
-        bad = [j for j in layers if not 0 <= j <= teacher_num_layers]
-        if bad:
-            raise ConfigError(
-                f"--layers {bad} outside 0..{teacher_num_layers} for a {teacher_num_layers}-layer teacher"
-            )
+        layers = _explicit_layers(n_keep, teacher_num_layers, explicit_layers)
         # Without a student map the only sensible ranking is the layer's own attention.
         return layers, None, [max(1, j) for j in layers]
     if ref_student_layers is None:
@@ -83,11 +74,31 @@ def select_depth(
         raise ConfigError(f"L_top={l_top} must be between 1 and the teacher's {teacher_num_layers} layers")
     entries = kept_entries(n_keep, ref_student_layers, teacher_num_layers)
     layers = map_entries(entries, ref_student_layers, l_top)
-    if ranking_map == "ltop12":  # ranking_layer_map's, for the kept entries
-        ranking = [max(1, g) for g in map_entries(entries, ref_student_layers, teacher_num_layers)]
-    else:
-        ranking = [max(1, j) for j in layers]
-    return layers, entries, ranking
+    return layers, entries, _ranking(entries, layers, ref_student_layers, teacher_num_layers, ranking_map)
+
+
+def _ranking(entries: list[int], layers: list[int], ref_student_layers: int, teacher_num_layers: int,
+             ranking_map: str) -> list[int]:
+    """The attention layers that rank the kept tokens: ranking_layer_map's for the kept entries ("ltop12"), or
+    the kept layers' own."""
+    if ranking_map == "ltop12":
+        return [max(1, g) for g in map_entries(entries, ref_student_layers, teacher_num_layers)]
+    return [max(1, j) for j in layers]
+
+
+def _explicit_layers(n_keep: int, teacher_num_layers: int, explicit_layers: list[int]) -> list[int]:
+    """--layers sorted and deduplicated, refused unless it names N^D layers of the teacher."""
+    layers = sorted(set(explicit_layers))
+    if len(layers) != n_keep:
+        raise ConfigError(
+            f"--layers lists {len(layers)} distinct layers but the config keeps N^D={n_keep}"
+        )
+    bad = [j for j in layers if not 0 <= j <= teacher_num_layers]
+    if bad:
+        raise ConfigError(
+            f"--layers {bad} outside 0..{teacher_num_layers} for a {teacher_num_layers}-layer teacher"
+        )
+    return layers
 
 
 def check_chosen_depth(n_keep: int, teacher_num_layers: int, chosen: int, l_top: int | None,

@@ -36,9 +36,9 @@ ALIASES: dict[str, dict[str, str]] = {
 HELP_NAMES = ["-h", "--help"]  # the app's context_settings: every command inherits them
 
 
-def commands(group: Any, prefix: str = "") -> dict[str, Any]:
+def commands(group: Any, prefix: str = "") -> dict[str, object]:
     """Every leaf command of `group` (a click group) by its path ('dump', 'student build')."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, command in group.commands.items():
         path = f"{prefix} {name}".strip()
         if hasattr(command, "commands"):

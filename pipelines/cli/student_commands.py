@@ -89,13 +89,13 @@ LM_HELP = """Make a small random causal LM over a tokenizer of your choice and s
 
 The tokenizer is --tokenizer (a folder, a hub id, 'minilm' for MiniLM's WordPiece vocabulary, 'smollm2'), or
 a byte-level BPE of --vocab-size trained on --train-tokenizer FILE (one document per line) with the
-`tokenizers` library. The model is a Llama-shaped decoder (--layers, --hidden, --heads, --ffn) over it.
+`tokenizers` library. The model is a Llama-shaped decoder (--student-layers, --hidden, --heads, --ffn) over it.
 
 Example:
 
 \b
-  hsk student lm --train-tokenizer corpus.txt --vocab-size 8000 --layers 2 --hidden 128 --out runs/bpe8k
-  hsk train --store lm.zarr --student runs/bpe8k --method alm --out runs/alm
+  hsk student lm --train-tokenizer corpus.txt --vocab-size 8000 --student-layers 2 --hidden 128 --out runs/bpe8k
+  hsk train --store corpus.zarr --student runs/bpe8k --method alm --out runs/alm
 """
 
 
@@ -105,7 +105,7 @@ def lm(
     tokenizer: str = typer.Option(None, "--tokenizer", help="An existing tokenizer: folder, hub id, minilm, smollm2."),
     train_tokenizer: str = typer.Option(None, "--train-tokenizer", help="Train a byte-level BPE on this text file."),
     vocab_size: int = typer.Option(8192, "--vocab-size", help="The trained BPE's vocabulary size."),
-    layers: int = typer.Option(2, "--layers", help="Decoder layers."),
+    layers: int = typer.Option(2, "--student-layers", help="The student's depth: decoder layers."),
     hidden: int = typer.Option(64, "--hidden", help="Hidden width."),
     heads: int = typer.Option(4, "--heads", help="Attention heads."),
     ffn: int = typer.Option(256, "--ffn", help="FFN width."),

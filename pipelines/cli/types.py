@@ -55,18 +55,25 @@ def read_value(flag: str, name: str, value):
     """One parsed option value under the rules of the module docstring; a file:// URL becomes its local path."""
     if isinstance(value, (list, tuple)):  # a repeatable option, a list of arguments
         return type(value)(read_value(flag, name, item) for item in value)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UserError(f"{flag} takes a finite number, got {value}")
-    if isinstance(value, int) and not isinstance(value, bool) and (name == "seed" or name.endswith("_seed")):
-        check_seed(flag, value)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
-        raise UserError(f"{flag} takes an integer up to {INT_MAX}, got {value}")
+    _check_number(flag, name, value)
     if isinstance(value, str) and not value.strip():  # a name, a path, a choice: never nothing
         raise UserError(f"{flag} needs a value, got {value!r}")
     check_range(flag, name, value)
     if isinstance(value, str) and value[:7].lower() == "file://":
         return value[7:]  # as hskstore.io.location.local_path reads it (not imported here: fsspec and zarr are slow)
     return value
+
+
+def _check_number(flag: str, name: str, value) -> None:
+    """Refuse a float that is not finite, a seed numpy cannot take, an integer past a C int."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{flag} takes a finite number, got {value}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return
+    if name == "seed" or name.endswith("_seed"):
+        check_seed(flag, value)
+    elif abs(value) > INT_MAX:
+        raise UserError(f"{flag} takes an integer up to {INT_MAX}, got {value}")
 
 
 def check_range(flag: str, name: str, value) -> None:

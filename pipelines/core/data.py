@@ -365,6 +365,21 @@ def _load_file(
     if any(len(v) != n for v in cols.values()):
         raise DataError(f"{path}: columns have different lengths")
     names = _parse_columns(text_columns, task)
+    _check_columns(path, cols, names, label_column, task)
+    label_name = label_column or ("label" if "label" in cols else None)
+    stop = n if limit is None else min(n, limit)
+    texts = [_text_column(path, c, cols[c][:stop]) for c in names]
+    raw = cols[label_name][:stop] if label_name else [None] * stop
+    return Examples(
+        texts=tuple(texts),
+        labels=_parse_labels(raw, task, str(path)),
+        rows=np.arange(stop, dtype=np.int64),
+        source=f"file:{path}",
+    )
+
+
+def _check_columns(path: Path, cols: dict, names: Sequence[str], label_column: str | None, task: Task) -> None:
+    """Refuse a file that lacks a named text column or the named label column."""
     missing = [c for c in names if c not in cols]
     if missing:
         raise DataError(
@@ -373,22 +388,14 @@ def _load_file(
         )
     if label_column is not None and label_column not in cols:
         raise DataError(f"{path}: no label column {label_column!r}; the file has {list(cols)}")
-    label_name = label_column or ("label" if "label" in cols else None)
-    stop = n if limit is None else min(n, limit)
-    texts: list[list[str]] = []
-    for c in names:
-        values = cols[c][:stop]
-        for i, v in enumerate(values):
-            if _is_missing(v):
-                raise DataError(f"{path}: row {i} has no text in column {c!r}")
-        texts.append([v if isinstance(v, str) else str(v) for v in values])
-    raw = cols[label_name][:stop] if label_name else [None] * stop
-    return Examples(
-        texts=tuple(texts),
-        labels=_parse_labels(raw, task, str(path)),
-        rows=np.arange(stop, dtype=np.int64),
-        source=f"file:{path}",
-    )
+
+
+def _text_column(path: Path, name: str, values: Sequence[object]) -> list[str]:
+    """A text column as strings, refused at its first row without text."""
+    for i, v in enumerate(values):
+        if _is_missing(v):
+            raise DataError(f"{path}: row {i} has no text in column {name!r}")
+    return [v if isinstance(v, str) else str(v) for v in values]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,16 +431,21 @@ def glue_tsv_path(task: Task, split: str, data_dir: str | os.PathLike) -> Path:
     return Path(data_dir).expanduser() / task.glue_dir / f"{split}.tsv"
 
 
-def _load_glue_tsv(task: Task, split: str, path: Path, limit: int | None) -> Examples:
-    text_names, label_name = _GLUE_TSV[task.name]
-    lines = _split_lines(path)
+def _glue_header(task: Task, path: Path, lines: list[str],
+                 text_names: tuple[str, ...]) -> tuple[list[str], list[str], int]:
+    """(the column names, the data lines, the first data line's number): the file's header line, or the
+    known columns of a headerless split (CoLA train/dev)."""
     first = lines[0].split("\t") if lines else []
     if all(c in first for c in text_names):
-        header, body, first_lineno = first, lines[1:], 2
-    elif task.name in _HEADERLESS:
-        header, body, first_lineno = list(_HEADERLESS[task.name]), lines, 1
-    else:
-        raise DataError(f"{path}: expected a header with columns {list(text_names)}, got {first[:12]}")
+        return first, lines[1:], 2
+    if task.name in _HEADERLESS:
+        return list(_HEADERLESS[task.name]), lines, 1
+    raise DataError(f"{path}: expected a header with columns {list(text_names)}, got {first[:12]}")
+
+
+def _load_glue_tsv(task: Task, split: str, path: Path, limit: int | None) -> Examples:
+    text_names, label_name = _GLUE_TSV[task.name]
+    header, body, first_lineno = _glue_header(task, path, _split_lines(path), text_names)
     text_idx = [header.index(c) for c in text_names]
     label_idx = header.index(label_name) if label_name in header else None
     needed = max(text_idx + [label_idx if label_idx is not None else -1]) + 1
@@ -442,12 +454,7 @@ def _load_glue_tsv(task: Task, split: str, path: Path, limit: int | None) -> Exa
     for lineno, line in enumerate(body, start=first_lineno):
         if limit is not None and len(raw_labels) >= limit:
             break
-        cells = line.split("\t")
-        if len(cells) < needed:
-            raise DataError(
-                f"{path}:{lineno}: {len(cells)} tab-separated fields, expected at least {needed} "
-                f"(columns {header})"
-            )
+        cells = _glue_cells(path, lineno, line, needed, header)
         for col, j in zip(texts, text_idx, strict=True):
             col.append(cells[j])
         raw_labels.append(cells[label_idx] if label_idx is not None else None)
@@ -457,6 +464,17 @@ def _load_glue_tsv(task: Task, split: str, path: Path, limit: int | None) -> Exa
         rows=np.arange(len(raw_labels), dtype=np.int64),
         source=f"glue_data:{os.path.abspath(path)}",  # absolute: a store moved elsewhere still finds its folder
     )
+
+
+def _glue_cells(path: Path, lineno: int, line: str, needed: int, header: list[str]) -> list[str]:
+    """A TSV line's fields, refused when it has fewer than the columns read need."""
+    cells = line.split("\t")
+    if len(cells) < needed:
+        raise DataError(
+            f"{path}:{lineno}: {len(cells)} tab-separated fields, expected at least {needed} "
+            f"(columns {header})"
+        )
+    return cells
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,6 +515,15 @@ def normalize_split(task: Task, split: str) -> str:
     if s not in valid:
         raise DataError(f"task {task.name} has no split {split!r}; choose one of {', '.join(valid)}")
     return s
+
+
+def _hub_failure(task: Task, split: str, exc: Exception) -> str:
+    """Why the hub could not give the split, as one line of load_examples' list of what it tried."""
+    reason = hub_unavailable_reason()
+    where = f"Hugging Face hub {task.hub_path} ({task.hub_name}, split {_HUB_SPLITS[split]})"
+    if reason:
+        return f"{where}: {reason}, and the local hub cache cannot serve it ({_first_line(exc)})"
+    return f"{where}: {_first_line(exc)}"
 
 
 def load_examples(
@@ -544,12 +571,7 @@ def load_examples(
     try:
         return _load_hub(task, split, limit)
     except Exception as exc:  # any hub failure falls through to the one clear error below
-        reason = hub_unavailable_reason()
-        where = f"Hugging Face hub {task.hub_path} ({task.hub_name}, split {_HUB_SPLITS[split]})"
-        if reason:
-            tried.append(f"{where}: {reason}, and the local hub cache cannot serve it ({_first_line(exc)})")
-        else:
-            tried.append(f"{where}: {_first_line(exc)}")
+        tried.append(_hub_failure(task, split, exc))
 
     raise DataError(
         f"no data for task {task.name}, split {split}. Tried:\n"

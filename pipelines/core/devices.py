@@ -19,14 +19,22 @@ def check_device(requested: str | None) -> None:
         raise ConfigError(
             f"--device {requested!r} is not a torch device: use cpu, cuda, cuda:N or mps"
         ) from None
+    problem = _unusable(requested, device)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _unusable(requested: str, device: torch.device) -> str | None:
+    """Why this machine cannot compute on `device` (as the user wrote it: `requested`), or None."""
     if device.type not in COMPUTE_DEVICES:  # meta tensors hold no data; other backends are untested
-        raise ConfigError(f"--device {requested}: hsk computes on {', '.join(COMPUTE_DEVICES)} (cuda:N for one GPU)")
+        return f"--device {requested}: hsk computes on {', '.join(COMPUTE_DEVICES)} (cuda:N for one GPU)"
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {requested} asked for, but torch sees no CUDA GPU: use --device cpu")
+        return f"--device {requested} asked for, but torch sees no CUDA GPU: use --device cpu"
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"--device {requested}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+        return f"--device {requested}: torch sees {torch.cuda.device_count()} CUDA GPU(s)"
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"--device {requested} asked for, but MPS is not available here: use --device cpu")
+        return f"--device {requested} asked for, but MPS is not available here: use --device cpu"
+    return None
 
 
 def pick_device(requested: str | None = None) -> str:

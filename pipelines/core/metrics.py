@@ -70,6 +70,31 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return pearson(rankdata(a), rankdata(b))
 
 
+def _labelled_scores(task: Task, pred: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Regression: (scores, gold) as float64 over the rows with a gold score (not NaN)."""
+    if pred.ndim == 2 and pred.shape[1] == 1:
+        pred = pred[:, 0]
+    if pred.ndim != 1:
+        raise ValueError(
+            f"{task.name} is a regression task: expected scores [N] or [N, 1], got {pred.shape}"
+        )
+    keep = ~np.isnan(y.astype(np.float64))
+    return pred[keep].astype(np.float64), y[keep].astype(np.float64)
+
+
+def _labelled_classes(task: Task, pred: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Classification: (predicted ids, gold ids) as int64 over the rows with a gold label (>= 0, not NaN)."""
+    if pred.ndim == 2:
+        if pred.shape[1] != task.num_labels:
+            raise ValueError(f"{task.name} has {task.num_labels} classes but logits are {pred.shape}")
+        pred = pred.argmax(axis=1)
+    elif pred.ndim != 1:
+        raise ValueError(f"expected logits [N, C] or class ids [N], got {pred.shape}")
+    yf = y.astype(np.float64)
+    keep = ~np.isnan(yf) & (yf >= 0)
+    return pred[keep].astype(np.int64), y[keep].astype(np.int64)
+
+
 def compute_metrics(task: Task | str, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """All metrics of a task (primary first), over the rows that have a gold label.
 
@@ -82,25 +107,7 @@ def compute_metrics(task: Task | str, predictions: np.ndarray, labels: np.ndarra
     y = np.asarray(labels).reshape(-1)
     if pred.shape[0] != y.shape[0]:
         raise ValueError(f"{pred.shape[0]} predictions for {y.shape[0]} labels")
-    if task.is_regression:
-        if pred.ndim == 2 and pred.shape[1] == 1:
-            pred = pred[:, 0]
-        if pred.ndim != 1:
-            raise ValueError(
-                f"{task.name} is a regression task: expected scores [N] or [N, 1], got {pred.shape}"
-            )
-        keep = ~np.isnan(y.astype(np.float64))
-        pred, y = pred[keep].astype(np.float64), y[keep].astype(np.float64)
-    else:
-        if pred.ndim == 2:
-            if pred.shape[1] != task.num_labels:
-                raise ValueError(f"{task.name} has {task.num_labels} classes but logits are {pred.shape}")
-            pred = pred.argmax(axis=1)
-        elif pred.ndim != 1:
-            raise ValueError(f"expected logits [N, C] or class ids [N], got {pred.shape}")
-        yf = y.astype(np.float64)
-        keep = ~np.isnan(yf) & (yf >= 0)
-        pred, y = pred[keep].astype(np.int64), y[keep].astype(np.int64)
+    pred, y = _labelled_scores(task, pred, y) if task.is_regression else _labelled_classes(task, pred, y)
 
     if len(y) == 0:
         return {name: float("nan") for name in task.metrics}

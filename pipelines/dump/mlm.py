@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from pipelines.core.models import (
     weights_hash,
 )
 from pipelines.core.tokenize import encode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MASK, RANDOM, KEPT = 1, 2, 3  # mlm/kind values; 0 = unused slot
 
@@ -104,7 +107,8 @@ def mask_row(
     return masked, positions, originals, kinds.astype(np.uint8)
 
 
-def mask_rows(enc: dict[str, np.ndarray], rows: np.ndarray, masking: Masking, tokenizer: Any) -> dict[str, np.ndarray]:
+def mask_rows(enc: dict[str, np.ndarray], rows: np.ndarray, masking: Masking,
+              tokenizer: PreTrainedTokenizerBase) -> dict[str, np.ndarray]:
     """Mask a tokenized block: the masked input_ids and the mlm/positions, mlm/labels, mlm/kind arrays."""
     n, t = enc["input_ids"].shape
     m = masking.max_masked(t)
@@ -128,7 +132,7 @@ def mask_rows(enc: dict[str, np.ndarray], rows: np.ndarray, masking: Masking, to
 
 
 @torch.no_grad()
-def teacher_topk(model: Any, inputs: dict, positions: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
+def teacher_topk(model: PreTrainedModel, inputs: dict, positions: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
     """Top-k ids and logits and the full log-sum-exp at each masked position ([b, M]; -1 = unused)."""
     hidden = model.bert(**inputs).last_hidden_state  # [b, t, d]
     pos = torch.as_tensor(np.maximum(positions, 0).astype(np.int64), device=hidden.device)
@@ -185,8 +189,8 @@ def load_mlm_teacher(teacher: str, device: str) -> Any:
     return model.to(device).eval()
 
 
-def mlm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, masking: Masking,
-                 max_length: int, top_k: int, shard_rows: int) -> dict:
+def mlm_metadata(corpus: Examples, teacher: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 masking: Masking, max_length: int, top_k: int, shard_rows: int) -> dict:
     cfg = model.config
     return StoreMeta(
         objective=MLM,
@@ -208,8 +212,9 @@ def mlm_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, mas
     ).to_dict()
 
 
-def compute_mlm_shard(model: Any, enc: dict, rows: np.ndarray, masking: Masking, tokenizer: Any, top_k: int,
-                      batch_size: int, device: str) -> dict[str, np.ndarray]:
+def compute_mlm_shard(model: PreTrainedModel, enc: dict, rows: np.ndarray, masking: Masking,
+                      tokenizer: PreTrainedTokenizerBase, top_k: int, batch_size: int,
+                      device: str) -> dict[str, np.ndarray]:
     """Mask one shard's rows and run the teacher on them (length-bucketed), back in row order."""
     arrays = mask_rows(enc, rows, masking, tokenizer)
     n, m = arrays["mlm/positions"].shape

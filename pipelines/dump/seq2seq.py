@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from pipelines.core.pair_models import PairModel, architecture_of, pair_model
 from pipelines.core.precision import forward_precision, resolve_forward
 from pipelines.dump.clm import lm_teacher_ref, lm_tokenizer_ref, support_of
 from pipelines.dump.stage import compute_record
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_PROMPT = "{source}\n"  # a decoder-only teacher's template when none is given
 
@@ -122,7 +125,7 @@ def load_pairs(*, task: str | None = None, split: str = "train", data_dir: str |
     return _check_pairs(pairs)
 
 
-def tokenize_pairs(tokenizer: Any, pairs: Examples, sel: Seq2seqSelection) -> dict[str, np.ndarray]:
+def tokenize_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Examples, sel: Seq2seqSelection) -> dict[str, np.ndarray]:
     """source_ids/source_length and reference_ids/reference_length of every pair. An encoder-decoder's source
     and target are tokenized as its tokenizer does for each (special tokens included); a decoder-only
     teacher's source goes into the prompt template. Targets end with EOS."""
@@ -141,8 +144,8 @@ def tokenize_pairs(tokenizer: Any, pairs: Examples, sel: Seq2seqSelection) -> di
             "reference_length": reference_length}
 
 
-def _support_batch(model: Any, arch: PairModel, source: np.ndarray, source_length: np.ndarray, target: np.ndarray,
-                   target_length: np.ndarray, rows: np.ndarray, sel: Seq2seqSelection, device: str,
+def _support_batch(model: PreTrainedModel, arch: PairModel, source: np.ndarray, source_length: np.ndarray,
+                   target: np.ndarray, target_length: np.ndarray, rows: np.ndarray, sel: Seq2seqSelection, device: str,
                    precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(ids [b, T, S], weights [b, T, S], entropy [b, T] or None) of a batch of pairs, on the device."""
     inputs = arch.inputs(source, source_length, target, target_length, sel, device)
@@ -152,7 +155,7 @@ def _support_batch(model: Any, arch: PairModel, source: np.ndarray, source_lengt
         return support_of(logits, rows, sel)
 
 
-def _decode_shard(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection,
+def _decode_shard(model: PreTrainedModel, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection,
                   batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
     decoding, outputs = sel.decoded, []
     for start in range(0, len(arrays["row"]), batch_size):
@@ -163,7 +166,7 @@ def _decode_shard(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], se
     return {"teacher_ids": teacher_ids, "teacher_length": teacher_length}
 
 
-def _support_shard(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection,
+def _support_shard(model: PreTrainedModel, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection,
                    batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
     ids_name, length_name = sel.target_arrays(sel.supports_on)
     target, target_length = arrays[ids_name], arrays[length_name]
@@ -178,7 +181,7 @@ def _support_shard(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], s
     return encode_support(ids, weights, kept_positions(entropy, target_length, sel.positions), sel, GROUP)
 
 
-def compute_seq2seq_shard(model: Any, pairs: dict[str, np.ndarray], rows: np.ndarray, sel: Seq2seqSelection,
+def compute_seq2seq_shard(model: PreTrainedModel, pairs: dict[str, np.ndarray], rows: np.ndarray, sel: Seq2seqSelection,
                           batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
     """Every array of one shard's pairs: the pairs, the teacher's output, the supports."""
     arch = pair_model(sel.architecture)
@@ -191,8 +194,8 @@ def compute_seq2seq_shard(model: Any, pairs: dict[str, np.ndarray], rows: np.nda
     return arrays
 
 
-def seq2seq_metadata(pairs: Examples, teacher: str, model: Any, tokenizer: Any, sel: Seq2seqSelection,
-                     shard_rows: int, precision: str) -> dict:
+def seq2seq_metadata(pairs: Examples, teacher: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                     sel: Seq2seqSelection, shard_rows: int, precision: str) -> dict:
     return StoreMeta(
         objective=SEQ2SEQ,
         task=TaskRef(SEQ2SEQ, "train"),
@@ -205,7 +208,7 @@ def seq2seq_metadata(pairs: Examples, teacher: str, model: Any, tokenizer: Any, 
     ).to_dict()
 
 
-def _special_ids(request: Seq2seqRequest, architecture: str, model: Any, tokenizer: Any,
+def _special_ids(request: Seq2seqRequest, architecture: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  teacher: str) -> tuple[int, int, int | None]:
     """(EOS, pad, decoder start) of the teacher: pad is EOS where the tokenizer has none; the decoder start of an
     encoder-decoder from its config."""
@@ -224,8 +227,8 @@ def _special_ids(request: Seq2seqRequest, architecture: str, model: Any, tokeniz
     return int(eos), int(pad), int(start)
 
 
-def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architecture: str, model: Any,
-                   tokenizer: Any, teacher: str) -> Seq2seqSelection:
+def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architecture: str, model: PreTrainedModel,
+                   tokenizer: PreTrainedTokenizerBase, teacher: str) -> Seq2seqSelection:
     """The store's selection from the request and what the teacher's config and tokenizer say."""
     eos, pad, start = _special_ids(request, architecture, model, tokenizer, teacher)
     prompt = (request.prompt or DEFAULT_PROMPT) if architecture == "decoder-only" else None
@@ -237,7 +240,7 @@ def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architect
 
 
 def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqRequest, *, device: str = "cpu",
-                 overwrite: bool = False, progress: bool = True, log: Callable[[str], Any] = print,
+                 overwrite: bool = False, progress: bool = True, log: Callable[[str], object] = print,
                  extra_meta: dict | None = None) -> dict:
     """Write (or finish) the seq2seq store at `out`; returns its metadata."""
     decoding = request.check()
@@ -261,9 +264,9 @@ def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqReques
         return _write_shards(writer, out, model, arrays, sel, request, device, precision, progress, log)
 
 
-def _write_shards(writer: StoreWriter, out: str, model: Any, pairs: dict[str, np.ndarray], sel: Seq2seqSelection,
-                  request: Seq2seqRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], Any]) -> dict:
+def _write_shards(writer: StoreWriter, out: str, model: PreTrainedModel, pairs: dict[str, np.ndarray],
+                  sel: Seq2seqSelection, request: Seq2seqRequest, device: str, precision: str, progress: bool,
+                  log: Callable[[str], object]) -> dict:
     pending = writer.pending_shards()
     if len(pending) < writer.n_shards:
         log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")

@@ -130,7 +130,7 @@ class DumpOptions:
     extra_meta: dict = field(default_factory=dict)
 
     @classmethod
-    def from_flags(cls, flags: Mapping[str, Any], **fields: Any) -> DumpOptions:
+    def from_flags(cls, flags: Mapping[str, object], **fields: Any) -> DumpOptions:
         """The options a command's flags ask for: each declared flag (hskstore.format.config: `--tokens` is
         `token_strategy`) found in `flags` under its parameter name (`tokens`), then `fields` as given."""
         declared = {d.flag[2:].replace("-", "_"): d.field for d in (*DUMP_CHOICES, *DUMP_BOUNDS, STUDENT_LAYERS)}

@@ -273,7 +273,7 @@ class LMStoreDataset(torch.utils.data.IterableDataset):
         self.adapter = adapter_for(self.stage.head)
         self.stream = StoreStream(self.store, batch_size=read_rows, seed=seed, shuffle=shuffle,
                                   buffer_shards=buffer_shards, workers=workers, names=self.feed.names(self.stage, []))
-        self._makers: dict[str, Any] = {}
+        self._makers: dict[str, object] = {}
 
     def __len__(self) -> int:
         return len(self.store)
@@ -288,14 +288,14 @@ class LMStoreDataset(torch.utils.data.IterableDataset):
                               "ahead on its own threads, `workers`)")
         yield from _rows(self.stream)
 
-    def batch(self, rows: dict[str, np.ndarray], device: torch.device | str) -> dict[str, Any]:
+    def batch(self, rows: dict[str, np.ndarray], device: torch.device | str) -> dict[str, object]:
         """Collated rows -> the run kind's batch on `device` (inputs, labels, masks, the stored support)."""
         key = str(device)
         if key not in self._makers:
             self._makers[key] = self.feed.maker(self.stage, [], key, None)
         return self._makers[key](rows)
 
-    def loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(self, model: torch.nn.Module, inputs: dict[str, object]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(the stage's weighted sum of terms, each term's value) of a batch from LMStoreCollator."""
         device = next(model.parameters()).device
         batch = self.batch(inputs[PREFIX + "rows"].arrays, device)
@@ -310,7 +310,7 @@ class LMStoreCollator:
     def __init__(self, pad_id: int = 0):
         self.pad_id = pad_id
 
-    def __call__(self, rows: list[StoreRow]) -> dict[str, Any]:
+    def __call__(self, rows: list[StoreRow]) -> dict[str, object]:
         stacked = _stack([r.arrays for r in rows], self.pad_id)
         ids = next((stacked[n] for n in ("input_ids", "source_ids") if n in stacked), stacked["row"])
         return {"input_ids": torch.from_numpy(ids.astype(np.int64)), PREFIX + "rows": StoreRow(stacked)}

@@ -35,24 +35,34 @@ class MudOptions:
     hsk_loss: str = "mse"  # mse (reference) | masked-mse | pkd ([CLS] vectors; a --tokens cls store)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stages, str):
-            self.stages = tuple(s.strip() for s in self.stages.split(",") if s.strip())
-        self.stages = tuple(self.stages)
-        bad = [s for s in self.stages if s not in STAGE_NAMES]
-        if bad or not self.stages or len(set(self.stages)) != len(self.stages):
-            raise MethodError(f"--stages must be 'hsk,pred', 'hsk' or 'pred'; got {','.join(self.stages)}")
-        if list(self.stages) != sorted(self.stages, key=STAGE_NAMES.index):
-            raise MethodError("stage 'hsk' comes before stage 'pred' (docs/methods/mud.md)")
+        self.stages = _stage_names(self.stages)
         if self.hsk_loss not in HSK_LOSSES:
             raise MethodError(f"--hsk-loss must be one of {', '.join(HSK_LOSSES)}; got {self.hsk_loss!r}")
         check_between("--alpha", self.alpha, 0.0, 1.0, error=MethodError)
         if self.temperature <= 0:
             raise MethodError(f"--temperature must be > 0, got {self.temperature}")
-        for name in ("epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred"):
-            value = getattr(self, name)
-            if value is not None and (value < 0 or (name.startswith("lr") and value == 0)):
-                raise MethodError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        _check_schedule(self)
 
+
+def _stage_names(stages: str | tuple[str, ...]) -> tuple[str, ...]:
+    """--stages as a tuple of known stage names, each once, in training order (else a MethodError)."""
+    if isinstance(stages, str):
+        stages = tuple(s.strip() for s in stages.split(",") if s.strip())
+    stages = tuple(stages)
+    bad = [s for s in stages if s not in STAGE_NAMES]
+    if bad or not stages or len(set(stages)) != len(stages):
+        raise MethodError(f"--stages must be 'hsk,pred', 'hsk' or 'pred'; got {','.join(stages)}")
+    if list(stages) != sorted(stages, key=STAGE_NAMES.index):
+        raise MethodError("stage 'hsk' comes before stage 'pred' (docs/methods/mud.md)")
+    return stages
+
+
+def _check_schedule(options: MudOptions) -> None:
+    """Epochs are >= 0 and learning rates > 0 (None: the task's default)."""
+    for name in ("epochs_hsk", "epochs_pred", "lr_hsk", "lr_pred"):
+        value = getattr(options, name)
+        if value is not None and (value < 0 or (name.startswith("lr") and value == 0)):
+            raise MethodError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 def _check(options: MudOptions, ctx: Context) -> str | None:
     sel = ctx.selection

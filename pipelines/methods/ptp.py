@@ -21,12 +21,15 @@ teacher was right: they get IGNORE and drop out of the PTP loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hskstore.format.config import ConfigError
 from pipelines.core.tasks import get_task
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 # (t1, t2) per task, from the authors' code; other tasks need --ptp-t1 and --ptp-t2.
 PTP_THRESHOLDS: dict[str, tuple[float, float]] = {
@@ -65,16 +68,19 @@ def ptp_thresholds(task: str, t1: float | None = None, t2: float | None = None) 
     for name, value in zip(("--ptp-t1", "--ptp-t2"), chosen, strict=True):
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{name} is a softmax confidence and must be in [0, 1]; got {value}")
+    return PTPThresholds(float(chosen[0]), float(chosen[1]), _source(spec.name, default, t1, t2))
+
+
+def _source(task: str, default: tuple[float, float] | None, t1: float | None, t2: float | None) -> str:
+    """Where the thresholds came from: the authors' defaults, the flags, or the flags over the defaults."""
     if (t1, t2) == (None, None):
-        source = f"PEA-KD authors' code ({spec.name})"
-    elif default is None or (t1 is not None and t2 is not None):
-        source = "--ptp-t1/--ptp-t2"
-    else:
-        source = f"override of the PEA-KD defaults for {spec.name}"
-    return PTPThresholds(float(chosen[0]), float(chosen[1]), source)
+        return f"PEA-KD authors' code ({task})"
+    if default is None or (t1 is not None and t2 is not None):
+        return "--ptp-t1/--ptp-t2"
+    return f"override of the PEA-KD defaults for {task}"
 
 
-def ptp_classes(conf: Any, right: Any, thresholds: PTPThresholds) -> Any:
+def ptp_classes(conf: Any, right: Any, thresholds: PTPThresholds) -> Any:  # numpy arrays or torch tensors
     """The PTP class 0..3 of each row from its confidence and whether the teacher was right (the table above).
 
     Bool/float operators only, so numpy arrays and torch tensors (on any device) take the same rule."""
@@ -91,7 +97,7 @@ def _confidence(teacher_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p.max(axis=-1), p.argmax(axis=-1)
 
 
-def ptp_label_array(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -> np.ndarray:
+def ptp_label_array(teacher_logits: ArrayLike, gold: ArrayLike, thresholds: PTPThresholds) -> np.ndarray:
     """[B] int64 PTP labels from teacher logits [B, C] and gold class ids [B] (< 0: no gold -> IGNORE)."""
     conf, predicted = _confidence(teacher_logits)
     gold = np.asarray(gold).astype(np.int64)
@@ -99,7 +105,7 @@ def ptp_label_array(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -
     return np.where(gold < 0, IGNORE, labels)
 
 
-def ptp_label_counts(labels: Any) -> dict[str, int]:
+def ptp_label_counts(labels: np.ndarray) -> dict[str, int]:
     """How many rows fall in each PTP class (and how many have no gold label): for the run's log."""
     counts = {name: int((labels == i).sum()) for i, name in enumerate(PTP_CLASSES)}
     counts["no-gold"] = int((labels == IGNORE).sum())
@@ -114,7 +120,7 @@ def _lower_median(values: np.ndarray, default: float) -> float:
     return float(np.sort(values)[(len(values) - 1) // 2]) if len(values) else default
 
 
-def ptp_label_warning(teacher_logits: Any, gold: Any, thresholds: PTPThresholds) -> str | None:
+def ptp_label_warning(teacher_logits: ArrayLike, gold: ArrayLike, thresholds: PTPThresholds) -> str | None:
     """A warning when the PTP labels of these rows are degenerate, with thresholds that would split them; else None.
 
     The authors' thresholds fit confident BERT-base teachers. A weaker teacher is rarely sure above t1

@@ -61,7 +61,7 @@ from pipelines.train.run.summary import RunSummary
 
 SWEEP_KIND = SWEEP.name  # the output kind of a sweep's work_dir (pipelines.core.output_kinds)
 
-Log = Callable[[str], Any]
+Log = Callable[[str], object]
 Failures = list[tuple[PlannedRun, BaseException]]
 
 

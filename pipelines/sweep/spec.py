@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hskstore.format.config import VALUES, ConfigError
 from hskstore.format.meta import StoreMeta
@@ -61,7 +60,7 @@ class SweepSpec:
     # (student, seed): on the logits-only store when they read logits only, else on the source store
     methods: list[str] = field(default_factory=lambda: ["mud"])
     value_dtypes: tuple[str, ...] = ("float16",)
-    train: dict[str, Any] = field(default_factory=dict)  # TrainOptions fields and method options by name
+    train: dict[str, object] = field(default_factory=dict)  # TrainOptions fields and method options by name
     work_dir: str = "runs/sweep"
     results: str | None = None  # default: <work_dir>/results.parquet
     data_dir: str | None = None  # glue_data folder for dev data (else $HSK_DATA_DIR, else the hub)
@@ -108,7 +107,7 @@ def _check_lists(spec: SweepSpec) -> None:
         raise ConfigError(f"value dtypes {bad} unknown; choose from {', '.join(VALUES.values)}")
 
 
-def _check_train(train: dict[str, Any], methods: list[str]) -> None:
+def _check_train(train: dict[str, object], methods: list[str]) -> None:
     """Every train setting is a TrainOptions field a sweep leaves to the user, or an option of one of its methods."""
     known = {f.name for f in dataclasses.fields(TrainOptions)}
     for key in train:

@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zarr
 
@@ -58,7 +57,7 @@ def _read_meta(url: str) -> StoreMeta | None:
 
 
 def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | None, *,
-                 log: Callable[[str], Any] | None = None) -> str:
+                 log: Callable[[str], object] | None = None) -> str:
     """The url of the store a run trains from: the source, or a derived store (derived unless complete)."""
     if store_config is None:
         return spec.source
@@ -81,7 +80,7 @@ def ensure_store(spec: SweepSpec, store_config: str | None, value_dtype: str | N
 
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def _write_json_atomic(path: Path, obj: object) -> None:
     with atomic_file(path) as (f, _):
         f.write(json.dumps(obj, indent=2, default=str).encode())
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hskstore.format.config import ConfigError, check_at_least
 
@@ -38,7 +38,7 @@ class TrainOptions:
     # pipelines.methods registry name (`hsk methods`); None: a run that builds its own stage rather than a method's
     # (the masked-LM and causal-LM teachers of `hsk teacher`)
     method: str | None = "mud"
-    method_options: dict[str, Any] = field(default_factory=dict)  # fields of the method's options dataclass
+    method_options: dict[str, object] = field(default_factory=dict)  # fields of the method's options dataclass
     batch_size: int | None = None  # None: the task's (32; 64 for QNLI, MNLI, QQP)
     weight_decay: float = 0.01  # not on bias / LayerNorm
     max_grad_norm: float | None = 1.0  # BertAdam's default clipping in the reference code
@@ -119,7 +119,7 @@ def result_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainOptions) if f.metadata.get("result", True)]
 
 
-def run_options(options: TrainOptions) -> dict[str, Any]:
+def run_options(options: TrainOptions) -> dict[str, object]:
     """The result fields beyond the method and its options (which are recorded on their own): what a
     rerun must share with a finished or checkpointed run to be that run (--max-steps, --eval-limit, ...)."""
     return {name: getattr(options, name) for name in result_fields() if name not in ("method", "method_options")}

@@ -61,7 +61,7 @@ class TrainingSource(Protocol):
     """What a run trains from, as the loop, the run's checks and its summary read it."""
 
     mode: ClassVar[str]  # reported in summary.json and the checkpoint identity: "offline" | "online" | "memory"
-    store: Any  # a RowSource (an HSKStore, or rows in memory laid out as one)
+    store: RowSource  # an HSKStore, or rows in memory laid out as one
     task: Task | None
     teacher: nn.Module | None  # a live teacher (online; a causal-LM store's live target), else None
 

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from hskstore.format.clm import BlockText, ClmSelection, LMTargets, block_texts, decode, token_ends
 from hskstore.format.config import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def _bytes_to_unicode() -> dict[str, int]:
@@ -51,7 +54,7 @@ def _byte_level(token: str) -> str | None:
         return None
 
 
-def _decoder_type(tokenizer: Any) -> str:
+def _decoder_type(tokenizer: PreTrainedTokenizerBase) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
     if decoder and decoder.get("type") == "Sequence":
@@ -72,7 +75,7 @@ SURFACES = {
 }
 
 
-def surface_strings(tokenizer: Any) -> dict[str, int]:
+def surface_strings(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     """Each token's text as it reads in the text (space markers 'Ġ' / '▁' as spaces; a WordPiece '##x' as x,
     a word-initial x as ' x' and x) -> its id; special tokens are left out, the first id of a text kept."""
     rule = SURFACES.get(_decoder_type(tokenizer), lambda token: [token.replace("Ġ", " ").replace("▁", " ")])
@@ -88,7 +91,8 @@ def surface_strings(tokenizer: Any) -> dict[str, int]:
     return out
 
 
-def mined_table(teacher_tokenizer: Any, student_tokenizer: Any, teacher_vocab: int) -> np.ndarray:
+def mined_table(teacher_tokenizer: PreTrainedTokenizerBase, student_tokenizer: PreTrainedTokenizerBase,
+                teacher_vocab: int) -> np.ndarray:
     """int64 [teacher_vocab]: the student id whose string is the teacher id's exactly, -1 where none is."""
     student = surface_strings(student_tokenizer)
     table = np.full(teacher_vocab, -1, dtype=np.int64)
@@ -122,7 +126,7 @@ class StudentBlock:
     ends: np.ndarray
 
 
-def retokenize(tokenizer: Any, blocks: list[BlockText], teacher_ids: np.ndarray, teacher_eos: int,
+def retokenize(tokenizer: PreTrainedTokenizerBase, blocks: list[BlockText], teacher_ids: np.ndarray, teacher_eos: int,
                student_eos: int) -> list[StudentBlock]:
     """Each block's text in the student's tokens: cut into documents where the teacher put an EOS (the student's
     EOS there, ending where the teacher's does), the pieces tokenized in one batched call."""
@@ -226,7 +230,7 @@ class XtokMaker:
     """raw store rows -> the student's batch with its alignment to the teacher (one batch, on the host)."""
 
     sel: ClmSelection
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     student_eos: int
     device: str
     table: np.ndarray | None = None
@@ -246,7 +250,7 @@ class XtokMaker:
         pass
 
 
-def student_eos(tokenizer: Any, student: str) -> int:
+def student_eos(tokenizer: PreTrainedTokenizerBase, student: str) -> int:
     """The id the student puts between documents: its EOS, else its SEP (a WordPiece vocabulary)."""
     for token_id in (tokenizer.eos_token_id, getattr(tokenizer, "sep_token_id", None)):
         if token_id is not None:
@@ -255,7 +259,7 @@ def student_eos(tokenizer: Any, student: str) -> int:
                       "(`hsk student lm` gives its students one)")
 
 
-def check_fast(tokenizer: Any, student: str) -> None:
+def check_fast(tokenizer: PreTrainedTokenizerBase, student: str) -> None:
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"the tokenizer of {student} is not a fast (Rust) tokenizer, which gives the offsets a "
                           "student with another tokenizer is aligned by: save it with tokenizer.json")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from pipelines.train.run.loop import Keeper, Student
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STATE_FILE = "clm-state.pt"
 ROWS = ("row", "input_ids", "length")
@@ -78,7 +81,7 @@ class HeldOutPerplexity:
         return len(self.blocks) > 0
 
     @torch.no_grad()
-    def __call__(self, model: Any) -> dict:
+    def __call__(self, model: nn.Module) -> dict:
         model.eval()
         total, count = 0.0, 0
         for start in range(0, len(self.blocks), self.batch_size):
@@ -114,7 +117,7 @@ def _split(blocks: np.ndarray, lengths: np.ndarray) -> tuple[dict, np.ndarray, n
 def train_clm_teacher(base: str, corpus: Examples, out: str | Path, *, block_size: int = 256, epochs: float = 1.0,
                       lr: float = 5e-5, batch_size: int = 8, seed: int = 0, device: str = "cpu",
                       precision: str = "auto", overwrite: bool = False, checkpoint_every: int = 100,
-                      progress: bool = True, log: Callable[[str], Any] = print) -> dict:
+                      progress: bool = True, log: Callable[[str], object] = print) -> dict:
     """Fine-tune the causal LM `base` on `corpus` (next-token CE); save it at `out` (hsk teacher's output rule)."""
     out = Path(out)
     step_precision = StepPrecision.resolve(precision, str(device))  # refused before anything is written

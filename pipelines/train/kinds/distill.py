@@ -80,7 +80,7 @@ _TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store tea
 class _Notes:
     """Warnings of a run: logged, shown, and recorded in summary.json."""
 
-    def __init__(self, log: Callable[[str], Any]):
+    def __init__(self, log: Callable[[str], object]):
         self.log, self.items = log, []
 
     def __call__(self, msg: str) -> None:
@@ -229,8 +229,8 @@ def train(
     task: str | None = None,
     config: str | None = None,
     data_dir: str | None = None,
-    log: Callable[[str], Any] = print,
-    on_step: Callable[[dict], Any] | None = None,
+    log: Callable[[str], object] = print,
+    on_step: Callable[[dict], object] | None = None,
 ) -> RunSummary:
     """Train `student` with `options.method` and return the run summary (also out_dir/summary.json).
 
@@ -258,7 +258,7 @@ def train(
 
 
 @contextlib.contextmanager
-def _run_lease(out_dir: str, overwrite: bool, ranks: Ranks, log: Callable[[str], Any]) -> Iterator[str]:
+def _run_lease(out_dir: str, overwrite: bool, ranks: Ranks, log: Callable[[str], object]) -> Iterator[str]:
     """Hold the run folder's writer lease (hskstore.io.lease) for the whole run, so that a second run on the same
     --out is refused before it reads or changes anything there. Yields what claim_output found ("new", "resume",
     "replace"); a foreign --out is refused before the lease file is created in it. A new folder that a refused or
@@ -355,7 +355,7 @@ def _refuse_finished(out: Path, options: TrainOptions, finished_same: bool) -> N
 
 
 def _open_source(options: TrainOptions, store: str | None, teacher: str | None, task: str | None,
-                 config: str | None, data_dir: str | None, log: Callable[[str], Any]) -> TaskSource:
+                 config: str | None, data_dir: str | None, log: Callable[[str], object]) -> TaskSource:
     """The store to train from (checked against --expect-store), or the live teacher (online)."""
     if store is None:
         return open_online(teacher, task, config, options, data_dir, log)
@@ -375,8 +375,8 @@ def _train(
     task: str | None,
     config: str | None,
     data_dir: str | None,
-    log: Callable[[str], Any],
-    on_step: Callable[[dict], Any] | None,
+    log: Callable[[str], object],
+    on_step: Callable[[dict], object] | None,
 ) -> RunSummary:
     if (store is None) == (teacher is None):
         raise ConfigError("give either --store (offline) or --teacher with --task and --config (online)")
@@ -442,7 +442,7 @@ def _with_method(options: TrainOptions, kind: str, store: str | None) -> TrainOp
     return options
 
 
-def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], Any]) -> None:
+def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], object]) -> None:
     if summary.metric is None:
         losses = {name: stage["final_loss"] for name, stage in summary.stages.items()}
         log(f"done: {summary.steps} steps, final loss {losses}; student in {summary.model_dir} ({parts.done_note})")
@@ -452,7 +452,7 @@ def _log_done(summary: RunSummary, parts: RunParts, log: Callable[[str], Any]) -
 
 
 def prepare_task(options: TrainOptions, *, student: str, store: str | None, teacher: str | None, task: str | None,
-                  config: str | None, data_dir: str | None, ranks: Ranks, device: str, log: Callable[[str], Any],
+                  config: str | None, data_dir: str | None, ranks: Ranks, device: str, log: Callable[[str], object],
                   notes: _Notes) -> RunParts:
     """A run from a task store (or a live teacher): the method's plan, the student, its layer pairs, dev data."""
     if teacher is not None and task is None:
@@ -475,7 +475,7 @@ def prepare_task(options: TrainOptions, *, student: str, store: str | None, teac
 
 
 def _student_inputs(source: TaskSource, info: StudentInfo, pairs: list[list[LayerPair]], data_dir: str | None,
-                    notes: _Notes, log: Callable[[str], Any]) -> dict | None:
+                    notes: _Notes, log: Callable[[str], object]) -> dict | None:
     """The student's own encoding of the rows when its tokenizer is not the store's (logits-only KD)."""
     token_level = any(p.feature == "tokens" for stage_pairs in pairs for p in stage_pairs)
     if check_provenance(source, info, token_level=token_level, log=log):
@@ -508,7 +508,7 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
     )
 
 
-def _task_fields(run: Run, parts: RunParts) -> dict[str, Any]:
+def _task_fields(run: Run, parts: RunParts) -> dict[str, object]:
     """The summary's fields a task run has (a masked-LM run leaves them at their defaults)."""
     if run.task is None:
         return {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,10 +32,15 @@ from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import RunParts
 from pipelines.train.students.adapter import masked_lm_batch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from hskstore.io.mlm_store import MLMStore
+
 MLM_ARRAYS = ["input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels", "mlm/topk_ids",
               "mlm/topk_logits", "mlm/lse"]
 
-def mlm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
+def mlm_student(student: str, teacher: str) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
     """(BertForMaskedLM, tokenizer, how it was made): bert<k> = the MLM teacher's first k layers and its head;
     a folder = that encoder, with its MLM head when it has one, else a fresh head tied to its embeddings."""
     from transformers import BertForMaskedLM
@@ -68,7 +73,7 @@ def _depth(k: int, teacher: str) -> int:
     return k
 
 
-def _check_student(model: nn.Module, tokenizer: Any, meta: StoreMeta) -> None:
+def _check_student(model: nn.Module, tokenizer: PreTrainedTokenizerBase, meta: StoreMeta) -> None:
     """The KL compares vocabulary ids: the student must share the teacher's vocabulary."""
     from pipelines.core.models import vocab_hash
 
@@ -106,7 +111,7 @@ class _Maker:
 class MaskedLMFeed:
     """A stage that reads "mlm" streams the masked inputs and the teacher's stored top-k targets."""
 
-    store: Any
+    store: MLMStore
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
         return list(MLM_ARRAYS)
@@ -116,7 +121,7 @@ class MaskedLMFeed:
 
 
 def prepare_pretraining(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                        log: Callable[[str], Any], **_: Any) -> RunParts:
+                        log: Callable[[str], object], **_: Any) -> RunParts:
     """The plan, student and feed of a pre-training run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a masked-LM store")
     from pipelines.dump.mlm import load_mlm_teacher

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,11 +52,14 @@ from pipelines.train.students.adapter import masked_lm_batch, masked_lm_outputs
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 STATE_FILE = "mlm-state.pt"
 ROWS = ["row", "input_ids", "token_type_ids", "length"]
 
 
-def _trainable(model: Any, train_layers: int) -> list[torch.nn.Parameter]:
+def _trainable(model: PreTrainedModel, train_layers: int) -> list[torch.nn.Parameter]:
     """The MLM head (transform and bias; the decoder is the tied word embedding, frozen) and the top layers."""
     for p in model.parameters():
         p.requires_grad_(False)
@@ -108,7 +111,7 @@ def bucketed(data: _Data, batch_size: int, seed: int, url: str) -> RowsInMemory:
 
 
 class _MaskingMaker:
-    def __init__(self, stream: StoreStream, tokenizer: Any, seed: int, device: str):
+    def __init__(self, stream: StoreStream, tokenizer: PreTrainedTokenizerBase, seed: int, device: str):
         self.stream, self.tokenizer, self.seed, self.device = stream, tokenizer, seed, device
 
     def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -126,7 +129,7 @@ class MaskingFeed:
     """Rows in memory, masked per batch: a stage reads the masked inputs and the original tokens."""
 
     store: RowsInMemory
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     seed: int
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
@@ -147,7 +150,7 @@ class HeldOut:
     def __bool__(self) -> bool:
         return self.arrays is not None
 
-    def __call__(self, model: Any) -> dict:
+    def __call__(self, model: PreTrainedModel) -> dict:
         model.eval()
         total, correct, count = 0.0, 0, 0
         masked = {**self.enc, "input_ids": self.arrays["input_ids"]}
@@ -196,7 +199,7 @@ def _load_model(base: str, train_layers: int, device: str) -> Any:
     return model
 
 
-def _split(corpus: Examples, tokenizer: Any, max_length: int, seed: int) -> _Data:
+def _split(corpus: Examples, tokenizer: PreTrainedTokenizerBase, max_length: int, seed: int) -> _Data:
     """The last tenth of the corpus (at most 500 rows) is held out, masked once with the seed."""
     held_out = min(max(len(corpus) // 10, 1), 500) if len(corpus) > 1 else 0
     enc = encode(tokenizer, corpus.texts, max_length)
@@ -245,8 +248,8 @@ def train_mlm_teacher(
     overwrite: bool = False,
     checkpoint_every: int = 100,
     progress: bool = True,
-    log: Callable[[str], Any] = print,
-    on_step: Callable[[int], Any] | None = None,
+    log: Callable[[str], object] = print,
+    on_step: Callable[[int], object] | None = None,
 ) -> dict:
     """Train an MLM head (and the top `train_layers` layers) of `base` on `corpus`; save a BertForMaskedLM.
 
@@ -298,9 +301,10 @@ def _options(batch_size: int, seed: int, checkpoint_every: int, progress: bool, 
                         buffer_shards=1, precision=precision)  # a shard is a batch of similar lengths (`bucketed`)
 
 
-def _run(model: Any, tokenizer: Any, data: _Data, folder: tuple[Path, dict, StepPrecision], options: TrainOptions,
-         base: str, corpus: Examples, epochs: float, lr: float, device: str, log: Callable[[str], Any],
-         on_step: Callable[[int], Any] | None) -> Run:
+def _run(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: _Data,
+         folder: tuple[Path, dict, StepPrecision], options: TrainOptions, base: str, corpus: Examples, epochs: float,
+         lr: float, device: str, log: Callable[[str], object],
+         on_step: Callable[[int], object] | None) -> Run:
     """Train in the work folder (resuming its checkpoint when it is this run's): the whole model is the student
     (only the unfrozen parameters train), head mlm."""
     work, identity, precision = folder

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import RunParts
+
+if TYPE_CHECKING:
+    from hskstore.io.seq2seq_store import Seq2seqStore
 
 _FIRST = re.compile(r"first(\d+)")
 INPUTS = ("source_ids", "source_length")
@@ -71,7 +74,7 @@ class _Maker:
     def __init__(self, sel: Seq2seqSelection, on: str, kd: bool, device: str):
         self.sel, self.on, self.kd, self.device = sel, on, kd, device
 
-    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, object]:
         return pair_batch(raw, self.sel, self.on, self.kd, self.device)
 
     def close(self) -> None:
@@ -82,7 +85,7 @@ class _Maker:
 class Seq2seqFeed:
     """A stage that reads "seq2seq" streams the sources, the target it learns and (with KD) the supports."""
 
-    store: Any
+    store: Seq2seqStore
     on: str
 
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
@@ -93,13 +96,13 @@ class Seq2seqFeed:
         return _Maker(self.store.s2s, self.on, _kd(stage), device)
 
 
-def seq2seq_feed(store: Any, method_options: Any) -> Seq2seqFeed:
+def seq2seq_feed(store: Seq2seqStore, method_options: Any) -> Seq2seqFeed:
     """The feed of a seq2seq store: the target the method's options learn (the Hugging Face Trainer's)."""
     return Seq2seqFeed(store, sequence_of(method_options, store.metadata.selection))
 
 
 def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                    log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
+                    log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True, task=task)
     sel = plan.store.s2s

@@ -6,7 +6,7 @@ and its feed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,10 @@ from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import Feed, RunParts, Student
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -36,7 +40,8 @@ class StorePlan:
     def store(self) -> Any:
         return self.source.store
 
-    def student_info(self, student: str, kind: str, init: str, teacher: str, model: Any, tokenizer: Any) -> StudentInfo:
+    def student_info(self, student: str, kind: str, init: str, teacher: str, model: nn.Module,
+                     tokenizer: PreTrainedTokenizerBase) -> StudentInfo:
         return StudentInfo.of_model(student, model, tokenizer, kind=kind, init=init, source=teacher,
                                     vocab=self.source.metadata.tokenizer.vocab_hash)
 
@@ -47,7 +52,7 @@ class StorePlan:
                 "method": self.method.name, "method_options": self.method.option_dict(self.method_options),
                 "batch_size": batch_size, "seed": o.seed, "shuffle_window": o.buffer_shards, "max_steps": o.max_steps}
 
-    def parts(self, student: str, info: StudentInfo, model: Any, head: str, feed: Feed, device: str,
+    def parts(self, student: str, info: StudentInfo, model: nn.Module, head: str, feed: Feed, device: str,
               default_batch: int, done_note: str) -> RunParts:
         batch_size = self.options.batch_size or default_batch
         return RunParts(self.source, self.method, self.method_options, self.stages,

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SUMMARY_FILE = "hsk_teacher.json"
 OUTPUT_KIND = TEACHER.name  # what `hsk teacher --out` holds (pipelines.core.output_kinds)
@@ -143,19 +146,28 @@ def _base_model(task: Task, base: str, seed: int, device, log=print):
 
 def _history(work: Path, steps_per_epoch: int) -> list[dict]:
     """Per epoch: its last step, mean train loss and the dev metrics of its evaluation (metrics.jsonl)."""
-    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    losses: dict[int, list[float]] = {}
-    for r in records:
-        if r["type"] == "train":
-            losses.setdefault(r["epoch"], []).append(r["loss"])
+    records = _jsonl(work / "metrics.jsonl")
+    train = [r for r in records if r["type"] == "train"]
     evals = {r["step"]: r["metrics"] for r in records if r["type"] == "eval"}
-    history = []
-    for epoch in sorted(losses):
-        last = max(r["step"] for r in records if r["type"] == "train" and r["epoch"] == epoch)
-        dev = evals.get(last) or {}
-        history.append({"epoch": epoch + 1, "step": last, "train_loss": round(float(np.mean(losses[epoch])), 6),
-                        "dev": {s: _clean({k: v for k, v in m.items() if k != "n"}) for s, m in dev.items()}})
-    return history
+    epochs = sorted({r["epoch"] for r in train})
+    return [_epoch_entry(epoch, [r for r in train if r["epoch"] == epoch], evals) for epoch in epochs]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _epoch_entry(epoch: int, steps: list[dict], evals: dict) -> dict:
+    """One epoch's history entry: its last step, mean train loss and that step's dev metrics."""
+    last = max(r["step"] for r in steps)
+    return {"epoch": epoch + 1, "step": last, "train_loss": round(float(np.mean([r["loss"] for r in steps])), 6),
+            "dev": _dev_metrics(evals.get(last) or {}, clean=True)}
+
+
+def _dev_metrics(by_split: dict, *, clean: bool = False) -> dict:
+    """{split: {metric: value}} without the example counts ("n"), JSON-clean if asked."""
+    kept = {s: {k: v for k, v in m.items() if k != "n"} for s, m in by_split.items()}
+    return {s: _clean(m) for s, m in kept.items()} if clean else kept
 
 
 def publish_teacher(out: Path, fill: Callable[[Path], Any], summary: dict, **marker: Any) -> None:
@@ -181,8 +193,8 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
 
 
 def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPrecision, source: MemorySource,
-         stages: list, base: str, model: Any, tokenizer: Any, dev_sets: dict, max_length: int, device: str,
-         log: Callable[[str], Any]) -> Run:
+         stages: list, base: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dev_sets: dict,
+         max_length: int, device: str, log: Callable[[str], object]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
     task = source.task
     info = StudentInfo.of_model(base, model, tokenizer)
@@ -194,16 +206,14 @@ def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPreci
         keeper=Keeper(work, task, source.store.url))
 
 
-def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work: Path, train: Examples,
-          dev_sets: dict, settings: dict, log: Callable[[str], Any]) -> dict:
+def _card(task: Task, base: str, base_hash: str, tokenizer: PreTrainedTokenizerBase, run: Run, work: Path,
+          train: Examples, dev_sets: dict, settings: dict, log: Callable[[str], object]) -> dict:
     """hsk_teacher.json of a finished fine-tuning run (without its time fields), from the kept weights."""
     steps_per_epoch = run.stage_results["finetune"]["steps_per_epoch"]
     history = _history(work, steps_per_epoch)
-    for h in history:
-        shown = "".join(f"; {s}: " + ", ".join(f"{k} {v}" for k, v in m.items()) for s, m in h["dev"].items())
-        log(f"epoch {h['epoch']}: train loss {h['train_loss']}{shown}")
+    _log_history(history, log)
     best = run.keeper.best or {}
-    best_dev = {s: {k: v for k, v in m.items() if k != "n"} for s, m in (best.get("metrics") or {}).items()}
+    best_dev = _dev_metrics(best.get("metrics") or {})
     best_epoch = math.ceil(best["step"] / max(steps_per_epoch, 1)) if best else len(history)
     model = load_classifier(str(work / "best"))  # the kept weights, not the last step's
     return {
@@ -222,17 +232,27 @@ def _card(task: Task, base: str, base_hash: str, tokenizer: Any, run: Run, work:
         "history": history,
         "epochs": settings["epochs"],
         "steps": run.position.global_step,
-        **{k: settings[k] for k in ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed",
-                                   "device", "max_length", "torch_threads", "precision") if k in settings},
+        **{k: settings[k] for k in _CARD_SETTINGS if k in settings},
         "train_examples": len(train),
         "train_source": train.source,
         "train_fingerprint": train.fingerprint,
-        "dev_data": {
-            s: {"source": ex.source, "examples": len(ex), "fingerprint": ex.fingerprint}
-            for s, ex in dev_sets.items()
-        },
+        "dev_data": {s: _data_record(ex) for s, ex in dev_sets.items()},
         "software": _software(),
     }
+
+
+_CARD_SETTINGS = ("lr", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm", "seed", "device", "max_length",
+                  "torch_threads", "precision")
+
+
+def _log_history(history: list[dict], log: Callable[[str], object]) -> None:
+    for h in history:
+        shown = "".join(f"; {s}: " + ", ".join(f"{k} {v}" for k, v in m.items()) for s, m in h["dev"].items())
+        log(f"epoch {h['epoch']}: train loss {h['train_loss']}{shown}")
+
+
+def _data_record(examples: Examples) -> dict:
+    return {"source": examples.source, "examples": len(examples), "fingerprint": examples.fingerprint}
 
 
 def fine_tune_teacher(
@@ -258,7 +278,7 @@ def fine_tune_teacher(
     precision: str = "auto",
     progress: bool = True,
     overwrite: bool = False,
-    log: Callable[[str], Any] = print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """Fine-tune `base` on the task's train split, keep the best dev evaluation, save it to `out_dir`.
 

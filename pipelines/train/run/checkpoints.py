@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -71,7 +71,7 @@ class Checkpoints:
                     "differ": identity_differences(found, self.full_identity)}
         return state
 
-    def resume(self, resume: bool, out: Path, log: Callable[[str], Any], finished: bool = False) -> dict | None:
+    def resume(self, resume: bool, out: Path, log: Callable[[str], object], finished: bool = False) -> dict | None:
         """The state to continue from (None: start); another run's checkpoint is refused in one line
         (an unfinished one can be restarted with --no-resume, a finished one replaced with --overwrite)."""
         if not resume:
@@ -124,7 +124,7 @@ def _short(value) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def work_state(checkpoints: Checkpoints, log: Callable[[str], Any]) -> dict | None:
+def work_state(checkpoints: Checkpoints, log: Callable[[str], object]) -> dict | None:
     """The checkpoint of a work folder (`hsk teacher`'s hidden sibling): resumed when it is this run's;
     another run's (or an older hsk's) is started over, as the folder is the command's own."""
     state = checkpoints.load()

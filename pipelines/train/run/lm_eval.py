@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from hskstore.format.clm import pack_blocks
 from pipelines.core.data import DataError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ECE_BINS = 15
 
@@ -56,7 +59,7 @@ def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> fl
 
 
 @torch.no_grad()
-def _score(model: Any, blocks: np.ndarray, lengths: np.ndarray, batch_size: int, device: str) -> dict:
+def _score(model: PreTrainedModel, blocks: np.ndarray, lengths: np.ndarray, batch_size: int, device: str) -> dict:
     nll, confidence, correct = [], [], []
     for start in range(0, len(blocks), batch_size):
         ids = torch.as_tensor(blocks[start:start + batch_size], device=device)

@@ -297,8 +297,8 @@ class Run:
     keeper: Keeper
     checkpoints: Checkpoints
     metrics_log: MetricsLog
-    log: Callable[[str], Any]
-    on_step: Callable[[dict], Any] | None = None
+    log: Callable[[str], object]
+    on_step: Callable[[dict], object] | None = None
     position: Position = field(default_factory=Position)
     stage_results: dict = field(default_factory=dict)
     ranks: Ranks = field(default_factory=Ranks)

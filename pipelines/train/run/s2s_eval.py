@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ import torch
 from hskstore.format.seq2seq import Decoding, Seq2seqSelection
 from pipelines.core.data import DataError
 from pipelines.core.pair_models import PairModel, architecture_of, pair_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _sacrebleu() -> Any:
@@ -29,7 +32,7 @@ def _sacrebleu() -> Any:
 
 
 @torch.no_grad()
-def _nll(model: Any, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection, batch_size: int,
+def _nll(model: PreTrainedModel, arch: PairModel, arrays: dict[str, np.ndarray], sel: Seq2seqSelection, batch_size: int,
          device: str) -> np.ndarray:
     """The reference tokens' negative log-likelihoods, one per real token."""
     out = []

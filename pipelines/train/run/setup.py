@@ -43,7 +43,7 @@ class RunFolder:
 
 
 def open_run(folder: RunFolder, precision: StepPrecision,
-             log: Callable[[str], Any]) -> tuple[Checkpoints, dict | None]:
+             log: Callable[[str], object]) -> tuple[Checkpoints, dict | None]:
     """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
     run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.kinds.distill
     calls that itself, as it also judges finished runs)."""
@@ -55,7 +55,7 @@ def open_run(folder: RunFolder, precision: StepPrecision,
 
 def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Any,
               task: Any, student: Any, stages: list, pairs: list, device: str, batch_size: int, evaluator: Any,
-              keeper: Any, log: Callable[[str], Any], on_step: Callable[[dict], Any] | None = None,
+              keeper: Any, log: Callable[[str], object], on_step: Callable[[dict], object] | None = None,
               ranks: Ranks | None = None) -> Run:
     """The loop's Run of any kind of training, restored from `state` (a checkpoint of this run) when given.
     Rank 0 alone writes metrics.jsonl (and the --report-to event files)."""
@@ -71,7 +71,7 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
 
 
 def train_in_own_folder(work: Path, identity: dict, precision: StepPrecision, *,
-                        state_file: str = RunFolder.state_file, log: Callable[[str], Any], **parts: Any) -> Run:
+                        state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: Any) -> Run:
     """A command's run in its own work folder (`hsk teacher`'s hidden sibling), start to end: the checkpoint there
     is resumed when it is this run's (another run's is started over), then the loop runs every stage left.
     `parts`: build_run's (options, feed, task, student, stages, ...)."""

@@ -22,10 +22,10 @@ class RunSummary:
     store_content_address: str | None = None
     stores_read: list[dict] = field(default_factory=list)  # lineage: every store read, by content address
     method: str = ""
-    method_options: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)  # options.run_options: --max-steps, --seed, ...
+    method_options: dict[str, object] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)  # options.run_options: --max-steps, --seed, ...
     plan: list[dict] = field(default_factory=list)  # Stage.describe() of every stage
-    student: dict[str, Any] = field(default_factory=dict)  # StudentInfo.describe()
+    student: dict[str, object] = field(default_factory=dict)  # StudentInfo.describe()
     student_init: str | None = None
     stages: dict[str, dict] = field(default_factory=dict)  # per stage: steps, epochs, final loss, speed
     steps: int = 0
@@ -59,7 +59,7 @@ class RunSummary:
             raise KeyError(name)
         return getattr(self, name)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @classmethod

@@ -77,8 +77,8 @@ def masked_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
     return StudentOutputs(logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
 
 
-def masked_lm_batch(input_ids: Any, token_type_ids: Any, length: Any, positions: Any, labels: Any,
-                    device: str) -> dict[str, torch.Tensor]:
+def masked_lm_batch(input_ids: np.ndarray, token_type_ids: np.ndarray, length: np.ndarray, positions: np.ndarray,
+                    labels: np.ndarray, device: str) -> dict[str, torch.Tensor]:
     """What a masked-LM batch holds for the adapter and the loss terms (numpy in, tensors out): the inputs,
     the masked slots (positions [B, M], -1 = unused; used) and the original token of every used slot."""
     ids = torch.as_tensor(input_ids.astype(np.int64), device=device)

@@ -17,7 +17,7 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from pipelines.core.models import (
 )
 from pipelines.core.pruned_bert import MODEL_TYPE as PRUNED_BERT
 from pipelines.train.students.sps import sps_from_bert
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
 logger = logging.getLogger("hsk.students")
 
@@ -66,7 +69,7 @@ class StudentInfo:
     num_layers: int
     hidden_size: int
     projection: nn.Linear | None  # W: Linear(d_S -> d_T), shared by all kept layers; None when d_S = d_T
-    tokenizer: Any = None
+    tokenizer: PreTrainedTokenizerBase | None = None
     vocab_hash: str | None = None
     tokenizer_source: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -89,8 +92,8 @@ class StudentInfo:
         }
 
     @classmethod
-    def of_model(cls, name: str, model: nn.Module, tokenizer: Any, *, kind: str = "hf", init: str = "pretrained",
-                 source: str | None = None, vocab: str | None = None) -> StudentInfo:
+    def of_model(cls, name: str, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, kind: str = "hf",
+                 init: str = "pretrained", source: str | None = None, vocab: str | None = None) -> StudentInfo:
         """A model trained as it is (no projection): its depth and width read from its config. `source` (default
         `name`) is where its weights and tokenizer came from; `vocab` the vocab hash (default: the tokenizer's)."""
         source = source or name
@@ -99,7 +102,7 @@ class StudentInfo:
                    vocab_hash=vocab or vocab_hash(tokenizer), tokenizer_source=source)
 
 
-def encoder_depth(config: Any) -> int:
+def encoder_depth(config: PreTrainedConfig) -> int:
     # An SPS student runs more layers than it holds: its depth is the effective one.
     for key in ("sps_effective_layers", "num_hidden_layers", "n_layers", "num_layers"):
         if getattr(config, key, None):
@@ -131,7 +134,7 @@ def student_depth(name: str, weights: str | None = None) -> int:
     return encoder_depth(load_config(weights or name))
 
 
-def encoder_width(config: Any) -> int:
+def encoder_width(config: PreTrainedConfig) -> int:
     for key in ("hidden_size", "dim", "d_model"):
         if getattr(config, key, None):
             return int(getattr(config, key))

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hskstore.format.config import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 EOS = "<|endoftext|>"
 
@@ -55,7 +58,7 @@ def train_bpe(texts: list[str], vocab_size: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
 
 
-def with_eos(tokenizer: Any, name: str) -> Any:
+def with_eos(tokenizer: PreTrainedTokenizerBase, name: str) -> Any:
     """The tokenizer with an EOS: its own, else its SEP (WordPiece), else refused in one line."""
     if tokenizer.eos_token_id is None:
         if getattr(tokenizer, "sep_token", None) is None:
@@ -64,7 +67,7 @@ def with_eos(tokenizer: Any, name: str) -> Any:
     return tokenizer
 
 
-def causal_student(tokenizer: Any, shape: CausalShape, seed: int = 0) -> Any:
+def causal_student(tokenizer: PreTrainedTokenizerBase, shape: CausalShape, seed: int = 0) -> Any:
     """A random Llama-shaped causal LM over the tokenizer's vocabulary."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 

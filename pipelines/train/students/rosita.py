@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -57,6 +57,9 @@ from pipelines.core.pruned_bert import HskBertConfig, HskBertForSequenceClassifi
 from pipelines.core.tasks import get_task
 from pipelines.core.tokenize import encode
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
+
 PLAIN_DIR = "plain"  # inside the build folder: the export plain transformers loads
 SUMMARY_FILE = "hsk_rosita.json"
 OUTPUT_KIND = STUDENT.name  # what `hsk student build --out` holds (pipelines.core.output_kinds)
@@ -72,7 +75,7 @@ class RositaShape:
     ffn: int
     emb_rank: int  # 0 keeps the full embedding table
 
-    def check(self, config: Any) -> None:
+    def check(self, config: PreTrainedConfig) -> None:
         """ConfigError (one line, says what to pass) unless the teacher can be cut to this shape."""
         limits = {
             "--student-layers": (self.layers, 1, config.num_hidden_layers),
@@ -351,7 +354,7 @@ def build_rosita(
     max_length: int | None = None,
     device: str = "cpu",
     overwrite: bool = False,
-    log: Callable[[str], Any] = print,
+    log: Callable[[str], object] = print,
 ) -> dict:
     """Build a ROSITA student from `teacher` on `task`'s training data and save it to `out`; returns the summary."""
     started = time.perf_counter()
@@ -410,7 +413,7 @@ def build_rosita(
 def save_rosita(
     student: HskBertForSequenceClassification,
     plain: BertForSequenceClassification,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     out: str | Path,
     summary: dict,
 ) -> None:
