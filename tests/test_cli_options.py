@@ -81,7 +81,7 @@ def test_one_name_per_concept_across_commands():
     for _, option in seen["--workers"]:  # dask worker processes, wherever it appears
         assert "dask" in option.help or "cluster" in option.help, option.help
     assert {path for path, _ in seen["--store"]} == {"train", "sweep"}
-    assert {path: o.default for path, o in seen["--seed"]} == {"train": 0, "teacher": 0}
+    assert {path: o.default for path, o in seen["--seed"]} == {"train": 0, "teacher": 0, "student lm": 0}
     assert [o.default for _, o in seen["--seeds"]] == ["0"]
 
 

@@ -29,6 +29,7 @@ xr = pytest.importorskip("xarray")
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
+OLD3 = ROOT / "tests" / "data" / "format3"  # format-3 stores: the float16 vector as it was before the exact teachers
 OLD = ROOT / "tests" / "data" / "format2"  # the derived vector as format 2 wrote it (before dimension names)
 KINDS = {"task": "int4", "float16 task": "float16", "attention rows": "attention", "derived": "derived",
          "masked-LM": "mlm", "inner chunks, d = 60": "edges"}
@@ -194,7 +195,7 @@ def test_dense_view_refuses_a_masked_lm_store():
 
 def test_rewriting_a_format_2_store_points_to_upgrade(tmp_path, capsys):
     """The same command over the same store written by the previous format: one line naming `hsk upgrade`."""
-    source = unpacked("float16", tmp_path)
+    source = unpacked("float16", tmp_path, OLD3)  # the float16 vector as format 3 kept it (its random teacher)
     old = unpacked("derived", tmp_path, OLD)  # derived from that float16 store, by a format-2 hsk
     before = data_files(old) | {"zarr.json": (old / "zarr.json").read_bytes()}
     code = main(["derive", str(source), "--config", "2,3,0.3", "--values", "int4", "--out", str(old),
@@ -248,12 +249,14 @@ def _texts(text: str, section: str, units: str | None) -> dict:
     return {"description": text, "spec": section, **({"units": units} if units else {})}
 
 
-def lm_texts(kind, group: str, positions: str) -> dict:
-    """A causal-LM or seq2seq kind's texts: its row arrays', then its support's (clm.SUPPORT_DESCRIBED) in `group`."""
+def lm_texts(kind, group: str, positions: str, hidden: bool = False) -> dict:
+    """A causal-LM or seq2seq kind's texts: its row arrays', then its support's (clm.SUPPORT_DESCRIBED) in `group`
+    (the hidden-state leaves and the head: a causal-LM store's only)."""
     rows = {name: _texts(text, kind._SECTION, units) for name, (_, text, units) in kind._DESCRIBED.items()}
     support = {f"{group}/{leaf}": _texts(text.format(positions=positions), kind._SECTION, units)
-               for leaf, (_, text, units) in clm.SUPPORT_DESCRIBED.items()}
-    return {**rows, **support}
+               for leaf, (_, text, units) in clm.SUPPORT_DESCRIBED.items() if hidden or not leaf.startswith("hidden")}
+    head = {name: _texts(text, kind._SECTION, None) for name, (_, text) in clm.HEAD_DESCRIBED.items()} if hidden else {}
+    return {**rows, **support, **head}
 
 
 def test_the_documented_attribute_texts_are_the_codes():
@@ -269,7 +272,7 @@ def test_the_documented_attribute_texts_are_the_codes():
         "integrity": schema.INTEGRITY,
         "task": of_kind(schema.task_entry, [*schema.TASK_ROW_ARRAYS, *layer]),
         "mlm": of_kind(mlm.entry, list(mlm._DESCRIBED)),
-        "clm": {**lm_texts(clm, clm.GROUP, "the block"),
+        "clm": {**lm_texts(clm, clm.GROUP, "the block", hidden=True),
                 **{name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm.TEXT_DESCRIBED.items()}},
         # the page writes the target the support sits on as <supports_on>: a store names it (reference, teacher)
         "seq2seq": lm_texts(seq2seq, seq2seq.GROUP, "the <supports_on> target's positions"),

@@ -806,6 +806,19 @@ def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
         attributes["units"] = units
     return replace(spec, dims=(ROWS, *dims), attributes=attributes)
 
+# a hidden-state store's head, stored once (not row arrays): name -> (dims, description)
+HEAD_DESCRIBED: dict[str, tuple[tuple[str, ...], str]] = {
+    HEAD: (("vocab", "hidden"), "the teacher's LM head, rotated as the hidden states are: logits = hidden @ head.T "
+                                "(+ head_bias)"),
+    HEAD_BIAS: (("vocab",), "the LM head's bias"),
+}
+
+
+def head_attributes(name: str) -> dict[str, str]:
+    """The attributes of a head array: its text, the causal-LM section, the integrity line."""
+    return {"description": HEAD_DESCRIBED[name][1], "spec": _SECTION, "integrity": INTEGRITY}
+
+
 # --- what a student with another tokenizer needs (docs/STORE_FORMAT.md, "Block text, offsets and actual-token
 # log-probs"): the block's text, where each teacher token ends in it, and the teacher's log-prob of each next token
 ACTUAL, TOKEN_BYTES, TEXT = f"{GROUP}/actual", f"{GROUP}/token_bytes", f"{GROUP}/text"

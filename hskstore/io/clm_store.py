@@ -15,6 +15,7 @@ from ..format.clm import (
     GROUP,
     HEAD,
     HEAD_BIAS,
+    HEAD_DESCRIBED,
     HIDDEN,
     TEXT_ARRAYS,
     BlockText,
@@ -25,11 +26,12 @@ from ..format.clm import (
     decode,
     decode_hidden,
     domain_checks,
+    head_attributes,
     head_digest,
 )
 from ..format.config import ConfigError
 from ..format.domain import DomainCheck
-from ..format.schema import INTEGRITY, ArraySpec
+from ..format.schema import ArraySpec
 from . import info
 from .reader import HSKStore
 
@@ -42,12 +44,9 @@ def head_specs(vocab_size: int, hidden_size: int, bias: bool) -> list[ArraySpec]
     manifest."""
     chunk = min(HEAD_CHUNK_ROWS, vocab_size)
     rows = -(-vocab_size // chunk) * chunk
-    text = {HEAD: ("the teacher's LM head, rotated as the hidden states are: logits = hidden @ head.T (+ head_bias)",
-                   ("vocab", "hidden")),
-            HEAD_BIAS: ("the LM head's bias", ("vocab",))}
     shapes = {HEAD: (vocab_size, hidden_size), HEAD_BIAS: (vocab_size,)}
-    return [ArraySpec(name, shapes[name], "float32", rows, chunk, dims=text[name][1],
-                      attributes={"description": text[name][0], "integrity": INTEGRITY})
+    return [ArraySpec(name, shapes[name], "float32", rows, chunk, dims=HEAD_DESCRIBED[name][0],
+                      attributes=head_attributes(name))
             for name in ((HEAD, HEAD_BIAS) if bias else (HEAD,))]
 
 
