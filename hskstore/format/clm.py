@@ -743,8 +743,37 @@ def support_checks(sel: Any, group: str, length: str, width: int) -> list[Domain
 
 def domain_checks(sel: ClmSelection) -> list[DomainCheck]:
     """Every rule of a causal-LM store's arrays, in the order they are checked (a new array adds its own)."""
+    text = [] if sel.text_bytes is None else [actual_within(), token_bytes_within(sel.text_bytes)]
     return [ids_below("input_ids", sel.vocab_size), lengths_within("length", 1, sel.block_size),
-            *support_checks(sel, GROUP, "length", sel.block_size)]
+            *support_checks(sel, GROUP, "length", sel.block_size), *text]
+
+
+def actual_within() -> DomainCheck:
+    """The actual-token log-probs: finite and <= 0 (a float16 log-prob above 0 is a probability above 1)."""
+    name = f"{GROUP}/actual"
+
+    def rule(data: Arrays) -> Breach | None:
+        actual = np.asarray(data[name], dtype=np.float32)
+        if not np.isfinite(actual).all():
+            return Breach(name, "holds a NaN or infinite log-prob")
+        if actual.max(initial=0.0) > 1e-3:
+            return Breach(name, f"holds log-prob {actual.max():.4g} > 0 (a probability above 1)")
+        return None
+
+    return DomainCheck((name,), rule)
+
+
+def token_bytes_within(text_bytes: int) -> DomainCheck:
+    """The tokens' bytes of a block add up to at most the text array's width (`selection.text_bytes`)."""
+    name = f"{GROUP}/token_bytes"
+
+    def rule(data: Arrays) -> Breach | None:
+        total = np.asarray(data[name], dtype=np.int64).sum(axis=-1)
+        if total.max(initial=0) > text_bytes:
+            return Breach(name, f"gives a block {int(total.max())} bytes of text, more than text_bytes {text_bytes}")
+        return None
+
+    return DomainCheck((name,), rule)
 
 
 # name -> (axes after rows, description, units): what generic Zarr tools show
