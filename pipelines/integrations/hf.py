@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ from pipelines.train.losses.terms import LOSS_TERMS, TermInputs, weighted_sum
 from pipelines.train.run.meter import NonFiniteLoss
 from pipelines.train.students.adapter import adapter_for
 from pipelines.train.students.build import width_projection
+
+if TYPE_CHECKING:
+    from hskstore.io.reader import HSKStore
 
 # The keys of a batch that the student's forward takes; every other key is the store's, prefixed "hsk_".
 STUDENT_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
@@ -74,7 +77,29 @@ class StoreRow:
     arrays: dict[str, np.ndarray]
 
 
-class StoreDataset(torch.utils.data.IterableDataset):
+class _StreamedDataset(torch.utils.data.IterableDataset):
+    """What both datasets share: the store's rows through `self.stream`, its order seeded by the Trainer's epoch,
+    read ahead on the stream's own threads (so one DataLoader worker)."""
+
+    store: HSKStore
+    stream: StoreStream
+    _workers_advice = "set it to 0"
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the Trainer each epoch: the epoch seeds the order."""
+        self.stream.set_epoch(epoch)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise ConfigError(f"dataloader_num_workers={info.num_workers}: {self._workers_advice}")
+        yield from _rows(self.stream)
+
+
+class StoreDataset(_StreamedDataset):
     """The rows of a task store, in `hsk train`'s seeded shard-aware order, one `StoreRow` at a time.
 
     `layers`: the kept layers whose HSK vectors to read ("all", or indices i of the store's layers/<i>);
@@ -82,6 +107,9 @@ class StoreDataset(torch.utils.data.IterableDataset):
     one by one; the DataLoader batches them (`per_device_train_batch_size`). The stream reads ahead on
     its own threads (`workers`), so keep the Trainer's `dataloader_num_workers` at 0.
     """
+
+    _workers_advice = ("each worker would read the whole store; set it to 0 (StoreDataset reads ahead on its own "
+                       "threads, `workers`)")
 
     def __init__(self, store: str, *, layers: Sequence[int] | str = (), seed: int = 0, shuffle: bool = True,
                  buffer_shards: int = 4, workers: int = 2, read_rows: int = 256, task: str | None = None):
@@ -107,20 +135,6 @@ class StoreDataset(torch.utils.data.IterableDataset):
             raise ConfigError(f"layers={unknown}: {self.store.url} keeps layers {stored or 'none'} "
                               "(its layers/<i> arrays); pass some of them, 'all', or () for logits only")
         return wanted
-
-    def __len__(self) -> int:
-        return len(self.store)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called by the Trainer each epoch: the epoch seeds the order."""
-        self.stream.set_epoch(epoch)
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
-            raise ConfigError(f"dataloader_num_workers={info.num_workers}: each worker would read the whole "
-                              "store; set it to 0 (StoreDataset reads ahead on its own threads, `workers`)")
-        yield from _rows(self.stream)
 
 
 def _rows(stream: StoreStream):
@@ -250,11 +264,13 @@ def default_method(objective: str) -> str:
     return runkinds.get(objective).default_method
 
 
-class LMStoreDataset(torch.utils.data.IterableDataset):
+class LMStoreDataset(_StreamedDataset):
     """The rows of a causal-LM or seq2seq store in `hsk train`'s seeded shard-aware order, and the loss of
     `method` on them (default: the store's, clm-kd or s2s-kd; `options`: its `--set` options, e.g.
     {"lam": 1.0, "temperature": 2.0}), planned and checked against the store as `hsk train` does.
     `loss(model, batch)` is the stage's loss of a collated batch: call it from any Trainer's compute_loss."""
+
+    _workers_advice = "set it to 0 (LMStoreDataset reads ahead on its own threads, `workers`)"
 
     def __init__(self, store: str, *, method: str | None = None, options: dict | None = None, seed: int = 0,
                  shuffle: bool = True, buffer_shards: int = 4, workers: int = 2, read_rows: int = 64):
@@ -274,19 +290,6 @@ class LMStoreDataset(torch.utils.data.IterableDataset):
         self.stream = StoreStream(self.store, batch_size=read_rows, seed=seed, shuffle=shuffle,
                                   buffer_shards=buffer_shards, workers=workers, names=self.feed.names(self.stage, []))
         self._makers: dict[str, object] = {}
-
-    def __len__(self) -> int:
-        return len(self.store)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.stream.set_epoch(epoch)
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
-            raise ConfigError(f"dataloader_num_workers={info.num_workers}: set it to 0 (LMStoreDataset reads "
-                              "ahead on its own threads, `workers`)")
-        yield from _rows(self.stream)
 
     def batch(self, rows: dict[str, np.ndarray], device: torch.device | str) -> dict[str, object]:
         """Collated rows -> the run kind's batch on `device` (inputs, labels, masks, the stored support)."""
