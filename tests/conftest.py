@@ -197,7 +197,7 @@ def stop_at_step_script(step: int, *, epochs: int, batch_size: int, max_steps: i
     its checkpoint written: what a killed run leaves, for resume tests run as a process or under torchrun."""
     return f"""
 import sys
-from pipelines.train.kinds.distill import train
+from pipelines.train.run.driver import train
 from pipelines.train.options import TrainOptions
 
 class Stop(Exception):

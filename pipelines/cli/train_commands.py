@@ -119,8 +119,8 @@ def _train(values: dict) -> None:
     check_report_to(common.report_to)
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
-    from pipelines.train.kinds.distill import train as run_train
     from pipelines.train.run.ddp import env_rank
+    from pipelines.train.run.driver import train as run_train
 
     used = use_threads(common.threads, "train")
     device = pick_device(common.device)
@@ -128,8 +128,8 @@ def _train(values: dict) -> None:
         typer.echo(note, err=True)
     # only on the CPU do a step's bits depend on the threads (recorded)
     options, source = common.options(chosen, used if device.split(":")[0] == "cpu" else None), common.source()
-    for kind_options in own:  # each kind's own flags: the task and online choices of a live teacher, ...
-        options, source = kind_options.apply(options, source)
+    for extra in own:  # each kind's own flags: the task and online choices of a live teacher, ...
+        options, source = extra.apply(options, source)
     summary = run_train(options, student=common.student, out_dir=common.out, store=source.store,
                         teacher=source.teacher, task=source.task, config=source.config, data_dir=common.data_dir,
                         log=typer.echo)

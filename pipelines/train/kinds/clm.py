@@ -24,6 +24,7 @@ from torch import nn
 from hskstore.format.clm import HIDDEN, TEXT_ARRAYS, ClmSelection, LMTargets, decode, require_text
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
+from hskstore.io.clm_store import ClmStore
 from pipelines.core import codecs_torch
 from pipelines.dump.clm_hidden import TeacherHead
 from pipelines.registry import Context, Stage
@@ -151,7 +152,7 @@ class _Maker:
 class ClmFeed:
     """A stage that reads "clm" streams the blocks and, unless the teacher runs live, their stored supports."""
 
-    store: Any
+    store: ClmStore
     live: nn.Module | None = None
 
     text: XtokMaker | None = None  # a student with another tokenizer: its maker (the stage reads clm-text)

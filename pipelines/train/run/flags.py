@@ -45,12 +45,12 @@ class TrainCommon:
                              "--pad-to-max-length for static shapes) or max-autotune.", section=TOP)
     pad_to_max_length: bool = flag(False, "Pad every batch to the store's max length (static shapes).",
                                    "--pad-to-max-length", section=READING)
-    workers: int = flag(2, "Threads reading (and decoding) store shards.", "--read-threads", section=READING)
+    read_threads: int = flag(2, "Threads reading (and decoding) store shards.", "--read-threads", section=READING)
     read_ahead: int = flag(0, "Shards read ahead [default: one per --read-threads]; more hides S3 latency.",
                            section=READING)
     threads: int | None = flag(None, THREADS_HELP, "--threads", section=TOP)
-    buffer_shards: int = flag(4, "Shards whose rows are shuffled together (data order; memory).", "--shuffle-window",
-                              section=READING)
+    shuffle_window: int = flag(4, "Shards whose rows are shuffled together (data order; memory).",
+                               section=READING)
     max_steps: int | None = flag(None, "Cap on optimizer steps per stage.", section=TOP)
     eval_every: int | None = flag(None, "Evaluate every N steps of stages that keep the best checkpoint.",
                                   section=EVAL)
@@ -93,7 +93,7 @@ class TrainCommon:
             method=self.method, method_options=method_options, batch_size=self.batch_size, seed=self.seed,
             threads=threads, device=self.device, precision=self.precision,
             compile=self.compile_mode if self.compile else None, pad_to_max_length=self.pad_to_max_length,
-            workers=self.workers, buffer_shards=self.buffer_shards, max_steps=self.max_steps,
+            workers=self.read_threads, buffer_shards=self.shuffle_window, max_steps=self.max_steps,
             eval_every=self.eval_every, eval_limit=self.eval_limit, read_ahead=self.read_ahead,
             evaluate=self.evaluate, checkpoint_every=self.checkpoint_every, log_every=self.log_every,
             heartbeat=self.heartbeat, student_base=self.student_base, student_weights=self.student_weights,

@@ -45,7 +45,7 @@ from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.checkpoints import Checkpoints
+from pipelines.train.run.checkpoints import Checkpoints, RunIdentity
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
@@ -363,7 +363,7 @@ class RunParts:
     feed: Feed
     evaluator: Evaluator | None  # None: no dev evaluation (the last model is kept)
     batch_size: int
-    identity: dict  # what a checkpoint must share with the run that resumes it
+    identity: RunIdentity  # what a checkpoint must share with the run that resumes it
     dev: DevData | None = None  # the dev data of a task run
     done_note: str = ""  # said after the run's last line
 
@@ -384,7 +384,7 @@ class _StageRun:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: StoreStream
-    maker: BatchMaker
+    maker: Maker  # what the feed made for this stage (Feed.maker)
     compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
     meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
     checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)

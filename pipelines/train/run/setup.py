@@ -8,7 +8,7 @@ folder, the metrics log, and the `Run` restored from its checkpoint.
 
 Two resume policies, by whose folder the run writes into:
 - a user's run folder (`hsk train --out`): another run's checkpoint is refused in one line (the caller
-  decides about finished runs: pipelines.train.kinds.distill);
+  decides about finished runs: pipelines.train.run.driver);
 - a command's own work folder (`hsk teacher`'s hidden sibling): another run's checkpoint is started over.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import MetricsLog, report_sinks
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.checkpoints import Checkpoints, work_state
+from pipelines.train.run.checkpoints import Checkpoints, RunIdentity, work_state
 from pipelines.train.run.ddp import Ranks, SilentLog
 from pipelines.train.run.loop import Run, run_stages
 
@@ -33,7 +33,7 @@ class RunFolder:
     that resumes it (the precision is added to `identity`)."""
 
     path: Path
-    identity: dict
+    identity: RunIdentity
     state_file: str = "checkpoint/state.pt"
     own: bool = False  # the command's own work folder: another run's checkpoint is started over, not refused
 
@@ -45,7 +45,7 @@ class RunFolder:
 def open_run(folder: RunFolder, precision: StepPrecision,
              log: Callable[[str], object]) -> tuple[Checkpoints, dict | None]:
     """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
-    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.kinds.distill
+    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.run.driver
     calls that itself, as it also judges finished runs)."""
     checkpoints = folder.checkpoints(precision)
     if folder.own:
@@ -70,7 +70,7 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
     return run
 
 
-def train_in_own_folder(work: Path, identity: dict, precision: StepPrecision, *,
+def train_in_own_folder(work: Path, identity: RunIdentity, precision: StepPrecision, *,
                         state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: Any) -> Run:
     """A command's run in its own work folder (`hsk teacher`'s hidden sibling), start to end: the checkpoint there
     is resumed when it is this run's (another run's is started over), then the loop runs every stage left.
