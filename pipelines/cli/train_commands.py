@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from hskstore.errors import UserError
@@ -12,6 +14,9 @@ from pipelines.core.flags import flag_fields
 from pipelines.core.threads import check_threads, use_threads
 from pipelines.train.run import flags
 from pipelines.train.run.flags import MethodCommon, TrainCommon
+
+if TYPE_CHECKING:  # what the driver returns (torch-side)
+    from pipelines.train.run.summary import RunSummary
 
 # This module's commands; pipelines.cli merges them into the `hsk` app (registration runs one way).
 app = typer.Typer()
@@ -103,8 +108,22 @@ TRAIN_TABLE = _train_table()
 TRAIN_SECTIONS = TRAIN_TABLE.headings([flags.METHOD, flags.STUDENTS, flags.READING, flags.EVAL])
 
 
-def _method_flags() -> list[type]:
-    return [MethodCommon, *(k.method_flags for k in runkinds.builtin_kinds() if k.method_flags is not None)]
+def _method_choices(values: dict) -> dict:
+    """The method options given: the flags every kind's methods declare, and --set NAME=VALUE."""
+    declared = [MethodCommon, *(k.method_flags for k in runkinds.builtin_kinds() if k.method_flags is not None)]
+    named = {f.name for options in declared for f, _ in flag_fields(options)}
+    return method_options({name: values[name] for name in named}, values["set_"])
+
+
+def _kinds_own(values: dict) -> list:
+    """Each kind's own `hsk train` options (RunKind.train_options), read (and checked) from the flags given."""
+    return [common_options(k.train_options, values) for k in runkinds.builtin_kinds() if k.train_options is not None]
+
+
+def _step_threads(threads: int | None, device: str) -> int | None:
+    """The torch threads a CPU run records (only on the CPU do a step's bits depend on them); else None."""
+    used = use_threads(threads, "train")
+    return used if device.split(":")[0] == "cpu" else None
 
 
 def _train(values: dict) -> None:
@@ -112,32 +131,34 @@ def _train(values: dict) -> None:
 
     # Arguments first, torch after: a typo is refused in a second, not after torch's import.
     common = common_options(TrainCommon, values)
-    named = {f.name for options in _method_flags() for f, _ in flag_fields(options)}
-    chosen = method_options({name: values[name] for name in named}, values["set_"])
-    own = [common_options(k.train_options, values) for k in runkinds.builtin_kinds() if k.train_options is not None]
+    chosen, own = _method_choices(values), _kinds_own(values)
     check_threads(common.threads)
     check_report_to(common.report_to)
     from pipelines.core.devices import pick_device
     from pipelines.core.precision import cpu_half_warning
-    from pipelines.train.run.ddp import env_rank
     from pipelines.train.run.driver import train as run_train
 
-    used = use_threads(common.threads, "train")
     device = pick_device(common.device)
+    threads = _step_threads(common.threads, device)
     if note := cpu_half_warning(common.precision, device):
         typer.echo(note, err=True)
-    # only on the CPU do a step's bits depend on the threads (recorded)
-    options, source = common.options(chosen, used if device.split(":")[0] == "cpu" else None), common.source()
+    options, source = common.options(chosen, threads), common.source()
     for extra in own:  # each kind's own flags: the task and online choices of a live teacher, ...
         options, source = extra.apply(options, source)
     summary = run_train(options, student=common.student, out_dir=common.out, store=source.store,
                         teacher=source.teacher, task=source.task, config=source.config, data_dir=common.data_dir,
                         log=typer.echo)
+    _report(summary, common.out)
+
+
+def _report(summary: RunSummary, out: str) -> None:
+    from pipelines.train.run.ddp import env_rank
+
     if env_rank() != 0:  # under torchrun rank 0 reports
         return
     if summary.student_init == "random":
         typer.echo("WARNING: the student was randomly initialised (see the warnings above)", err=True)
-    typer.echo(f"summary: {common.out}/summary.json")
+    typer.echo(f"summary: {out}/summary.json")
 
 
 train = app.command("train", help=TRAIN_HELP, cls=sectioned(TRAIN_SECTIONS))(TRAIN_TABLE.command(_train))

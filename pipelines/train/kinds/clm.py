@@ -218,10 +218,15 @@ def _text_maker(plan: Any, store: Any, teacher: str, student: str, tokenizer: An
     require_text(store.clm, str(store.url))
     check_fast(tokenizer, student)
     table = None
-    if any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms):
+    if _has_term(plan.stages, MINED_TERM):
         table = mined_table(load_tokenizer(teacher), tokenizer, store.clm.vocab_size)
     return XtokMaker(store.clm, tokenizer, student_eos(tokenizer, student), "cpu", table,
                      getattr(plan.method_options, "max_student_tokens", 0))
+
+
+def _has_term(stages: list[Stage], loss: str) -> bool:
+    """Whether a stage of the plan has a term of this loss."""
+    return any(term.loss == loss for stage in stages for term in stage.terms)
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
@@ -230,9 +235,9 @@ def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
                           "beside the student)", data_parallel=True, task=task)
     source = plan.source
-    live = any(term.loss == LIVE_TERM for stage in plan.stages for term in stage.terms)
+    live = _has_term(plan.stages, LIVE_TERM)
     # MinED maps ids through the teacher's tokenizer: it needs the teacher as a first<k> student or a live one does
-    mined = any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms)
+    mined = _has_term(plan.stages, MINED_TERM)
     teacher = _teacher(source, options.teacher, live or mined or _FIRST.fullmatch(student.strip().lower()) is not None)
     if live:
         from pipelines.dump.clm import load_clm_teacher

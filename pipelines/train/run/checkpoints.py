@@ -127,24 +127,24 @@ class Checkpoints:
                 log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
             return None
         state = self.load()
-        if state is not None and state.get("older") is not None:
-            if finished:  # a finished run is judged by its summary (distill: the same run, or refused)
-                return None
-            raise ConfigError(
-                f"{out} holds a checkpoint of an older hsk (checkpoint version {state['older']}; this hsk "
-                f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
-                "to start over"
-            )
-        if state is not None and state.get("precision"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(
-                f"{out} holds a checkpoint trained in {state['precision']} and this run asks for "
-                f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
-        if state is not None and state.get("foreign"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(f"{out} holds a checkpoint of another run ({state['differ']}): use another --out, or "
-                              f"{fix}")
-        return state
+        if state is None or not state.get("foreign"):
+            return state
+        if state.get("older") is not None and finished:  # a finished run is judged by its summary (the driver)
+            return None
+        raise ConfigError(refusal(state, out, self.precision.name, finished))
+
+
+def refusal(foreign: dict, out: Path, precision: str, finished: bool) -> str:
+    """Why `out`'s checkpoint (Checkpoints.load's answer for another run's) is not resumed, and what to pass."""
+    fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
+    if foreign.get("older") is not None:
+        return (f"{out} holds a checkpoint of an older hsk (checkpoint version {foreign['older']}; this hsk resumes "
+                f"version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume to start "
+                "over")
+    if foreign.get("precision"):
+        return (f"{out} holds a checkpoint trained in {foreign['precision']} and this run asks for {precision}: pass "
+                f"--precision {foreign['precision']} to resume it, or {fix}")
+    return f"{out} holds a checkpoint of another run ({foreign['differ']}): use another --out, or {fix}"
 
 
 # Identity keys as the user knows them (the rest are option names: --max-steps for max_steps)

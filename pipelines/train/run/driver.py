@@ -36,7 +36,7 @@ from pipelines.methods import get_method
 from pipelines.registry import check_reads
 from pipelines.train.data.sources import TrainingSource, run_device
 from pipelines.train.options import TrainOptions, run_options
-from pipelines.train.run.checkpoints import Checkpoints
+from pipelines.train.run.checkpoints import Checkpoints, RunIdentity
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import Keeper, Run, RunParts, run_stages
 from pipelines.train.run.setup import RunFolder, build_run, open_run
@@ -150,15 +150,25 @@ def _replace(options: TrainOptions, ranks: Ranks, out_dir: str, run: dict) -> Ru
     return summary
 
 
-def _same_finished(out: Path, student: str, source: TrainingSource, method, method_options, options: TrainOptions,
-                   precision: str) -> bool:
-    """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary
-    names the same student, store, method, method options, run options and precision (a summary written
-    before run options were recorded is judged without them; one without a precision ran in fp32)."""
+def _same_finished(out: Path, identity: RunIdentity, student: str, source: TrainingSource, method,
+                   method_options, options: TrainOptions) -> bool:
+    """A finished run whose checkpoint was removed (a sweep keeps only best/) is this run when its summary holds
+    this run's identity (the one its checkpoint held); a summary of an older hsk, without one, when it names the same
+    student, store, method, method options, run options and precision (_same_summary)."""
     try:
         done = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return False
+    if done.get("identity"):
+        return done["identity"] == identity.to_json()
+    return _same_summary(done, student, source, method, method_options, options, identity.precision)
+
+
+def _same_summary(done: dict, student: str, source: TrainingSource, method, method_options, options: TrainOptions,
+                  precision: str) -> bool:
+    """An older summary (no identity) is this run's when it names the same student, store, method, method options,
+    run options and precision (one written before run options were recorded is judged without them; one without a
+    precision ran in fp32)."""
     wanted = json.loads(json.dumps(asdict(method_options), default=str))
     named = done.get("student") or {}  # a dict (StudentInfo.describe); a name in older pre-training summaries
     return (done.get("method") == method.name and done.get("source") == str(source.store.url)
@@ -229,7 +239,7 @@ def _train(
     folder = RunFolder(out, parts.identity)  # the user's run folder: another run's checkpoint is refused
     checkpoints, _ = open_run(folder, precision, log)
     state, already_done = _resume(checkpoints, options, out, log, lambda: _same_finished(
-        out, student, parts.source, parts.method, parts.method_options, options, checkpoints.precision.name),
+        out, checkpoints.full_identity, student, parts.source, parts.method, parts.method_options, options),
         len(parts.stages))
     if ranks.main:
         mark_output(str(out), RUN_KIND, method=parts.method.name)  # everything is checked: now the folder is ours
@@ -295,7 +305,8 @@ def _summary(run: Run, parts: RunParts, warnings: list[str], out: Path) -> RunSu
         examples_per_s=pos.examples_seen / pos.train_seconds if pos.train_seconds else 0.0,
         model_dir=str(out / "best"), store_bytes=source.bytes_read(run.names_read()), batch_size=run.batch_size,
         world_size=run.ranks.world_size, torch_threads=run.options.threads, precision=run.precision.name,
-        compile=run.options.compile, warnings=warnings, **_task_fields(run, parts),
+        compile=run.options.compile, warnings=warnings, identity=run.checkpoints.full_identity.to_json(),
+        **_task_fields(run, parts),
     )
 
 
