@@ -1,8 +1,8 @@
 """Cross-tokenizer evidence (issue 56): students with another tokenizer than the SmolLM2-135M teacher's, distilled
 from one causal-LM store, compared in bits per byte on held-out text.
 
-    nice -n 15 python benchmarks/xtok_evidence/run.py --work ~/.cache/hsk/xtok_evidence --seeds 3
-    python benchmarks/xtok_evidence/run.py --work ~/.cache/hsk/xtok_evidence --table   # results.md from the JSON
+    nice -n 15 python benchmarks/evidence/xtok/run.py --work ~/.cache/hsk/xtok_evidence --seeds 3
+    python benchmarks/evidence/xtok/run.py --work ~/.cache/hsk/xtok_evidence --table   # results.md from the JSON
 
 Text: Wikipedia sentences, the `sentence` column of GLUE's QNLI dev.tsv (the only QNLI split here), distinct
 sentences in file order: the first TRAIN_DOCS are the training text, the last TEST_DOCS the held-out text.
@@ -32,12 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GLUE = ROOT.parent / "shared" / "data" / "glue"
 TRAIN_DOCS, TEST_DOCS = 500, 100
-# what ran on the shared 2-core CPU (load ~20): the first 2,048 teacher tokens (16 blocks) dumped, 20 steps
-TRAIN_TOKENS, STEPS, BATCH, LR, BLOCK = 2048, 20, 8, 2e-3, 128
-EPOCHS = 10  # 16 blocks at batch 8: 2 steps an epoch, so 20 steps are 10 epochs
+# what fitted on the shared 2-core CPU: the first 2,048 teacher tokens (16 blocks) dumped, STEPS steps
+TRAIN_TOKENS, STEPS, BATCH, LR, BLOCK = 2048, 40, 8, 2e-3, 128
+BLOCKS = TRAIN_TOKENS // BLOCK  # 16 blocks at batch 8: 2 steps an epoch
 SHAPE = ["--student-layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "512"]
 STUDENTS = {"bpe8k": ["--vocab-size", "8000"], "minilm": ["--tokenizer", "minilm"],
             "smollm2": ["--tokenizer", "smollm2"]}
@@ -54,7 +54,8 @@ ARMS = {  # arm -> (student tokenizer, method, --set options)
 
 
 def hsk(*args: str, log: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}  # one torch thread per command: the machine is shared
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True)
     if log:
         log.write_text(done.stdout + done.stderr)
@@ -96,7 +97,7 @@ def student(work: Path, name: str, seed: int, train: Path) -> Path:
     return out
 
 
-def run_arm(work: Path, arm: str, seed: int, lm_store: Path, train: Path, test: Path) -> dict:
+def run_arm(work: Path, arm: str, seed: int, lm_store: Path, train: Path, test: Path, steps: int) -> dict:
     result_file = work / "runs" / f"{arm}-s{seed}" / "eval.json"
     if result_file.exists():
         return json.loads(result_file.read_text())
@@ -104,13 +105,13 @@ def run_arm(work: Path, arm: str, seed: int, lm_store: Path, train: Path, test: 
     model = student(work, name, seed, train)
     out = result_file.parent
     started = time.perf_counter()
-    hsk("train", "--store", str(lm_store), "--student", str(model), "--method", method, "--max-steps", str(STEPS),
+    hsk("train", "--store", str(lm_store), "--student", str(model), "--method", method, "--max-steps", str(steps),
         "--batch-size", str(BATCH), "--seed", str(seed), "--device", "cpu", "--no-progress", "--out", str(out),
-        *[x for s in [f"lr={LR}", f"epochs={EPOCHS}", *sets] for x in ("--set", s)],
+        *[x for s in [f"lr={LR}", f"epochs={-(-steps * BATCH // BLOCKS)}", *sets] for x in ("--set", s)],
         log=work / f"train-{arm}-s{seed}.log")
     seconds = time.perf_counter() - started
     done = hsk("eval", str(out / "best"), "--text-file", str(test), "--block-size", str(BLOCK), "--json")
-    result = {"arm": arm, "seed": seed, "train_s": round(seconds, 1), **json.loads(done.stdout)}
+    result = {"arm": arm, "seed": seed, "steps": steps, "train_s": round(seconds, 1), **json.loads(done.stdout)}
     result_file.write_text(json.dumps(result, indent=2))
     return result
 
@@ -125,7 +126,7 @@ def table(rows: list[dict]) -> str:
 
         def cell(key: str, digits: int, mine: list[dict] = mine) -> str:
             values = [r[key] for r in mine]
-            return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+            return f"{statistics.mean(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
         what = f"{method} {' '.join(sets)}".strip()
         lines.append(f"| {arm} | {name} | {what} | {cell('bits_per_byte', 3)} | {cell('perplexity', 1)} | "
@@ -137,6 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("~/.cache/hsk/xtok_evidence").expanduser())
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per arm (batch 8)")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--table", action="store_true", help="only write results.md from results.json")
     args = parser.parse_args()
@@ -149,7 +151,7 @@ def main() -> int:
         rows = []
         for seed in range(args.seeds):
             for arm in args.arms.split(","):
-                rows.append(run_arm(work, arm, seed, lm_store, train, test))
+                rows.append(run_arm(work, arm, seed, lm_store, train, test, args.steps))
                 print(json.dumps({k: rows[-1][k] for k in ("arm", "seed", "bits_per_byte", "train_s")}), flush=True)
                 results.write_text(json.dumps(rows, indent=1) + "\n")
     rows = json.loads(results.read_text())
