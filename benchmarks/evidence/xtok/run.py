@@ -2,6 +2,7 @@
 from one causal-LM store, compared in bits per byte on held-out text.
 
     nice -n 15 python benchmarks/evidence/xtok/run.py --work ~/.cache/hsk/xtok_evidence --seeds 3
+    # a larger store and more steps (not run: 3 seeds of 8 arms did not fit the shared CPU's time)
     nice -n 15 python benchmarks/evidence/xtok/run.py --work ~/.cache/hsk/xtok_evidence --seeds 3 \
         --train-tokens 16384 --steps 120
     python benchmarks/evidence/xtok/run.py --table [--train-tokens N --steps N]   # results-*.md from the JSON
@@ -40,8 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 GLUE = ROOT.parent / "shared" / "data" / "glue"
 TRAIN_DOCS, TEST_DOCS = 500, 100
-# the scales that ran on the shared 2-core CPU (--train-tokens, --steps): 2,048 teacher tokens (16 blocks) for 40
-# steps (20 epochs), and 16,384 (128 blocks) for 120 steps (7.5 epochs)
+# the scale that ran with 3 seeds on the shared 2-core CPU (--train-tokens, --steps): 2,048 teacher tokens (16 blocks)
+# for 40 steps (20 epochs); results-t2048-n20.json is an earlier single seed at 20 steps
 TRAIN_TOKENS, STEPS, BATCH, LR, BLOCK = 2048, 40, 8, 2e-3, 128
 
 
