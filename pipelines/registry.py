@@ -120,12 +120,22 @@ def check_names(where: str, what: str, names: Iterable[str], vocabulary: Mapping
         raise MethodError(f"{where}: unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(vocabulary)}")
 
 
+def _declare(vocabulary: dict[str, str], what: str, name: str, description: str) -> str:
+    if vocabulary.get(name, description) != description:
+        raise ValueError(f"{what} {name!r} is already declared as: {vocabulary[name]}")
+    vocabulary[name] = description
+    return name
+
+
 def declare_loss_term(name: str, description: str) -> str:
     """Declare a new loss term name (then implement it with pipelines.train.losses.terms.loss_term)."""
-    if LOSS_TERMS.get(name, description) != description:
-        raise ValueError(f"loss term {name!r} is already declared as: {LOSS_TERMS[name]}")
-    LOSS_TERMS[name] = description
-    return name
+    return _declare(LOSS_TERMS, "loss term", name, description)
+
+
+def declare_store_read(name: str, description: str) -> str:
+    """Declare what a stage of a kind of a package reads from its stores (Stage.reads), for that kind's feed
+    (pipelines.train.run.loop.Feed) to stream: a run kind's own store read, as "mlm" or "clm" are hsk's."""
+    return _declare(STORE_READS, "store read", name, description)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ Examples:
   hsk eval runs/qnli-tiny/best --task qnli --data-dir ../shared/data/glue
   hsk eval runs/sst2/best --task sst2 --eval-limit 200 --json
   hsk eval runs/lm-student/best --text-file test.txt --block-size 256     # a causal LM: perplexity
+  hsk eval runs/ner/best --objective my-kind --set store=held-out.zarr     # an installed package's kind
 """
 
 
@@ -270,6 +271,11 @@ def _eval_table() -> FlagTable:
         if kind.eval_options is not None:
             table.add(kind.eval_options, kind.name, "")
     table.add(runkinds.EvalCommon, None, "")
+    table.extra("objective", str, typer.Option(None, "--objective", help="The evaluation of this store kind's run "
+                                               "kind (an installed package's kind) [default: the one --task, "
+                                               "--text-file or --pairs-file selects]."))
+    table.extra("set_", list[str], typer.Option(None, "--set", help="An option of the --objective kind's evaluation "
+                                                "as NAME=VALUE (repeatable)."))
     return table
 
 
@@ -277,7 +283,12 @@ EVAL_TABLE = _eval_table()
 
 
 def _evaluation(values: dict) -> runkinds.RunKind:
-    """The kind whose evaluation the options select (--task, --text-file, --pairs-file: one of them)."""
+    """The kind whose evaluation the options select (--objective, else --task, --text-file, --pairs-file: one)."""
+    if values.get("objective"):  # any kind by name, an installed package's too (its options as --set)
+        kind = runkinds.get(values["objective"])
+        if kind.evaluate is None:
+            raise UserError(f"--objective {kind.name}: the {kind.name} kind has no evaluation of its own")
+        return kind
     kinds = [k for k in runkinds.builtin_kinds() if k.evaluate is not None]
     chosen = [k for k in kinds if values.get(k.eval_by) is not None]
     if len(chosen) != 1:
@@ -289,7 +300,8 @@ def _evaluation(values: dict) -> runkinds.RunKind:
 
 def _eval(values: dict) -> None:
     kind = _evaluation(values)
-    options = kind_options(EVAL_TABLE, kind.eval_options, kind.name, "the {} evaluation", values, runkinds.EvalCommon)
+    options = kind_options(EVAL_TABLE, kind.eval_options, kind.name, "the {} evaluation", values, runkinds.EvalCommon,
+                           values.get("set_"))
     common = common_options(runkinds.EvalCommon, values)
     check_threads(common.threads)
     from pipelines.core.devices import pick_device
