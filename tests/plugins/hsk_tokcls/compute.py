@@ -22,7 +22,14 @@ from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.batching import batch_inputs, length_bucketed_batches
 from pipelines.core.data import Examples
-from pipelines.core.models import ModelLoadError, load_tokenizer, model_revision, resolve_model, vocab_hash, weights_hash
+from pipelines.core.models import (
+    ModelLoadError,
+    load_tokenizer,
+    model_revision,
+    resolve_model,
+    vocab_hash,
+    weights_hash,
+)
 from pipelines.core.tokenize import encode
 from pipelines.registry import Stage
 from pipelines.train.kinds.store_run import plan_store_run
@@ -116,7 +123,8 @@ def tokcls_metadata(corpus: Examples, teacher: str, model: Any, tokenizer: Any, 
         tokenizer=TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer),
                                cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id,
                                pad_id=tokenizer.pad_token_id, written=TOKENIZER_KEYS),
-        max_length=max_length, selection=selection.to_dict(), layout=Layout.of(len(corpus), selection.top_k, shard_rows),
+        max_length=max_length, selection=selection.to_dict(),
+        layout=Layout.of(len(corpus), selection.top_k, shard_rows),
     ).to_dict()
 
 

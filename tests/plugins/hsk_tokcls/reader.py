@@ -25,7 +25,8 @@ class TokClsStore(HSKStore):
 
     def tokens(self) -> int:
         """Real word-pieces over the whole store (the positions that hold a distribution)."""
-        return sum(int(self.read(slice(*self.shard_bounds(s)), ["length"])["length"].sum()) for s in range(self.n_shards))
+        lengths = (self.read(slice(*self.shard_bounds(s)), ["length"])["length"] for s in range(self.n_shards))
+        return sum(int(length.sum()) for length in lengths)
 
     def storage_report(self) -> dict:
         arrays = info.array_bytes(self)
@@ -39,9 +40,11 @@ class TokClsStore(HSKStore):
     def format_report(self, report: dict) -> str:
         meta, sel = self.metadata, self.labelling
         which = f"top-{sel.top_k} of" if sel.support == "topk" else "all"
-        lines = [f"store      {self.url}", info.status_line(meta, f"   objective {NAME}"), *info.upgrade_lines(self.meta),
+        teacher = meta.teacher
+        lines = [f"store      {self.url}", info.status_line(meta, f"   objective {NAME}"),
+                 *info.upgrade_lines(self.meta),
                  f"corpus     rows {report['rows']}   source {meta.dataset.source}",
-                 f"teacher    {meta.teacher.name} ({meta.teacher.architecture})   weights {meta.teacher.weights_hash[:19]}",
+                 f"teacher    {teacher.name} ({teacher.architecture})   weights {teacher.weights_hash[:19]}",
                  info.tokenizer_line(meta),
                  f"labels     {which} {len(sel.labels)} per word-piece: {', '.join(sel.labels)}", "",
                  *info.array_lines(report["arrays"]), "",
