@@ -228,16 +228,17 @@ class TokenFeed:
         return _Maker(device)
 
 
-def token_student(student: str, teacher: Callable[[], str]) -> tuple[Any, str]:
-    """(model, init): bert<k> = the teacher's first k layers and its classifier; else a token classifier saved."""
+def token_student(student: str, teacher: Callable[[], str]) -> tuple[Any, str, str]:
+    """(model, where its tokenizer is, init): bert<k> = the teacher's first k layers and its classifier; else a
+    saved token classifier."""
     match = re.fullmatch(r"bert(\d+)", student.strip().lower())
     if match is None:
-        return load_token_classifier(student).train(), f"token classifier {student}"
+        return load_token_classifier(student).train(), resolve_model(student), f"token classifier {student}"
     from transformers import AutoModelForTokenClassification
 
     source = resolve_model(teacher())
     model = AutoModelForTokenClassification.from_pretrained(source, num_hidden_layers=int(match.group(1)))
-    return model.train(), f"first {match.group(1)} layers + classifier of {source}"
+    return model.train(), source, f"first {match.group(1)} layers + classifier of {source}"
 
 
 def prepare(options: Any, *, student: str, store: str | None, ranks: Any, device: str, log: Log, **_: Any) -> RunParts:
@@ -245,11 +246,11 @@ def prepare(options: Any, *, student: str, store: str | None, ranks: Any, device
     plan = plan_store_run(options, store, ranks, "a token-classification store (`hsk dump --objective tokcls`)")
     labels = plan.store.labelling.labels
     teacher = lambda: plan.source.teacher_path(options.teacher, load=load_token_classifier)  # noqa: E731
-    model, init = token_student(student, teacher)
+    model, tokenizer_source, init = token_student(student, teacher)
     if model.config.num_labels != len(labels):
         raise UserError(f"--student {student} has {model.config.num_labels} labels, the store's teacher "
                         f"{len(labels)} ({', '.join(labels)}): pass a token classifier with the teacher's labels")
-    tokenizer = load_tokenizer(resolve_model(student) if not student.startswith("bert") else teacher())
+    tokenizer = load_tokenizer(tokenizer_source)
     if vocab_hash(tokenizer) != plan.source.metadata.tokenizer.vocab_hash:
         raise UserError(f"--student {student}: its tokenizer is not the store's; per-token KD needs the same "
                         "word-pieces (use the teacher's tokenizer)")
