@@ -294,7 +294,8 @@ def _evaluation(values: dict) -> runkinds.RunKind:
     if len(chosen) != 1:
         given = f"; given {' and '.join(EVAL_TABLE.flags[k.eval_by] for k in chosen)}: keep one" if chosen else ""
         raise UserError("hsk eval needs one of --task (a classifier on a task's dev data), --text-file (a causal "
-                        f"LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF){given}")
+                        "LM's perplexity), --pairs-file (a seq2seq model's BLEU and chrF) or --objective KIND (an "
+                        f"installed package's kind){given}")
     return chosen[0]
 
 
