@@ -215,6 +215,20 @@ def test_a_plugin_kind_dumps_what_its_teacher_says_and_verifies(ner, site):
     assert code == 0 and "objective tokcls" in out and f"top-2 of 5 per word-piece: {', '.join(NER_LABELS)}" in out
 
 
+
+def test_a_store_of_a_package_kind_names_its_package_where_it_is_missing(ner, tmp_path):
+    """The writer records the package of a package's kind (`kind_package`); an hsk without the package refuses the
+    store in one line naming it, and changes nothing."""
+    meta = json.loads((ner / "ner.zarr" / "zarr.json").read_text())["attributes"]["hsk"]
+    assert meta["objective"] == "tokcls" and meta["kind_package"] == "hsk-tokcls"
+    kept = tree_hashes(ner / "ner.zarr")
+    for command in ("info", "verify"):
+        code, out, err = hsk(command, str(ner / "ner.zarr"), timeout=60)
+        assert code == 2 and out == "" and err.strip() == ("hsk: error: no store kind 'tokcls': this store's kind "
+                                                           "comes from the package hsk-tokcls, which is not "
+                                                           "installed: install it"), err
+    assert tree_hashes(ner / "ner.zarr") == kept
+
 def test_a_plugin_kind_trains_with_its_method_and_evaluates(ner, site, tmp_path):
     """`hsk train` runs the kind's default method (the package's tokcls-kd, its loss the package's) and `hsk eval
     --objective tokcls` scores the student on the held-out store: closer to the teacher than before training."""
