@@ -229,6 +229,23 @@ def test_a_store_of_a_package_kind_names_its_package_where_it_is_missing(ner, tm
                                                            "installed: install it"), err
     assert tree_hashes(ner / "ner.zarr") == kept
 
+
+def test_a_killed_dump_of_a_plugin_kind_resumes_to_the_same_store(ner, site, tmp_path):
+    """A package's kind writes through hsk's writer: killed after its first shard (as kill -9 would), the same
+    command finishes it, to the bytes and the content address of the dump that was never interrupted."""
+    from conftest import chunk_bytes
+
+    out = tmp_path / "ner.zarr"
+    args = ("dump", "--objective", "tokcls", "--teacher", str(ner / "teacher"), "--out", str(out), "--set",
+            f"text_file={ner / 'ner.txt'}", "--set", "support=topk:2", "--set", "shard_rows=32", "--device", "cpu",
+            "--threads", "1", "--no-progress")
+    code, _, err = hsk(*args, timeout=180, HSK_FAULT="after-shard-written", **_with_tokcls(site))
+    assert code == 86 and not json.loads((out / "zarr.json").read_text())["attributes"]["hsk"]["complete"], err
+    code, _, err = hsk(*args, timeout=180, **_with_tokcls(site))
+    assert code == 0, err
+    resumed, whole = (json.loads((s / "zarr.json").read_text())["attributes"]["hsk"] for s in (out, ner / "ner.zarr"))
+    assert resumed["manifest"] == whole["manifest"] and chunk_bytes(out) == chunk_bytes(ner / "ner.zarr")
+
 def test_a_plugin_kind_trains_with_its_method_and_evaluates(ner, site, tmp_path):
     """`hsk train` runs the kind's default method (the package's tokcls-kd, its loss the package's) and `hsk eval
     --objective tokcls` scores the student on the held-out store: closer to the teacher than before training."""
