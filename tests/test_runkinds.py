@@ -17,6 +17,7 @@ from hskstore.format import kinds as store_kinds
 from pipelines import runkinds
 from pipelines.cli import main
 from pipelines.core.flags import flag_fields
+from pipelines.kinds.clm import ClmTeacherOptions
 from pipelines.methods import get_method
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +66,14 @@ def test_teacher_and_eval_refuse_a_flag_of_another_kind(tmp_path):
                                       "drop it"
     rc, _, err = hsk("eval", str(tmp_path), "--task", "sst2", "--block-size", "64")
     assert rc == 2 and "--block-size is an option of the clm evaluation, not of the task evaluation" in err
+    # a kind's options by name (how a package's kind takes its own): the kind's dataclass reads them, or refuses
+    rc, _, err = hsk("teacher", "--objective", "clm", "--set", "blocks=64", "--out", str(tmp_path / "t"))
+    assert rc == 2 and err.strip() == ("hsk: error: --set blocks: ClmTeacherOptions has no field 'blocks'; its "
+                                       f"fields: {', '.join(f.name for f in dataclasses.fields(ClmTeacherOptions))}")
+    rc, _, err = hsk("eval", str(tmp_path), "--objective", "clm", "--set", "block_size=many")
+    assert rc == 2 and err.strip() == "hsk: error: --set block_size=many: cannot read 'many' as int", err
+    rc, _, err = hsk("eval", str(tmp_path), "--objective", "mlm")
+    assert rc == 2 and err.strip() == "hsk: error: --objective mlm: the mlm kind has no evaluation of its own", err
     assert not (tmp_path / "t").exists()
 
 
