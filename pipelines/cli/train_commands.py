@@ -251,7 +251,7 @@ packages (entry point group hsk.methods: docs/methods/adding-a-method.md) are li
 @app.command("methods", help=METHODS_HELP)
 def methods_cmd() -> None:
     from pipelines.methods import all_methods
-    from pipelines.registry import method_package
+    from pipelines.registry import method_faults, method_package
 
     methods = all_methods()
     width = max(len(m.name) for m in methods) + 2
@@ -260,6 +260,8 @@ def methods_cmd() -> None:
         typer.echo(f"{'':<{width}}store: {m.store_needs}")
         if method_package(m.name):
             typer.echo(f"{'':<{width}}from: {method_package(m.name)} (an installed package's hsk.methods entry point)")
+    for fault in method_faults():  # a broken package fails alone: the others are listed above
+        typer.echo(f"hsk: warning: {fault}", err=True)
 
 
 def _eval_table() -> FlagTable:
