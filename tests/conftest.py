@@ -538,6 +538,7 @@ def dump_killing_a_worker(args: list[str], out: Path, client, shards: int = 2) -
             done = None
         busy = [addr for addr, tasks in client.processing().items() if tasks]
         if done is not None and done.sum() >= shards and busy:
+            assert done.sum() < len(done), "the dump was not finished at the kill"
             killed = client.run(os.getpid)[busy[0]]
             os.kill(killed, signal.SIGKILL)  # the worker process itself, mid-shard
         time.sleep(0.01)
@@ -569,3 +570,31 @@ def s2s_teachers(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path) 
 def s2s_pairs(tmp_path_factory: pytest.TempPathFactory, glue_dir: Path) -> Path:
     """24 pairs of real English (seq2seq_pairs_file)."""
     return seq2seq_pairs_file(tmp_path_factory.mktemp("s2s_pairs"))
+
+
+def resume_offset(out: Path) -> int:
+    """Where a killed streamed dump (causal-LM, seq2seq) resumes its corpus: the offset (byte or row) its first
+    pending shard's rows start at, as the store's corpus cursors record it."""
+    import numpy as np
+    import zarr
+
+    from hskstore.format.schema import PROGRESS_DONE
+    from pipelines.dump.corpus import CURSORS
+
+    group = zarr.open_group(str(out), mode="r")
+    first = int(np.argmin(group[PROGRESS_DONE][:].astype(bool)))
+    return int(group[CURSORS][first - 1][5])
+
+
+def recorded_starts(monkeypatch: pytest.MonkeyPatch, module, name: str, start_of) -> list:
+    """`module.name` (a corpus reader, a generator function) wrapped so that each call records `start_of(*args)`:
+    where a resumed dump reads its corpus from."""
+    starts: list = []
+    reader = getattr(module, name)
+
+    def recorded(*args):
+        starts.append(start_of(*args))
+        yield from reader(*args)
+
+    monkeypatch.setattr(module, name, recorded)
+    return starts

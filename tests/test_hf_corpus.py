@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import zarr
-from conftest import chunk_bytes, corpus_lines, hsk, kill_dump_midway, one_error_line, tree_hashes
+from conftest import (
+    chunk_bytes,
+    corpus_lines,
+    hsk,
+    kill_dump_midway,
+    one_error_line,
+    recorded_starts,
+    resume_offset,
+    tree_hashes,
+)
 
 from hskstore import open_store
 from pipelines.cli import main
 from pipelines.dump import corpus as corpus_module
-from pipelines.dump.corpus import CURSORS
 
 
 def _clm(teacher, *source: str) -> list[str]:
@@ -78,18 +84,9 @@ def test_seq2seq_pairs_from_a_saved_dataset_are_the_tsvs(s2s_teachers, s2s_pairs
 def test_kill_9_resumes_a_saved_dataset_at_its_row(clm_teacher, texts, from_text, tmp_path, monkeypatch):
     args = _clm(clm_teacher, "--data-file", str(texts / "saved"))
     kill_dump_midway(args, tmp_path / "k.zarr", shards=2)
-    group = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")
-    first = int(np.argmin(group["_progress/done"][:].astype(bool)))
-    resume_at = int(group[CURSORS][first - 1][5])  # the row of the document the first pending shard starts in
+    resume_at = resume_offset(tmp_path / "k.zarr")  # the row of the document the first pending shard starts in
     assert resume_at > 0
-    starts = []
-    rows = corpus_module.dataset_rows
-
-    def counted(location, kind, names, start):
-        starts.append(start)
-        yield from rows(location, kind, names, start)
-
-    monkeypatch.setattr(corpus_module, "dataset_rows", counted)
+    starts = recorded_starts(monkeypatch, corpus_module, "dataset_rows", lambda location, kind, names, start: start)
     assert main([*args, "--out", str(tmp_path / "k.zarr")]) == 0
     assert starts == [resume_at]
     assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(from_text)

@@ -88,7 +88,15 @@ def open_corpus(text_file: str | None, data_file: str | None, column: str | None
                           "a file, folder or glob) or --data-file")
     if data_file and is_dataset(data_file):
         return _open_dataset(data_file, column, pair)
-    flag, given = ("--text-file", text_file) if text_file else ("--data-file", data_file)
+    given = text_file or data_file
+    urls, sizes = _files("--text-file" if text_file else "--data-file", given)
+    kind = "text" if text_file else _table_kind(urls[0])
+    source = CorpusSource(urls, sizes, kind, column, f"{'text' if text_file else 'table'}:{given}", pair)
+    return replace(source, pair=_first_names(source)) if pair and None in pair else source
+
+
+def _files(flag: str, given: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The files (URLs) a file, folder or glob names, sorted, and their sizes; a one-line DataError for none."""
     fs, path = _fs(given)
     if any(ch in path for ch in "*?["):
         files = sorted(fs.glob(path))
@@ -101,12 +109,9 @@ def open_corpus(text_file: str | None, data_file: str | None, column: str | None
     files = [f for f in files if fs.isfile(f)]
     if not files:
         raise DataError(f"{flag} {given}: no files there; pass a text file, a folder of them or a glob (data/*.txt)")
-    kind = "text" if text_file else _table_kind(files[0])
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     urls = tuple(f if protocol in ("file", "local") else f"{protocol}://{f}" for f in files)
-    sizes = tuple(int(fs.size(f)) for f in files)
-    source = CorpusSource(urls, sizes, kind, column, f"{'text' if text_file else 'table'}:{given}", pair)
-    return replace(source, pair=_first_names(source)) if pair and None in pair else source
+    return urls, tuple(int(fs.size(f)) for f in files)
 
 
 def _open_dataset(data_file: str, column: str | None, pair: tuple | None) -> CorpusSource:

@@ -48,16 +48,23 @@ def parse_spec(spec: str) -> tuple[str, str | None, str]:
 
 
 def _streamed(spec: str):
+    import logging
+
     import datasets
 
     name, config, split = parse_spec(spec)
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retries' warnings: the one line below says what failed
     try:
         return datasets.load_dataset(name, config, split=split, streaming=True)
     except Exception as exc:  # datasets raises many kinds (offline, no such dataset, no such split)
         said = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise DataError(f"--data-file {spec}: cannot load the Hugging Face dataset {name!r} ({said}); offline, the "
-                        "hub is out of reach: pass a folder saved with Dataset.save_to_disk, or its data files "
+        raise DataError(f"--data-file {spec}: cannot load the Hugging Face dataset {name!r} ({said}); where the hub "
+                        "is out of reach, pass a folder saved with Dataset.save_to_disk, or the dataset's data files "
                         "(--data-file data/*.parquet)") from None
+    finally:
+        hub_log.setLevel(level)
 
 
 def _saved(folder: str):
