@@ -2,11 +2,14 @@
 and, per target token, its distribution under teacher forcing on a sparse support (word-level KD)
 (`hsk dump --objective seq2seq`; the format is hskstore.format.seq2seq).
 
-Per shard of pairs: with `--decode`, the teacher decodes each source (greedy or beam search); with
-`--support`, it reads each pair's target (the reference, or its own output) under teacher forcing and the
-support is chosen on the device as a causal-LM dump chooses it (pipelines.dump.clm: `top_ids`,
-`sample_support`). Encoder-decoder and decoder-only teachers differ only in how they read a pair
-(pipelines.core.pair_models). Same guarantees as every store: whole shards, digests, bit-identical resume.
+The pairs are read as a stream (pipelines.dump.corpus: JSON lines, Parquet, CSV/TSV, Hugging Face datasets; or a
+GLUE pair task), tokenized a shard ahead of the teacher, each shard's corpus cursors recorded so that a resumed
+dump seeks to its first pending shard (pipelines.dump.streamed). Per shard of pairs: with `--decode`, the
+teacher decodes each source (greedy or beam search); with `--support`, it reads each pair's target (the
+reference, or its own output) under teacher forcing and the support is chosen on the device as a causal-LM
+dump chooses it (pipelines.dump.clm: `top_ids`, `sample_support`). Encoder-decoder and decoder-only teachers
+differ only in how they read a pair (pipelines.core.pair_models). Same guarantees as every store: whole
+shards, digests, bit-identical resume.
 """
 
 from __future__ import annotations
