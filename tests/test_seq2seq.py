@@ -153,19 +153,6 @@ def test_sampled_counts_add_up_to_the_draws(stores):
     assert np.allclose(sums[targets.kept], 1.0) and (sums[~targets.kept] == 0).all()
 
 
-@pytest.mark.slow
-def test_kill_9_then_rerun_gives_the_same_bytes(teachers, pairs, tmp_path):
-    args = ["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--data-file", str(pairs),
-            "--max-length", "40", "--max-target", "16", "--shard-rows", "2", "--batch-size", "2", "--no-progress",
-            "--device", "cpu", "--support", "topk:8", "--decode", "greedy"]
-    assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
-    kill_dump_midway(args, tmp_path / "k.zarr")
-    assert main(["verify", str(tmp_path / "k.zarr")]) == 1
-    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
-    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
-    assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(tmp_path / "ref.zarr")
-
-
 def test_derive_a_smaller_support_keeps_the_pairs_and_the_output(stores, tmp_path):
     out = tmp_path / "top2.zarr"
     assert main(["derive", str(stores["bart"]), "--support", "topk:2", "--out", str(out)]) == 0
@@ -400,6 +387,7 @@ def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(teachers, p
             "--batch-size", "2", "--no-progress", "--device", "cpu", "--support", "topk:8", "--decode", "greedy"]
     assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
     kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 1  # a partial store is not taken for a whole one
     resume_at = resume_offset(tmp_path / "k.zarr")  # the byte offset of the first pending shard's first pair
     assert resume_at > 0
     seeks = recorded_starts(monkeypatch, corpus_module, "_lines", lambda source, index, start: start.offset)
