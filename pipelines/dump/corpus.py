@@ -65,6 +65,11 @@ class CorpusSource:
         for index in range(start.file, len(self.files)):
             yield from read(self, index, start if index == start.file else Cursor(index))
 
+    def place(self, cursor: Cursor) -> str:
+        """Where a row is, in words: its line's byte offset (text, JSON lines) or its row, in its file."""
+        where = f"the line at byte {cursor.offset}" if self.kind in ("text", "jsonl") else f"row {cursor.offset}"
+        return f"{self.files[cursor.file] if len(self.files) > 1 else self.described}: {where}"
+
     def documents(self, start: Cursor = Cursor()) -> Iterator[tuple[str, Cursor]]:
         """(text, cursor) of every non-empty document from `start` on."""
         for (value, *_), cursor in self.records(start):

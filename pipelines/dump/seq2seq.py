@@ -156,6 +156,9 @@ class ExamplePairs:
     def records(self, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
         yield from rows_from(list(self.examples.texts), 0, start.offset, 0)
 
+    def place(self, cursor: Cursor) -> str:
+        return f"{self.described}: row {cursor.offset}"
+
 
 def open_pairs(*, task: str | None = None, split: str = "train", data_dir: str | None = None,
                data_file: str | None = None, text_columns: str | None = None) -> CorpusSource | ExamplePairs:
@@ -183,19 +186,12 @@ def pair_digest(source: str, target: str) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _place(source: CorpusSource | ExamplePairs, cursor: Cursor) -> str:
-    """Where a pair is, in words: its row (its line's byte offset in JSON lines), and its file among several."""
-    files = getattr(source, "files", ())
-    where = f"the line at byte {cursor.offset}" if getattr(source, "kind", "") == "jsonl" else f"row {cursor.offset}"
-    return f"{files[cursor.file]}: {where}" if len(files) > 1 else f"{source.described}: {where}"
-
-
 def checked_pairs(source: CorpusSource | ExamplePairs, start: Cursor) -> Iterator[tuple[tuple[str, str], Cursor]]:
     """((source, target), cursor) from `start` on; a pair with an empty side is refused by its place."""
     for values, cursor in source.records(start):
         for side, text in zip(("source", "target"), values, strict=True):
             if text is None or not str(text).strip():
-                raise DataError(f"{_place(source, cursor)} has an empty {side}: remove it or fill it in")
+                raise DataError(f"{source.place(cursor)} has an empty {side}: remove it or fill it in")
         yield (str(values[0]), str(values[1])), cursor
 
 
