@@ -1,10 +1,12 @@
-"""A causal-LM dump's corpus as a stream: documents read, tokenized and packed as the teacher consumes them,
-so that memory and the time to the first shard do not grow with the corpus (`hsk dump --objective clm`).
+"""An LM dump's corpus as a stream: documents (or a seq2seq dump's pairs) read, tokenized and packed as the
+teacher consumes them, so that memory and the time to the first shard do not grow with the corpus (`hsk dump
+--objective clm|seq2seq`).
 
 Sources: a UTF-8 text file (one document per non-empty line), a folder or glob of them, JSON lines or Parquet
-with a named text column; local paths or fsspec URLs (s3://...); anything else `--data-file` reads (CSV, TSV)
-is read whole, as before. Every document has a `Cursor` (file, byte offset or row, part of its line), so a
-resumed dump seeks to where its first pending shard starts instead of reading the corpus again.
+with a named text column (or two: a pair's source and target); local paths or fsspec URLs (s3://...); a
+Hugging Face dataset (pipelines.dump.hf_corpus); anything else `--data-file` reads (CSV, TSV) is read whole, a
+file at a time. Every row has a `Cursor` (file, byte offset or row, part of its line), so a resumed dump seeks
+to where its first pending shard starts instead of reading the corpus again.
 """
 
 from __future__ import annotations
