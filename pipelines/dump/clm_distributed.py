@@ -40,6 +40,7 @@ from pipelines.dump.clm_hidden import head_arrays
 from pipelines.dump.corpus import CorpusSource
 from pipelines.dump.distributed import (
     ShardFutures,
+    WorkerTeacher,
     check_cluster,
     cluster_client,
     cluster_compute,
@@ -52,15 +53,10 @@ from pipelines.dump.distributed import (
 
 
 @dataclass(frozen=True)
-class ClmTeacherSpec:
-    """How a worker loads the causal-LM teacher, and what it must turn out to be."""
+class ClmTeacherSpec(WorkerTeacher):
+    """How a worker loads the causal-LM teacher: in the dtype the driver loaded it in."""
 
-    name: str
-    weights_hash: str
-    dtype: str
-    device: str
-    device_per_worker: bool  # a local cluster on several GPUs: worker k takes cuda:k mod count
-    torch_threads: int | None
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -115,9 +111,8 @@ def dump_clm_distributed(teacher: str, out: str, corpus: CorpusSource, request: 
     plan = plan_clm(teacher, out, corpus, request, device=device, overwrite=overwrite, extra_meta=extra_meta,
                     compute=cluster_compute(request.batch_size, device, threads),
                     load_on="cpu")  # the driver's teacher: its config and weights hash only
-    spec = ClmTeacherSpec(worker_path(teacher), plan.meta.teacher.weights_hash,
-                          str(next(plan.model.parameters()).dtype).removeprefix("torch."), device,
-                          request.scheduler is None, threads)
+    spec = ClmTeacherSpec(worker_path(teacher), plan.meta.teacher.weights_hash, device, request.scheduler is None,
+                          threads, dtype=str(next(plan.model.parameters()).dtype).removeprefix("torch."))
     with writing(out, plan.meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")

@@ -137,12 +137,23 @@ def worker_writer(url: str, meta: StoreMeta) -> StoreWriter:
     return _WRITERS[key]
 
 
-_LM_TEACHERS: dict[object, tuple[object, str]] = {}
+@dataclass(frozen=True)
+class WorkerTeacher:
+    """How a dask worker loads an LM teacher and what it must turn out to be (a kind's spec adds how it loads)."""
+
+    name: str
+    weights_hash: str
+    device: str
+    device_per_worker: bool  # a local cluster on several GPUs: worker k takes cuda:k mod count
+    torch_threads: int | None  # CPU threads per worker process (None: leave the worker's setting)
 
 
-def worker_teacher(spec, load: Callable[[str], object]) -> tuple[object, str]:
-    """A worker's LM teacher (`load(device)`), loaded on first use and kept for every later shard of this process;
-    `spec` says its name, weights hash, device, whether each local worker takes its own GPU and torch threads."""
+_LM_TEACHERS: dict[WorkerTeacher, tuple[object, str]] = {}
+
+
+def worker_teacher(spec: WorkerTeacher, load: Callable[[str], object]) -> tuple[object, str]:
+    """A worker's LM teacher (`load(device)`), loaded on first use and kept for every later shard of this
+    process, its weights hash checked against the store's."""
     if spec not in _LM_TEACHERS:
         _LM_TEACHERS.clear()
         if spec.torch_threads:

@@ -21,6 +21,7 @@ from pipelines.core.pair_models import pair_model
 from pipelines.core.precision import resolve_forward
 from pipelines.dump.distributed import (
     ShardFutures,
+    WorkerTeacher,
     check_cluster,
     cluster_client,
     cluster_compute,
@@ -42,15 +43,10 @@ from pipelines.dump.seq2seq import (
 
 
 @dataclass(frozen=True)
-class Seq2seqTeacherSpec:
-    """How a worker loads the seq2seq teacher (encoder-decoder or decoder-only), and what it must turn out to be."""
+class Seq2seqTeacherSpec(WorkerTeacher):
+    """How a worker loads the seq2seq teacher: as its architecture (encoder-decoder or decoder-only) loads."""
 
-    name: str
-    weights_hash: str
-    architecture: str
-    device: str
-    device_per_worker: bool  # a local cluster on several GPUs: worker k takes cuda:k mod count
-    torch_threads: int | None
+    architecture: str = "encoder-decoder"
 
 
 @dataclass(frozen=True)
@@ -102,8 +98,8 @@ def dump_seq2seq_distributed(teacher: str, out: str, source: Any, request: Seq2s
     plan = plan_seq2seq(teacher, out, source, request, device=device, overwrite=overwrite, extra_meta=extra_meta,
                         compute=cluster_compute(request.batch_size, device, threads),
                         load_on="cpu")  # the driver's teacher: its config and weights hash only
-    spec = Seq2seqTeacherSpec(worker_path(teacher), plan.meta.teacher.weights_hash, plan.sel.architecture, device,
-                              request.scheduler is None, threads)
+    spec = Seq2seqTeacherSpec(worker_path(teacher), plan.meta.teacher.weights_hash, device, request.scheduler is None,
+                              threads, architecture=plan.sel.architecture)
     with writing(out, plan.meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
