@@ -65,7 +65,7 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     return model, load_tokenizer(source), init
 
 
-def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], Any],
+def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], object],
                      others: tuple[str, ...] = ()) -> None:
     """The KD compares token ids: the student must tokenize as the teacher did (`others`: the methods that take
     another tokenizer, named in the refusal). Embedding sizes may differ by padding only (both cover the
@@ -174,7 +174,7 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live, head)
 
 
-def clm_feed(store: Any, method_options: Any) -> ClmFeed:
+def clm_feed(store: ClmStore, method_options: object) -> ClmFeed:
     """The feed of a causal-LM store read without a live teacher (the Hugging Face Trainer's)."""
     return ClmFeed(store)
 
@@ -230,7 +230,7 @@ def _has_term(stages: list[Stage], loss: str) -> bool:
 
 
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
+                log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
                           "beside the student)", data_parallel=True, task=task)

@@ -19,7 +19,6 @@ import random
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +50,7 @@ from pipelines.train.students.heads import Heads
 _TEACHER_LAYERS = re.compile(r"(bert|sps)\d+")  # students made of the store teacher's first layers
 
 
-def _plan(options: TrainOptions, source: TaskSource, notes: Notes, student: str) -> tuple[Any, Any, list[Stage]]:
+def _plan(options: TrainOptions, source: TaskSource, notes: Notes, student: str) -> tuple[Method, object, list[Stage]]:
     """The method, its options and its stages, checked against the store before anything trains."""
     method = get_method(options.method)
     method_options = method.make_options(options.method_options)

@@ -6,11 +6,11 @@ and its feed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from hskstore import open_store
+from hskstore import HSKStore, open_store
 from hskstore.format.config import ConfigError
 from pipelines.methods import Context, get_method
 from pipelines.registry import Method, Stage
@@ -34,11 +34,11 @@ class StorePlan:
     options: TrainOptions
     source: StoreSource
     method: Method
-    method_options: Any
+    method_options: object  # an instance of the method's options dataclass
     stages: list[Stage]
 
     @property
-    def store(self) -> Any:
+    def store(self) -> HSKStore:
         return self.source.store
 
     def student_info(self, student: str, kind: str, init: str, teacher: str, model: nn.Module,

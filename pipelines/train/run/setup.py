@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import MetricsLog, report_sinks
+from pipelines.core.tasks import Task
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.checkpoints import Checkpoints, RunIdentity, work_state
 from pipelines.train.run.ddp import Ranks, SilentLog
-from pipelines.train.run.loop import Run, run_stages
+from pipelines.train.run.loop import Evaluator, Feed, Keeper, Run, Student, run_stages
 
 
 @dataclass
@@ -53,10 +53,10 @@ def open_run(folder: RunFolder, precision: StepPrecision,
     return checkpoints, None
 
 
-def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Any,
-              task: Any, student: Any, stages: list, pairs: list, device: str, batch_size: int, evaluator: Any,
-              keeper: Any, log: Callable[[str], object], on_step: Callable[[dict], object] | None = None,
-              ranks: Ranks | None = None) -> Run:
+def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Feed,
+              task: Task | None, student: Student, stages: list, pairs: list, device: str, batch_size: int,
+              evaluator: Evaluator | None, keeper: Keeper, log: Callable[[str], object],
+              on_step: Callable[[dict], object] | None = None, ranks: Ranks | None = None) -> Run:
     """The loop's Run of any kind of training, restored from `state` (a checkpoint of this run) when given.
     Rank 0 alone writes metrics.jsonl (and the --report-to event files)."""
     ranks = ranks or Ranks()
@@ -71,7 +71,7 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
 
 
 def train_in_own_folder(work: Path, identity: RunIdentity, precision: StepPrecision, *,
-                        state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: Any) -> Run:
+                        state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: object) -> Run:
     """A command's run in its own work folder (`hsk teacher`'s hidden sibling), start to end: the checkpoint there
     is resumed when it is this run's (another run's is started over), then the loop runs every stage left.
     `parts`: build_run's (options, feed, task, student, stages, ...)."""
