@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,21 +105,34 @@ def _dump_args(teacher: Path, text: Path, extra: list[str]) -> list[str]:
             "--no-progress", *extra]
 
 
-def scale(sizes: list[float], work: Path) -> list[dict]:
+def scale(sizes: list[float], work: Path, cap: int | None = None) -> list[dict]:
+    """One capture per corpus size (each its own process, one at a time); with `cap`, each captures at most
+    `cap` tokens of its corpus (--limit-tokens): the same work over corpora of every size."""
+    import zarr
+
     teacher = build_teacher(work / "teacher")
     rows = []
     for size in sizes:
         text = work / f"corpus-{int(size)}.txt"
+        started = time.perf_counter()
         corpus_bytes = write_corpus(text, int(size))
-        result = _hsk_dump(_dump_args(teacher, text, []), work / f"s-{int(size)}.zarr")
-        import zarr
-
-        tokens = int(zarr.open_group(str(work / f"s-{int(size)}.zarr"), mode="r")["length"][:].sum())
-        rows.append({"tokens": tokens, "corpus_mb": round(corpus_bytes / 1e6, 1), **result,
-                     "tokens_per_s": round(tokens / result["wall_s"])})
+        made = time.perf_counter() - started
+        extra = ["--limit-tokens", str(cap)] if cap else []
+        out = work / f"s-{int(size)}.zarr"
+        result = _hsk_dump(_dump_args(teacher, text, extra), out)
+        tokens = int(zarr.open_group(str(out), mode="r")["length"][:].sum())
+        rows.append({"corpus_tokens": int(size), "corpus_mb": round(corpus_bytes / 1e6, 1),
+                     "corpus_written_s": round(made, 1), "limit_tokens": cap, "tokens": tokens, **result,
+                     "tokens_per_s": round(tokens / result["wall_s"]), "store_mb": round(_size(out) / 1e6, 1),
+                     "load_avg": os.getloadavg()})
         print(json.dumps(rows[-1]), flush=True)
         text.unlink()
+        shutil.rmtree(out)
     return rows
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def null(tokens: float, work: Path) -> dict:
@@ -201,6 +215,7 @@ def main() -> None:
     parser.add_argument("--text")
     parser.add_argument("--teacher")
     parser.add_argument("--limit-tokens", type=int, default=8192)
+    parser.add_argument("--cap", type=float, help="scale: capture at most this many tokens of each corpus")
     parser.add_argument("--code", action="append", help="null: a checkout to run (once per arm)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json-out")
@@ -208,7 +223,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hsk-capture-") as tmp:
         work = Path(tmp)
         if args.what == "scale":
-            result = scale(args.tokens, work)
+            result = scale(args.tokens, work, int(args.cap) if args.cap else None)
         elif args.what == "null" and args.code:
             result = compare(args.tokens[0], args.code, args.rounds, work)
         elif args.what == "null":
