@@ -316,11 +316,13 @@ class ShardCursors:
         if CURSORS not in group:
             group.create_array(CURSORS, shape=(n_shards, 9), dtype="int64", chunks=(1, 9), fill_value=0)
             group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
+        # opened once: only the process that drives the dump writes and resizes them (opening reads their metadata)
+        self.cursors, self.chains = group[CURSORS], group[CHAINS]
         self.chain = hashlib.sha256(STREAM_SEED).digest()
 
     def resize(self, n_shards: int) -> None:
-        self.group[CURSORS].resize((n_shards, 9))
-        self.group[CHAINS].resize((n_shards, 32))
+        self.cursors.resize((n_shards, 9))
+        self.chains.resize((n_shards, 32))
 
     def advance(self, shard: int, rows, record: bool) -> None:
         """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
@@ -329,27 +331,26 @@ class ShardCursors:
         if not record:
             return
         end = rows.end[0] if rows.end is not None else Cursor()
-        self.group[CURSORS][shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
-                                      len(rows.marks)]
-        self.group[CHAINS][shard] = list(self.chain)
+        self.cursors[shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
+                               len(rows.marks)]
+        self.chains[shard] = list(self.chain)
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
         """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
         is taken up from there."""
         if shard == 0:
             return Cursor(), 0
-        row = [int(v) for v in self.group[CURSORS][shard - 1]]
-        self.chain = bytes(self.group[CHAINS][shard - 1])
+        row = [int(v) for v in self.cursors[shard - 1]]
+        self.chain = bytes(self.chains[shard - 1])
         return Cursor(*row[4:7]), row[7]
 
     def documents_before(self, shard: int) -> int:
         """Documents whose first token is in the shards before `shard`."""
-        return int(self.group[CURSORS][:shard, 8].sum()) if shard else 0
+        return int(self.cursors[:shard, 8].sum()) if shard else 0
 
     def fingerprint(self) -> tuple[str, int]:
         """The corpus as read (hex of the chain after the last shard) and how many documents it held."""
-        cursors = self.group[CURSORS]
-        return bytes(self.group[CHAINS][cursors.shape[0] - 1]).hex(), int(cursors[:, 8].sum())
+        return bytes(self.chains[self.cursors.shape[0] - 1]).hex(), int(self.cursors[:, 8].sum())
 
     def remove(self) -> None:
         for name in (CURSORS, CHAINS):
