@@ -2,14 +2,17 @@
 grow with the corpus, what rate does capture reach, and what does the host cost per token?
 
     python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7        # peak RSS, first shard, tokens/s by size
+    python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7 1e8 --cap 262144   # the same capture of each
     python benchmarks/lm/capture_scale.py null --tokens 1e7             # the host's share, µs per token
     python benchmarks/lm/capture_scale.py null --tokens 1e6 --code /tmp/base --code . --rounds 3   # A/B, alternating
     python benchmarks/lm/capture_scale.py limit --text big.txt --teacher T --limit-tokens 8192   # a big text, cut
 
 `scale` runs each capture as its own `hsk dump` process (peak RSS from /usr/bin/time) with a tiny random Llama
-(2 layers, d 32) over a word-level tokenizer of 512 words, on generated corpora of one document per line: compute
-is small, so what grows with the corpus shows. `null` runs the dump in this process with the teacher's forward
-and its support choice replaced by fixed arrays of the same shape (the "null teacher"): what remains is the host's
+(2 layers, d 32; --threads 1) over a word-level tokenizer of 512 words, on generated corpora of one document per
+line: what grows with the corpus shows. With `--cap N` each captures only its corpus's first N tokens
+(--limit-tokens): the same work over corpora of every size, so that a corpus too large to capture here still
+shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with the teacher's forward
+and its support choice replaced by fixed arrays of the same shape (the "null teacher", with the text arrays): what remains is the host's
 share (reading, tokenizing, packing, encoding, digests, writes), per token; with `--code` (a checkout of the
 repository, given once per arm) each run is its own process on that code, the arms alternating for `--rounds`
 rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
