@@ -11,8 +11,9 @@ grow with the corpus, what rate does capture reach, and what does the host cost 
 (2 layers, d 32; --threads 1) over a word-level tokenizer of 512 words, on generated corpora of one document per
 line: what grows with the corpus shows. With `--cap N` each captures only its corpus's first N tokens
 (--limit-tokens): the same work over corpora of every size, so that a corpus too large to capture here still
-shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with the teacher's forward
-and its support choice replaced by fixed arrays of the same shape (the "null teacher", with the text arrays): what remains is the host's
+shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with
+the teacher's forward and its support choice replaced by fixed arrays of the same shape (the "null teacher",
+with the text arrays): what remains is the host's
 share (reading, tokenizing, packing, encoding, digests, writes), per token; with `--code` (a checkout of the
 repository, given once per arm) each run is its own process on that code, the arms alternating for `--rounds`
 rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
