@@ -65,6 +65,7 @@ Examples:
   hsk eval runs/qnli-tiny/best --task qnli --data-dir ../shared/data/glue
   hsk eval runs/sst2/best --task sst2 --eval-limit 200 --json
   hsk eval runs/lm-student/best --text-file test.txt --block-size 256     # a causal LM: perplexity
+  hsk eval runs/ner/best --objective my-kind --set store=held-out.zarr     # an installed package's kind
 """
 
 
@@ -250,7 +251,7 @@ packages (entry point group hsk.methods: docs/methods/adding-a-method.md) are li
 @app.command("methods", help=METHODS_HELP)
 def methods_cmd() -> None:
     from pipelines.methods import all_methods
-    from pipelines.registry import method_package
+    from pipelines.registry import method_faults, method_package
 
     methods = all_methods()
     width = max(len(m.name) for m in methods) + 2
@@ -259,6 +260,8 @@ def methods_cmd() -> None:
         typer.echo(f"{'':<{width}}store: {m.store_needs}")
         if method_package(m.name):
             typer.echo(f"{'':<{width}}from: {method_package(m.name)} (an installed package's hsk.methods entry point)")
+    for fault in method_faults():  # a broken package fails alone: the others are listed above
+        typer.echo(f"hsk: warning: {fault}", err=True)
 
 
 def _eval_table() -> FlagTable:
@@ -270,6 +273,11 @@ def _eval_table() -> FlagTable:
         if kind.eval_options is not None:
             table.add(kind.eval_options, kind.name, "")
     table.add(runkinds.EvalCommon, None, "")
+    table.extra("objective", str, typer.Option(None, "--objective", help="The evaluation of this store kind's run "
+                                               "kind (an installed package's kind) [default: the one --task, "
+                                               "--text-file or --pairs-file selects]."))
+    table.extra("set_", list[str], typer.Option(None, "--set", help="An option of the --objective kind's evaluation "
+                                                "as NAME=VALUE (repeatable)."))
     return table
 
 
@@ -277,19 +285,26 @@ EVAL_TABLE = _eval_table()
 
 
 def _evaluation(values: dict) -> runkinds.RunKind:
-    """The kind whose evaluation the options select (--task, --text-file, --pairs-file: one of them)."""
+    """The kind whose evaluation the options select (--objective, else --task, --text-file, --pairs-file: one)."""
+    if values.get("objective"):  # any kind by name, an installed package's too (its options as --set)
+        kind = runkinds.get(values["objective"])
+        if kind.evaluate is None:
+            raise UserError(f"--objective {kind.name}: the {kind.name} kind has no evaluation of its own")
+        return kind
     kinds = [k for k in runkinds.builtin_kinds() if k.evaluate is not None]
     chosen = [k for k in kinds if values.get(k.eval_by) is not None]
     if len(chosen) != 1:
         given = f"; given {' and '.join(EVAL_TABLE.flags[k.eval_by] for k in chosen)}: keep one" if chosen else ""
         raise UserError("hsk eval needs one of --task (a classifier on a task's dev data), --text-file (a causal "
-                        f"LM's perplexity) or --pairs-file (a seq2seq model's BLEU and chrF){given}")
+                        "LM's perplexity), --pairs-file (a seq2seq model's BLEU and chrF) or --objective KIND (an "
+                        f"installed package's kind){given}")
     return chosen[0]
 
 
 def _eval(values: dict) -> None:
     kind = _evaluation(values)
-    options = kind_options(EVAL_TABLE, kind.eval_options, kind.name, "the {} evaluation", values, runkinds.EvalCommon)
+    options = kind_options(EVAL_TABLE, kind.eval_options, kind.name, "the {} evaluation", values, runkinds.EvalCommon,
+                           values.get("set_"))
     common = common_options(runkinds.EvalCommon, values)
     check_threads(common.threads)
     from pipelines.core.devices import pick_device
