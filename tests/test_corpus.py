@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import chunk_bytes, hsk, kill_dump_midway, tree_hashes
+from conftest import chunk_bytes, hsk, kill_dump_midway, recorded_starts, resume_offset, tree_hashes
 
 from hskstore.format.clm import (
     DocumentText,
@@ -162,19 +162,9 @@ def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(reference, 
                                                                       monkeypatch):
     args = _args(clm_teacher, clm_corpus, "--limit-tokens", "1200")
     kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
-    group = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")
-    done = group["_progress/done"][:].astype(bool)
-    first = int(np.argmin(done))
-    resume_at = int(group[CURSORS][first - 1][5])  # the byte offset where the first pending shard's rows start
+    resume_at = resume_offset(tmp_path / "k.zarr")  # the byte offset where the first pending shard's rows start
     assert resume_at > 0
-    seeks = []
-    lines = corpus_module._lines
-
-    def counted(source, index, start):
-        seeks.append(start.offset)
-        yield from lines(source, index, start)
-
-    monkeypatch.setattr(corpus_module, "_lines", counted)
+    seeks = recorded_starts(monkeypatch, corpus_module, "_lines", lambda source, index, start: start.offset)
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
     assert seeks == [resume_at]  # one read, from the recorded cursor: nothing before it read again
     assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(reference)
