@@ -17,8 +17,11 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import chain
 
-from hskstore.format.clm import DocumentText, owned_bytes, token_ends
+import numpy as np
+
+from hskstore.format.clm import DocumentText, documents_owned
 from hskstore.format.config import ConfigError
 from pipelines.core.data import DataError
 from pipelines.dump.hf_corpus import dataset_rows, is_dataset, open_dataset
@@ -278,20 +281,49 @@ def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
 
 
 def _encode_text(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
-    encoded = tokenizer([text for text, _ in pending], add_special_tokens=False, return_offsets_mapping=True)
-    for (text, cursor), ids, offsets in zip(pending, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+    texts = [text for text, _ in pending]
+    ids, char_ends, counts = encode_offsets(tokenizer, texts)
+    owned = documents_owned(char_ends, counts, texts)
+    for (text, cursor), doc_ids, doc_owned in zip(pending, ids, owned, strict=True):
         data = text.encode("utf-8")
-        yield ids, (cursor, document_digest(text)), DocumentText(owned_bytes(token_ends(offsets, text), len(data)),
-                                                                 data)
+        yield doc_ids, (cursor, _digest(data)), DocumentText(doc_owned, data)
+
+
+def _backend(tokenizer):
+    """A fast tokenizer's Rust backend, to be called directly where that gives what `tokenizer(texts,
+    add_special_tokens=False)` gives: no truncation or padding set on it, special tokens split as the wrapper
+    splits them; else None (the wrapper is called)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    if getattr(backend, "encode_special_tokens", False) != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
 
 
 def encode_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     """The ids of each text without special tokens, as `tokenizer(texts, add_special_tokens=False)` gives them;
     a fast tokenizer's backend is called directly (its batch API without offsets: half the time per token)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    backend = _backend(tokenizer)
     if backend is None or not hasattr(backend, "encode_batch_fast"):
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def encode_offsets(tokenizer, texts: list[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+    """(ids of each text, its tokens' character end offsets concatenated over the texts, tokens per text), as
+    `tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)` gives them; a fast tokenizer's
+    backend is called directly (the wrapper's per-token dicts cost more than the Rust encoding)."""
+    backend = _backend(tokenizer)
+    if backend is None:
+        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    else:
+        encodings = backend.encode_batch(texts, add_special_tokens=False)
+        ids, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(offsets)), dtype=np.int64, count=2 * int(counts.sum()))
+    return ids, flat[1::2], counts
 
 
 _DONE = object()
@@ -339,8 +371,13 @@ STREAM_SEED = b"hsk-corpus-stream-v1\n"
 
 def document_digest(text: str) -> bytes:
     """BLAKE2b-128 of a document's UTF-8 bytes, length-prefixed (8 bytes, little-endian)."""
-    encoded = text.encode("utf-8")
-    return hashlib.blake2b(len(encoded).to_bytes(8, "little") + encoded, digest_size=16).digest()
+    return _digest(text.encode("utf-8"))
+
+
+def _digest(data: bytes) -> bytes:
+    digest = hashlib.blake2b(len(data).to_bytes(8, "little"), digest_size=16)
+    digest.update(data)
+    return digest.digest()
 
 
 def chained(chain: bytes, digests: list[bytes]) -> bytes:
@@ -361,11 +398,13 @@ class ShardCursors:
         if CURSORS not in group:
             group.create_array(CURSORS, shape=(n_shards, 9), dtype="int64", chunks=(1, 9), fill_value=0)
             group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
+        # opened once: only the process that drives the dump writes and resizes them (opening reads their metadata)
+        self.cursors, self.chains = group[CURSORS], group[CHAINS]
         self.chain = hashlib.sha256(STREAM_SEED).digest()
 
     def resize(self, n_shards: int) -> None:
-        self.group[CURSORS].resize((n_shards, 9))
-        self.group[CHAINS].resize((n_shards, 32))
+        self.cursors.resize((n_shards, 9))
+        self.chains.resize((n_shards, 32))
 
     def advance(self, shard: int, rows, record: bool) -> None:
         """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
@@ -374,27 +413,26 @@ class ShardCursors:
         if not record:
             return
         end = rows.end[0] if rows.end is not None else Cursor()
-        self.group[CURSORS][shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
-                                      len(rows.marks)]
-        self.group[CHAINS][shard] = list(self.chain)
+        self.cursors[shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
+                               len(rows.marks)]
+        self.chains[shard] = list(self.chain)
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
         """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
         is taken up from there."""
         if shard == 0:
             return Cursor(), 0
-        row = [int(v) for v in self.group[CURSORS][shard - 1]]
-        self.chain = bytes(self.group[CHAINS][shard - 1])
+        row = [int(v) for v in self.cursors[shard - 1]]
+        self.chain = bytes(self.chains[shard - 1])
         return Cursor(*row[4:7]), row[7]
 
     def documents_before(self, shard: int) -> int:
         """Documents whose first token is in the shards before `shard`."""
-        return int(self.group[CURSORS][:shard, 8].sum()) if shard else 0
+        return int(self.cursors[:shard, 8].sum()) if shard else 0
 
     def fingerprint(self) -> tuple[str, int]:
         """The corpus as read (hex of the chain after the last shard) and how many documents it held."""
-        cursors = self.group[CURSORS]
-        return bytes(self.group[CHAINS][cursors.shape[0] - 1]).hex(), int(cursors[:, 8].sum())
+        return bytes(self.chains[self.cursors.shape[0] - 1]).hex(), int(self.cursors[:, 8].sum())
 
     def remove(self) -> None:
         for name in (CURSORS, CHAINS):
