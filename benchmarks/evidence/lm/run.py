@@ -96,7 +96,7 @@ SCALES = {
     # 2e-3, not clm-kd's default 2e-4: at 2e-4 the first2 student is still at 12 nats after 16 steps
     "cpu": Scale(train_tokens=20_480, steps=20, batch=8, eval_tokens=3_072, lr=2e-3),
     # 50x the cpu scale's training tokens per arm (1.02M, ~1.1 epochs of the whole 0.94M-token train split) with
-    # an 8-layer student: what one 15-minute GPU window holds for the 10 arms x 3 seeds of gpu.sh (an estimate
+    # an 8-layer student: what one 15-minute GPU window holds for the 11 arms x 3 seeds of gpu.sh (an estimate
     # made without a GPU: benchmarks/evidence/lm/README.md says how; gpu.sh's STEPS/BATCH override it)
     "gpu": Scale(train_tokens=None, steps=250, batch=32, eval_tokens=None, lr=1e-3, student="first8",
                  teacher_layer=16),
