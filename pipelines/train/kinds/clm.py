@@ -183,8 +183,9 @@ class ClmFeed:
         return _Maker(self.store.clm, device, self.live, head, layers)
 
 
-def reads_layers(stage: Stage) -> bool:
-    return any(term.loss in LAYER_TERMS for term in stage.terms)
+def reads_layers(stage: Stage | None) -> bool:
+    """Whether the stage has an intermediate-layer term (None: a reader without stages, the HF Trainer's)."""
+    return stage is not None and any(term.loss in LAYER_TERMS for term in stage.terms)
 
 
 def clm_feed(store: Any, method_options: Any) -> ClmFeed:
