@@ -155,6 +155,30 @@ def test_a_forged_layer_vector_at_the_padding_is_refused(layer_stores, tmp_path)
     assert "array clm/layers of shard " in err and "padding" in err and "forged or damaged" in err, err
 
 
+def test_a_forged_layer_selection_is_refused_in_one_line(layer_stores, tmp_path):
+    from test_domain import reseal
+
+    copy = Path(shutil.copytree(layer_stores["int8"], tmp_path / "forged.zarr"))
+    reseal(copy, selection=lambda meta: meta["selection"]["layer_states"].update(layers=[0, 2, 9]))
+    code, _, err = hsk("verify", str(copy), timeout=60)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "selection.layer_states.layers [0, 2, 9]" in err and "0..4" in err, err
+
+
+@pytest.mark.parametrize("support", ["sample:4", "hidden:int8"])
+def test_the_layers_ride_along_any_support(clm_teacher, clm_corpus, tmp_path, support):
+    out = tmp_path / "s.zarr"
+    assert main(clm_dump_args(clm_teacher, clm_corpus, out, "--hidden-layers", "3", "--layer-stride", "16",
+                              "--layer-codec", "nf4", support=support)) == 0
+    store = open_store(str(out))
+    assert main(["verify", str(out)]) == 0 and str(store.clm.described) == support
+    data = store.read_shard(0)
+    stored = decode_layers(data, store.clm.layer_states) @ rotation(32, 0)
+    theirs = _teacher_states(clm_teacher, data["input_ids"])[3][:, :1].numpy()
+    assert stored.shape == (8, 1, 1, 32)
+    assert np.abs(stored - theirs[:, :, None]).max() < 0.2 * np.abs(theirs).max()  # 4 bits, rotated
+
+
 def test_a_layer_the_teacher_lacks_is_one_line_and_writes_nothing(clm_teacher, clm_corpus, tmp_path):
     before = clm_corpus.read_bytes()
     out = tmp_path / "bad.zarr"
@@ -164,6 +188,12 @@ def test_a_layer_the_teacher_lacks_is_one_line_and_writes_nothing(clm_teacher, c
     assert lines[0].startswith("hsk: error: --hidden-layers 2,9: the teacher") and "has 4 layers" in lines[0]
     assert "pass numbers from 0 to 4" in lines[0]
     assert not out.exists() and clm_corpus.read_bytes() == before
+    for flags, words in ((("--hidden-layers", "2,x"), "--hidden-layers '2,x'"),
+                         (("--hidden-layers", "2", "--layer-stride", "0"), "--layer-stride 0"),
+                         (("--hidden-layers", "2", "--layer-codec", "int3"), "int3")):
+        code, _, err = hsk(*clm_dump_args(clm_teacher, clm_corpus, out, *flags))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+        assert not out.exists()
 
 
 def test_the_layer_term_needs_a_store_with_layers(small_clm_store, tmp_path, capsys):
