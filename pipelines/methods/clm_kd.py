@@ -17,7 +17,7 @@ the stored positions: student layer s against stored teacher layer j (`--set lay
 each stored j against student layer round(j * S / L)), through a learned Linear(d_S -> d_T) where the widths
 differ (pipelines/train/kinds/clm_layers.py).
 
-Its train-side pieces: the loss terms clm_ce / clm_topk_kl / clm_sampled_ce / clm_full_kl
+Its train-side pieces: the loss terms clm_ce / clm_topk_kl / clm_sampled_ce / clm_hidden_kl / clm_full_kl
 (pipelines/train/losses/terms.py, maths in lm.py) and the run in pipelines/train/kinds/clm.py.
 """
 
@@ -32,7 +32,7 @@ PAPER = ("Song et al., 'LightPAFF' (2020), GPT-2 distillation; Anshumann et al.,
          "(RS-KD, ACL 2025) for sampled supports")
 TARGETS = ("store", "live")
 # the KD term of each support kind (hskstore.format.clm.SUPPORTS)
-KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce", "hidden": "clm_full_kl"}
+KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce", "hidden": "clm_hidden_kl"}
 LAYER_LOSSES = {"mse": "clm_layer_mse", "cosine": "clm_layer_cos"}  # --set layer_loss -> the intermediate-layer term
 
 
@@ -64,8 +64,12 @@ class ClmKDOptions:
 
 def _kd_term(o: ClmKDOptions, ctx: Context) -> Term:
     support = ctx.meta.selection["support"]
-    if o.target == "live" or support == "hidden":  # the full distribution: the live teacher's, or the stored head's
+    # the full distribution: the live teacher's, or the stored head's (another term name: the run loads a live
+    # teacher for clm_full_kl alone)
+    if o.target == "live":
         return Term("kd", "clm_full_kl", o.lam, (("temperature", o.temperature),))
+    if support == "hidden":
+        return Term("kd", KD_TERMS[support], o.lam, (("temperature", o.temperature),))
     if support == "topk":
         return Term("kd", KD_TERMS[support], o.lam, (("tail", o.tail), ("temperature", o.temperature)))
     return Term("kd", KD_TERMS[support], o.lam)

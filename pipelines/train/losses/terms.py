@@ -397,6 +397,13 @@ def term_clm_full_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
     return _kd_mean(lm.full_kl(_kd_logprobs(x, temperature), teacher), x) * temperature ** 2
 
 
+@loss_term("clm_hidden_kl")
+def term_clm_hidden_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
+    """clm_full_kl's maths on the logits the stored hidden states and head give (pipelines/train/kinds/clm.py,
+    hidden_batch): its own name, so that a run loads a live teacher for clm_full_kl alone."""
+    return term_clm_full_kl(x, temperature)
+
+
 def _layer_pairs(x: TermInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per pair: (the student's vectors at the stored positions, projected where the widths differ [B, P, d_T],
     the stored teacher vectors [B, P, d_T]) of an intermediate-layer batch (pipelines/train/kinds/clm_layers.py)."""
