@@ -18,8 +18,8 @@ from pipelines.core.output_kinds import QUICKSTART
 from pipelines.core.tasks import get_task
 from pipelines.core.threads import physical_cores
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.kinds.distill import train
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.driver import train
 
 OUTPUT_KIND = QUICKSTART.name
 # What the default job took on this project's quiet 2-core machine (README: "Run the main job")

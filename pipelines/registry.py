@@ -36,6 +36,7 @@ from typing import Any
 
 from hskstore.format.config import ConfigError, Selection
 from hskstore.format.meta import StoreMeta
+from hskstore.plugins import METHODS, Plugin, PluginError, plugins
 from pipelines.core.tasks import Task
 
 # --------------------------------------------------------------------------------------------------
@@ -126,12 +127,22 @@ def check_names(where: str, what: str, names: Iterable[str], vocabulary: Mapping
         raise MethodError(f"{where}: unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(vocabulary)}")
 
 
+def _declare(vocabulary: dict[str, str], what: str, name: str, description: str) -> str:
+    if vocabulary.get(name, description) != description:
+        raise ValueError(f"{what} {name!r} is already declared as: {vocabulary[name]}")
+    vocabulary[name] = description
+    return name
+
+
 def declare_loss_term(name: str, description: str) -> str:
     """Declare a new loss term name (then implement it with pipelines.train.losses.terms.loss_term)."""
-    if LOSS_TERMS.get(name, description) != description:
-        raise ValueError(f"loss term {name!r} is already declared as: {LOSS_TERMS[name]}")
-    LOSS_TERMS[name] = description
-    return name
+    return _declare(LOSS_TERMS, "loss term", name, description)
+
+
+def declare_store_read(name: str, description: str) -> str:
+    """Declare what a stage of a kind of a package reads from its stores (Stage.reads), for that kind's feed
+    (pipelines.train.run.loop.Feed) to stream: a run kind's own store read, as "mlm" or "clm" are hsk's."""
+    return _declare(STORE_READS, "store read", name, description)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,6 +305,7 @@ def _parse(value: str, origin: type) -> object:
 
 _REGISTRY: dict[str, Method] = {}
 _FROM_PACKAGE: dict[str, str] = {}  # method name -> the installed package whose `hsk.methods` entry point added it
+_FAULTS: dict[str, Exception] = {}  # entry point name -> why its package could not be loaded
 _PLUGINS_LOADED = False
 
 
@@ -308,23 +320,35 @@ def register(method: Method) -> Method:
 def load_plugins() -> None:
     """Register the methods of installed packages (entry point group `hsk.methods`, hskstore.plugins), once.
 
-    An entry point names a module (its import registers its methods) or a `Method` (registered here)."""
+    An entry point names a module (its import registers its methods) or a `Method` (registered here). A package
+    that fails to load is set aside with its one-line error: the others, and hsk's own methods, still work, and
+    asking for a method it would have declared raises that error (`method_faults()` lists them)."""
     global _PLUGINS_LOADED
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
-    from hskstore.plugins import METHODS, PluginError, plugins
-
     for plugin in plugins(METHODS):
-        before = set(_REGISTRY)
-        try:
-            loaded = plugin.load()
-            if isinstance(loaded, Method):
-                register(loaded)
-        except ValueError as exc:  # register(): the name is taken
-            raise PluginError(f"{plugin.package}: {exc}; uninstall one of the two") from None
-        for name in set(_REGISTRY) - before:
-            _FROM_PACKAGE[name] = plugin.package
+        _load_one(plugin)
+
+
+def _load_one(plugin: Plugin) -> None:
+    before = set(_REGISTRY)
+    try:
+        loaded = plugin.load()
+        if isinstance(loaded, Method):
+            register(loaded)
+    except PluginError as exc:
+        _FAULTS[plugin.name] = exc
+    except ValueError as exc:  # register(): the name is taken
+        _FAULTS[plugin.name] = PluginError(f"{plugin.package}: {exc}; uninstall one of the two")
+    for name in set(_REGISTRY) - before:
+        _FROM_PACKAGE[name] = plugin.package
+
+
+def method_faults() -> list[Exception]:
+    """The installed method packages that could not be loaded, each as its one-line error."""
+    load_plugins()
+    return [_FAULTS[name] for name in sorted(_FAULTS)]
 
 
 def method_package(name: str) -> str | None:
@@ -338,8 +362,12 @@ def get_method(name: str) -> Method:
     key = name.strip().lower()
     if key not in _REGISTRY:
         load_plugins()
+    if key in _FAULTS and key not in _REGISTRY:
+        raise _FAULTS[key]
     if key not in _REGISTRY:
-        raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(_REGISTRY))} (see `hsk methods`)")
+        broken = f"; not loaded: {'; '.join(str(f) for f in method_faults())}" if _FAULTS else ""
+        raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(_REGISTRY))} (see `hsk methods`)"
+                          + broken)
     return _REGISTRY[key]
 
 

@@ -62,6 +62,12 @@ class RunKind:
     # "module:function" (store, method options) -> the batches a transformers.Trainer reads through
     # pipelines.integrations.hf.LMStoreDataset (None: the task-store dataset, or none)
     feed: str | None = None
+    # `hsk train`: the flags of its methods' options (a dataclass; gathered into TrainOptions.method_options,
+    # where each method refuses what it does not take) and its own run flags (a dataclass with
+    # `apply(TrainOptions, RunSource) -> (TrainOptions, RunSource)`, listed under `train_heading`)
+    method_flags: type | None = None
+    train_options: type | None = None
+    train_heading: str = ""
 
     @property
     def help_heading(self) -> str:

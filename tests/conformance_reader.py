@@ -218,11 +218,16 @@ def examples_fingerprint(columns: list[list[str]], labels: np.ndarray) -> str:
 
 def corpus_stream_fingerprint(texts: list[str]) -> str:
     """A causal-LM store's `dataset.fingerprint`: the SHA-256 chain over each document's length-prefixed BLAKE2b-128."""
+    return pair_stream_fingerprint([[text] for text in texts])
+
+
+def pair_stream_fingerprint(rows: list[list[str]]) -> str:
+    """The chain over rows of texts (a seq2seq store's pairs: [source, target]): each row's BLAKE2b-128 is over its
+    texts in turn, each its 8-byte little-endian UTF-8 length then those bytes."""
     chain = hashlib.sha256(b"hsk-corpus-stream-v1\n").digest()
-    for text in texts:
-        data = text.encode("utf-8")
-        chain = hashlib.sha256(chain + hashlib.blake2b(len(data).to_bytes(8, "little") + data, digest_size=16)
-                               .digest()).digest()
+    for row in rows:
+        data = b"".join(len(t.encode("utf-8")).to_bytes(8, "little") + t.encode("utf-8") for t in row)
+        chain = hashlib.sha256(chain + hashlib.blake2b(data, digest_size=16).digest()).digest()
     return chain.hex()
 
 

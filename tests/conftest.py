@@ -197,7 +197,7 @@ def stop_at_step_script(step: int, *, epochs: int, batch_size: int, max_steps: i
     its checkpoint written: what a killed run leaves, for resume tests run as a process or under torchrun."""
     return f"""
 import sys
-from pipelines.train.kinds.distill import train
+from pipelines.train.run.driver import train
 from pipelines.train.options import TrainOptions
 
 class Stop(Exception):
@@ -500,3 +500,101 @@ def small_clm_store(tmp_path_factory: pytest.TempPathFactory, clm_teacher: Path,
     out = tmp_path_factory.mktemp("small_clm") / "lm.zarr"
     assert main(clm_dump_args(clm_teacher, clm_corpus, out)) == 0
     return out
+
+
+@pytest.fixture
+def dask_cluster():
+    """A LocalCluster of 2 worker processes (with nannies, which restart a killed worker) and a client of it."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as c, Client(c) as client:
+        yield c, client
+
+
+def dump_killing_a_worker(args: list[str], out: Path, client, shards: int = 2) -> tuple[int, int]:
+    """`hsk ARGS` (a dump onto `client`'s cluster, in a thread of this process) with the process of a worker busy on
+    a shard killed (-9) once `shards` shards of the store at `out` are written; (exit status, the killed pid)."""
+    import signal
+    import threading
+    import time
+
+    import zarr
+
+    from hskstore.format.schema import PROGRESS_DONE
+    from pipelines.cli import main
+
+    status: dict = {}
+    driver = threading.Thread(target=lambda: status.update(code=main(args)))
+    driver.start()
+    killed = None
+    deadline = time.time() + 180
+    while killed is None and driver.is_alive() and time.time() < deadline:
+        try:
+            done = zarr.open_group(str(out), mode="r")[PROGRESS_DONE][:]
+        except Exception:  # the store is not created yet
+            done = None
+        busy = [addr for addr, tasks in client.processing().items() if tasks]
+        if done is not None and done.sum() >= shards and busy:
+            assert done.sum() < len(done), "the dump was not finished at the kill"
+            killed = client.run(os.getpid)[busy[0]]
+            os.kill(killed, signal.SIGKILL)  # the worker process itself, mid-shard
+        time.sleep(0.01)
+    driver.join(timeout=300)
+    assert killed is not None, "the kill should land mid-dump"
+    assert killed not in client.run(os.getpid).values()  # that process is gone; the nanny started another
+    return status.get("code"), killed
+
+
+def seq2seq_pairs_file(folder: Path, n: int = 24) -> Path:
+    """n pairs of real English (consecutive SST-2 sentences), as a TSV with a header."""
+    lines = corpus_lines(2 * n)
+    path = folder / "pairs.tsv"
+    path.write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])),
+                    encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def s2s_teachers(tmp_path_factory: pytest.TempPathFactory, bpe_tokenizer: Path) -> dict[str, Path]:
+    """Tiny random seq2seq teachers over the BPE tokenizer: T5 and BART (save_tiny_seq2seq), and a Llama."""
+    tmp = tmp_path_factory.mktemp("s2s_teachers")
+    made = {arch: save_tiny_seq2seq(tmp / arch, bpe_tokenizer, arch) for arch in ("t5", "bart")}
+    made["llama"] = save_tiny_causal_lm(tmp / "llama", bpe_tokenizer, "llama")
+    return made
+
+
+@pytest.fixture(scope="session")
+def s2s_pairs(tmp_path_factory: pytest.TempPathFactory, glue_dir: Path) -> Path:
+    """24 pairs of real English (seq2seq_pairs_file)."""
+    return seq2seq_pairs_file(tmp_path_factory.mktemp("s2s_pairs"))
+
+
+def resume_offset(out: Path) -> int:
+    """Where a killed streamed dump (causal-LM, seq2seq) resumes its corpus: the offset (byte or row) its first
+    pending shard's rows start at, as the store's corpus cursors record it."""
+    import numpy as np
+    import zarr
+
+    from hskstore.format.schema import PROGRESS_DONE
+    from pipelines.dump.corpus import CURSORS
+
+    group = zarr.open_group(str(out), mode="r")
+    first = int(np.argmin(group[PROGRESS_DONE][:].astype(bool)))
+    return int(group[CURSORS][first - 1][5])
+
+
+def recorded_starts(monkeypatch: pytest.MonkeyPatch, module, name: str, start_of) -> list:
+    """`module.name` (a corpus reader, a generator function) wrapped so that each call records `start_of(*args)`:
+    where a resumed dump reads its corpus from."""
+    starts: list = []
+    reader = getattr(module, name)
+
+    def recorded(*args):
+        starts.append(start_of(*args))
+        yield from reader(*args)
+
+    monkeypatch.setattr(module, name, recorded)
+    return starts

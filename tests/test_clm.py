@@ -62,6 +62,19 @@ def test_ids_pack_at_their_bits_and_back(bits):
     assert np.array_equal(unpack_ids(packed, bits, 5), ids)
 
 
+@pytest.mark.parametrize("bits", range(1, 33))
+def test_ids_pack_as_one_little_endian_bitstream(bits):
+    """The format's definition, as integers: id j's bits at bit j * bits of the row, the row's bytes little-endian."""
+    rng = np.random.default_rng(bits)
+    ids = rng.integers(0, 2 ** bits, size=(4, 3, 7))
+    width = -(-7 * bits // 8)
+    expected = [sum(int(v) << (j * bits) for j, v in enumerate(row)).to_bytes(width, "little")
+                for row in ids.reshape(-1, 7)]
+    packed = pack_ids(ids, bits)
+    assert packed.shape == (4, 3, width) and packed.dtype == np.uint8
+    assert [bytes(row) for row in packed.reshape(-1, width)] == expected
+
+
 def test_id_bits_cover_the_vocabulary():
     assert [id_bits(v) for v in (2, 300, 49_152, 50_257, 65_536, 151_936)] == [1, 9, 16, 16, 16, 18]
 

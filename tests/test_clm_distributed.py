@@ -3,18 +3,11 @@ corpus, workers compute and write whole shards; the bytes of one process, also w
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
-
 import pytest
 import torch
-import zarr
-from conftest import chunk_bytes
+from conftest import chunk_bytes, dump_killing_a_worker
 
 from hskstore import open_store
-from hskstore.format.schema import PROGRESS_DONE
 from pipelines.cli import main
 
 
@@ -31,48 +24,18 @@ def one_process(clm_teacher, clm_corpus, tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def cluster():
-    """A LocalCluster of 2 worker processes (with nannies, which restart a killed worker)."""
-    import logging
-
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as c, Client(c) as client:
-        yield c, client
-
-
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_has_its_shard_recomputed_and_the_bytes_are_one_process(
-        one_process, clm_teacher, clm_corpus, tmp_path, cluster):
-    local_cluster, client = cluster
+        one_process, clm_teacher, clm_corpus, tmp_path, dask_cluster):
+    local_cluster, client = dask_cluster
     out = tmp_path / "k.zarr"
     args = _args(clm_teacher, clm_corpus, out, "--scheduler", local_cluster.scheduler_address, "--threads",
                  str(torch.get_num_threads()))
-    status: dict = {}
-    driver = threading.Thread(target=lambda: status.update(code=main(args)))
-    driver.start()
-    killed = None
-    deadline = time.time() + 180
-    while killed is None and driver.is_alive() and time.time() < deadline:
-        try:
-            done = zarr.open_group(str(out), mode="r")[PROGRESS_DONE][:]
-        except Exception:  # the store is not created yet
-            done = None
-        busy = [addr for addr, tasks in client.processing().items() if tasks]
-        if done is not None and done.sum() >= 2 and busy:
-            pids = client.run(os.getpid)
-            killed = (pids[busy[0]], int(done.sum()))
-            os.kill(killed[0], signal.SIGKILL)  # the worker process itself, mid-shard
-        time.sleep(0.01)
-    driver.join(timeout=300)
-    assert killed is not None, "the kill should land mid-dump"
-    assert status.get("code") == 0
+    code, _ = dump_killing_a_worker(args, out, client)
+    assert code == 0
     assert open_store(str(out)).meta["checksums"] == open_store(str(one_process)).meta["checksums"]
     assert chunk_bytes(out) == chunk_bytes(one_process)
     assert main(["verify", str(out)]) == 0
-    assert killed[0] not in client.run(os.getpid).values()  # that process is gone; the nanny started another
 
 
 @pytest.mark.slow
@@ -86,13 +49,14 @@ def test_two_local_workers_write_the_bytes_of_one_process(one_process, clm_teach
 
 @pytest.mark.slow
 def test_a_hidden_state_dump_on_the_cluster_writes_the_bytes_and_head_of_one_process(clm_teacher, clm_corpus,
-                                                                                        tmp_path, cluster):
+                                                                                        tmp_path, dask_cluster):
     """--support hidden: the driver measures the reconstruction and writes the head once, the workers compute
     hidden shards: the selection, head and chunks of a one-process dump."""
     hidden = ["--support", "hidden:int8", "--limit-tokens", "320", "--threads", str(torch.get_num_threads())]
     one, spread = tmp_path / "one.zarr", tmp_path / "spread.zarr"
     assert main([*_args(clm_teacher, clm_corpus, one), *hidden]) == 0
-    assert main([*_args(clm_teacher, clm_corpus, spread), *hidden, "--scheduler", cluster[0].scheduler_address]) == 0
+    assert main([*_args(clm_teacher, clm_corpus, spread), *hidden, "--scheduler",
+                 dask_cluster[0].scheduler_address]) == 0
     store = open_store(str(spread))
     assert store.clm.support == "hidden" and store.meta["selection"] == open_store(str(one)).meta["selection"]
     assert chunk_bytes(spread) == chunk_bytes(one)

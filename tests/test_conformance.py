@@ -236,8 +236,9 @@ def test_64_bit_integers_are_strings_and_the_source_texts_give_the_dataset_finge
         texts = vector["source_texts"]  # a seq2seq store's rows are [source, target]: two columns
         columns = [list(column) for column in zip(*texts, strict=True)] if meta.get("objective") == "seq2seq" \
             else [texts]
-        fingerprint = reader.corpus_stream_fingerprint(texts) if meta.get("objective") == "clm" \
-            else reader.examples_fingerprint(columns, labels)  # a causal-LM corpus is fingerprinted as it streams
+        streamed = {"clm": reader.corpus_stream_fingerprint, "seq2seq": reader.pair_stream_fingerprint}
+        fingerprint = streamed[meta["objective"]](texts) if meta.get("objective") in streamed \
+            else reader.examples_fingerprint(columns, labels)  # an LM corpus is fingerprinted as it streams
         assert fingerprint == meta["dataset"]["fingerprint"], name
 
 

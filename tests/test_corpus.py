@@ -10,9 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import chunk_bytes, hsk, kill_dump_midway, tree_hashes
+from conftest import chunk_bytes, hsk, kill_dump_midway, recorded_starts, resume_offset, tree_hashes
 
-from hskstore.format.clm import DocumentText, owned_bytes, pack_blocks, pack_stream, pack_token_bytes
+from hskstore.format.clm import (
+    DocumentText,
+    documents_owned,
+    owned_bytes,
+    pack_blocks,
+    pack_stream,
+    pack_token_bytes,
+    token_ends,
+)
+from hskstore.format.config import ConfigError
 from pipelines.cli import main
 from pipelines.dump import corpus as corpus_module
 from pipelines.dump.corpus import CURSORS, Cursor, open_corpus
@@ -70,6 +79,40 @@ def test_streamed_text_is_the_whole_corpus_text_and_resumes_from_any_end(seed):
             assert [t for p in rest for t in p.texts] == whole[(k + 1) * rows:]
 
 
+def test_documents_owned_is_each_documents_owned_bytes_of_its_token_ends():
+    """The batched byte ownership (array operations over all documents at once) is the per-document one, for
+    characters of 1 to 4 UTF-8 bytes and offsets past the text, out of order or repeated."""
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        texts = ["".join(rng.choice(list("ab é€😀"), rng.integers(1, 14))) for _ in range(rng.integers(1, 9))]
+        offsets = [sorted(rng.integers(0, len(t) + 3, rng.integers(0, 9))) for t in texts]
+        offsets = [list(o) if rng.random() < 0.7 else list(rng.permutation(o)) for o in offsets]
+        char_ends = np.array([end for o in offsets for end in o], dtype=np.int64)
+        counts = np.array([len(o) for o in offsets])
+        batched = documents_owned(char_ends, counts, texts)
+        for text, ends, owned in zip(texts, offsets, batched, strict=True):
+            expected = owned_bytes(token_ends([(0, e) for e in ends], text), len(text.encode()))
+            np.testing.assert_array_equal(owned, expected)
+    with pytest.raises(ConfigError, match="spans 70000 bytes"):
+        documents_owned(np.array([1, 70001]), np.array([2]), ["a" * 70001])
+
+
+def test_encode_offsets_are_the_tokenizers_own(clm_teacher):
+    """The backend called directly gives the wrapper's ids and offsets; with truncation set on the backend, the
+    wrapper (which lifts it) is called."""
+    from pipelines.core.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(clm_teacher))
+    texts = ["The cat sat.", "é€ 😀 naïve  spaces ", "x" * 300, "a"]
+    wrapper = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    for truncated in (False, True):
+        if truncated:
+            tokenizer.backend_tokenizer.enable_truncation(max_length=4)
+        ids, char_ends, counts = corpus_module.encode_offsets(tokenizer, texts)
+        assert ids == wrapper["input_ids"] and counts.tolist() == [len(i) for i in wrapper["input_ids"]]
+        assert char_ends.tolist() == [end for o in wrapper["offset_mapping"] for _, end in o]
+
+
 def test_folders_globs_json_lines_and_parquet_read_their_documents_and_seek(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -119,19 +162,9 @@ def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(reference, 
                                                                       monkeypatch):
     args = _args(clm_teacher, clm_corpus, "--limit-tokens", "1200")
     kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
-    group = zarr.open_group(str(tmp_path / "k.zarr"), mode="r")
-    done = group["_progress/done"][:].astype(bool)
-    first = int(np.argmin(done))
-    resume_at = int(group[CURSORS][first - 1][5])  # the byte offset where the first pending shard's rows start
+    resume_at = resume_offset(tmp_path / "k.zarr")  # the byte offset where the first pending shard's rows start
     assert resume_at > 0
-    seeks = []
-    lines = corpus_module._lines
-
-    def counted(source, index, start):
-        seeks.append(start.offset)
-        yield from lines(source, index, start)
-
-    monkeypatch.setattr(corpus_module, "_lines", counted)
+    seeks = recorded_starts(monkeypatch, corpus_module, "_lines", lambda source, index, start: start.offset)
     assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
     assert seeks == [resume_at]  # one read, from the recorded cursor: nothing before it read again
     assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(reference)

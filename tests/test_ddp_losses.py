@@ -144,3 +144,39 @@ def test_lm_methods_give_the_same_loss_and_weights_on_two_ranks(method, lm_store
     assert a.keys() == b.keys()
     for name in a:  # Adam moves an element of near-zero gradient by ~lr: float noise there is a fraction of 1e-3
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def bpe_student(tmp_path_factory, clm_corpus) -> str:
+    """A student with another tokenizer than the store's teacher: a BPE of 400 trained on the corpus."""
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("ddp_xtok") / "student"
+    assert main(["student", "lm", "--train-tokenizer", str(clm_corpus), "--vocab-size", "400", "--student-layers", "2",
+                 "--hidden", "32", "--heads", "2", "--ffn", "64", "--max-positions", "128", "--seed", "1",
+                 "--out", str(out)]) == 0
+    return str(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["uld", "alm"])
+def test_cross_tokenizer_methods_give_the_same_loss_and_weights_on_two_ranks(method, lm_stores, bpe_student,
+                                                                            tmp_path):
+    """uld and alm average over the global batch's aligned positions and chunks (each rank's blocks align at
+    different numbers of them): 2 ranks log one process's losses, each term's too, and reach its weights."""
+    argv = ["train", "--store", lm_stores["clm-kd"], "--out", "OUT", "--method", method, "--student", bpe_student,
+            "--set", "lr=1e-3", "--epochs", "2", "--batch-size", "8", "--seed", "5", "--max-steps", "3",
+            "--log-every", "1", "--workers", "0", "--no-progress", "--device", "cpu"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _one_and_two(argv, one, two)
+    curve = {r["step"]: r for r in _records(one) if r["type"] == "train"}
+    ranked_curve = {r["step"]: r for r in _records(two) if r["type"] == "train"}
+    assert curve.keys() == ranked_curve.keys() == {1, 2, 3}
+    for step, record in curve.items():
+        assert ranked_curve[step]["loss"] == pytest.approx(record["loss"], rel=1e-5, abs=1e-8), step
+        assert ranked_curve[step]["terms"] == pytest.approx(record["terms"], rel=1e-5, abs=1e-8), step
+    assert len({r["loss"] for r in curve.values()}) == 3  # it trained
+    a, b = _weights(one), _weights(two)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=2e-5, msg=name)

@@ -239,6 +239,10 @@ def test_lm_refusals_name_the_fix(store, lm_stores, tmp_path):
         LMStoreDataset(store)
     with pytest.raises(ConfigError, match="target=live"):
         LMStoreDataset(str(lm_stores["clm"]), options={"target": "live"})
+    for method in ("uld", "alm"):  # another tokenizer: hsk train re-tokenizes the text, the Trainer does not
+        with pytest.raises(ConfigError, match=rf"method='{method}' re-tokenizes .* `hsk train --store .*clm.zarr "
+                                              rf"--method {method} --student DIR`"):
+            LMStoreDataset(str(lm_stores["clm"]), method=method)
     small = AutoModelForCausalLM.from_pretrained(lm_stores["clm_teacher"], num_hidden_layers=1, vocab_size=100,
                                                  ignore_mismatched_sizes=True)
     with pytest.raises(ConfigError, match="100 rows but the store's tokenizer has 300 tokens"):

@@ -47,7 +47,8 @@ def site(tmp_path_factory) -> Path:
     dist = site / "kind_ext-0.3.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kind-ext\nVersion: 0.3\n")
-    (dist / "entry_points.txt").write_text("[hsk.store_kinds]\n" + "".join(f"{k} = {v}\n" for k, v in ENTRIES.items()))
+    (dist / "entry_points.txt").write_text("[hsk.store_kinds]\n" + "".join(f"{k} = {v}\n" for k, v in ENTRIES.items())
+                                           + "\n[hsk.run_kinds]\nraising = kind_ext_raising\n")
     for name, text in MODULES.items():
         (site / f"kind_ext_{name}.py").write_text(text)
     return site
@@ -121,3 +122,200 @@ def test_an_attribute_entry_point_registers_the_kind_it_names(site):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"named by a module attribute | {PACKAGE} | True"
+
+
+# --- a whole kind from a package: hsk-tokcls (tests/plugins), dumped, trained and evaluated through `hsk` ---------
+# Its package lives in tests/plugins (hsk_tokcls/ and its dist-info); it is put on the `hsk` processes' PYTHONPATH
+# beside kind-ext, whose broken kinds must not touch it. This process never imports it: the kind declares names in
+# hsk's vocabularies, which tests/test_registry.py checks against hsk's own.
+
+PLUGINS = REPO / "tests" / "plugins"
+TOKCLS = "hsk-tokcls 0.1"
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def _with_tokcls(site: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), str(PLUGINS), str(site)])}
+
+
+def _save_token_classifier(out: Path, tokenizer: Path, *, seed: int, scale: float) -> Path:
+    """A random 2-layer BertForTokenClassification (hidden 32) over NER_LABELS; `scale` sharpens its labels."""
+    import torch
+    from conftest import tiny_bert_config
+    from transformers import AutoTokenizer, BertForTokenClassification
+
+    config = tiny_bert_config(num_layers=2, num_labels=len(NER_LABELS), id2label=dict(enumerate(NER_LABELS)),
+                              label2id={label: i for i, label in enumerate(NER_LABELS)})
+    torch.manual_seed(seed)
+    model = BertForTokenClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(scale)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory, site, tiny_tokenizer, glue_dir) -> Path:
+    """A folder: a tiny NER teacher and student, 64 SST-2 sentences dumped top-2 (`ner.zarr`, 2 shards) and 32 others
+    dumped with every label (`held.zarr`), both by `hsk dump --objective tokcls` with kind-ext installed too."""
+    from conftest import corpus_lines
+
+    folder = tmp_path_factory.mktemp("tokcls")
+    _save_token_classifier(folder / "teacher", tiny_tokenizer, seed=1, scale=30.0)
+    _save_token_classifier(folder / "student", tiny_tokenizer, seed=7, scale=1.0)
+    lines = corpus_lines(96)
+    for name, texts, support in (("ner", lines[:64], "topk:2"), ("held", lines[64:], "full")):
+        (folder / f"{name}.txt").write_text("\n".join(texts) + "\n")
+        code, out, err = hsk("dump", "--objective", "tokcls", "--teacher", str(folder / "teacher"), "--out",
+                             str(folder / f"{name}.zarr"), "--set", f"text_file={folder / name}.txt", "--set",
+                             f"support={support}", "--set", "shard_rows=32", "--device", "cpu", "--threads", "1",
+                             "--no-progress", timeout=180, **_with_tokcls(site))
+        assert code == 0, err
+    return folder
+
+
+CHECK_DUMP = """
+import sys, numpy as np, torch
+from hskstore import open_store
+from transformers import AutoModelForTokenClassification
+folder = sys.argv[1]
+teacher = AutoModelForTokenClassification.from_pretrained(folder + '/teacher').eval()
+for name, k in (('ner', 2), ('held', 5)):
+    store = open_store(folder + '/' + name + '.zarr')
+    data = store.read(slice(0, len(store)))
+    t = int(data['length'].max())
+    mask = np.arange(t)[None, :] < data['length'][:, None]
+    with torch.no_grad():
+        logits = teacher(input_ids=torch.as_tensor(data['input_ids'][:, :t].astype(np.int64)),
+                         attention_mask=torch.as_tensor(mask.astype(np.int64))).logits
+    want = torch.log_softmax(logits, -1).numpy()
+    got = data['tokcls/logprobs'][:, :t]
+    if k == 2:
+        want = -np.sort(-want, axis=-1)[..., :2]
+        assert (data['tokcls/ids'][:, :t][mask][:, 0] == logits.argmax(-1).numpy()[mask]).all()
+    assert np.abs(got[mask] - want[mask]).max() < 1e-4, name
+    assert (data['tokcls/logprobs'][:, t:] == 0).all() and (got[~mask] == 0).all()
+    print(name, type(store).__name__, store.labelling.support, len(store), int(mask.sum()))
+"""
+
+
+def test_a_plugin_kind_dumps_what_its_teacher_says_and_verifies(ner, site):
+    """The stored label log-probs are the teacher's, per word-piece of real SST-2 text (top-2 with their ids, and
+    every label), zeros past each row; `hsk verify` and `hsk info` read the stores as their kind."""
+    env = _with_tokcls(site)
+    done = subprocess.run([sys.executable, "-c", CHECK_DUMP, str(ner)], env=hsk_env(**env), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[:4] for line in done.stdout.splitlines()] == [["ner", "TokClsStore", "topk", "64"],
+                                                                       ["held", "TokClsStore", "full", "32"]]
+    code, out, err = hsk("verify", str(ner / "ner.zarr"), timeout=60, **env)
+    assert code == 0 and "2 shards, 64 rows match their checksums" in out, err
+    code, out, err = hsk("info", str(ner / "ner.zarr"), timeout=60, **env)
+    assert code == 0 and "objective tokcls" in out and f"top-2 of 5 per word-piece: {', '.join(NER_LABELS)}" in out
+
+
+
+def test_a_store_of_a_package_kind_names_its_package_where_it_is_missing(ner, tmp_path):
+    """The writer records the package of a package's kind (`kind_package`); an hsk without the package refuses the
+    store in one line naming it, and changes nothing."""
+    meta = json.loads((ner / "ner.zarr" / "zarr.json").read_text())["attributes"]["hsk"]
+    assert meta["objective"] == "tokcls" and meta["kind_package"] == "hsk-tokcls"
+    kept = tree_hashes(ner / "ner.zarr")
+    for command in ("info", "verify"):
+        code, out, err = hsk(command, str(ner / "ner.zarr"), timeout=60)
+        assert code == 2 and out == "" and err.strip() == ("hsk: error: no store kind 'tokcls': this store's kind "
+                                                           "comes from the package hsk-tokcls, which is not "
+                                                           "installed: install it"), err
+    assert tree_hashes(ner / "ner.zarr") == kept
+
+
+def test_a_killed_dump_of_a_plugin_kind_resumes_to_the_same_store(ner, site, tmp_path):
+    """A package's kind writes through hsk's writer: killed after its first shard (as kill -9 would), the same
+    command finishes it, to the bytes and the content address of the dump that was never interrupted."""
+    from conftest import chunk_bytes
+
+    out = tmp_path / "ner.zarr"
+    args = ("dump", "--objective", "tokcls", "--teacher", str(ner / "teacher"), "--out", str(out), "--set",
+            f"text_file={ner / 'ner.txt'}", "--set", "support=topk:2", "--set", "shard_rows=32", "--device", "cpu",
+            "--threads", "1", "--no-progress")
+    code, _, err = hsk(*args, timeout=180, HSK_FAULT="after-shard-written", **_with_tokcls(site))
+    assert code == 86 and not json.loads((out / "zarr.json").read_text())["attributes"]["hsk"]["complete"], err
+    code, _, err = hsk(*args, timeout=180, **_with_tokcls(site))
+    assert code == 0, err
+    resumed, whole = (json.loads((s / "zarr.json").read_text())["attributes"]["hsk"] for s in (out, ner / "ner.zarr"))
+    assert resumed["manifest"] == whole["manifest"] and chunk_bytes(out) == chunk_bytes(ner / "ner.zarr")
+
+def test_a_plugin_kind_trains_with_its_method_and_evaluates(ner, site, tmp_path):
+    """`hsk train` runs the kind's default method (the package's tokcls-kd, its loss the package's) and `hsk eval
+    --objective tokcls` scores the student on the held-out store: closer to the teacher than before training."""
+    env = _with_tokcls(site)
+    code, out, err = hsk("train", "--store", str(ner / "ner.zarr"), "--student", str(ner / "student"), "--out",
+                         str(tmp_path / "run"), "--set", "epochs=4", "--batch-size", "8", "--device", "cpu",
+                         "--threads", "1", "--no-progress", timeout=300, **env)
+    assert code == 0, err
+    assert "method: tokcls-kd (what a tokcls store trains with" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["method"] == "tokcls-kd" and summary["steps"] == 32 and summary["plan"][0]["reads"] == ["tokcls"]
+    scores = {}
+    for name, model in (("before", ner / "student"), ("after", tmp_path / "run" / "best")):
+        code, out, err = hsk("eval", str(model), "--objective", "tokcls", "--set", f"store={ner / 'held.zarr'}",
+                             "--json", "--threads", "1", timeout=120, **env)
+        assert code == 0, err
+        scores[name] = json.loads(out)
+    assert scores["before"]["tokens"] == scores["after"]["tokens"] > 500
+    assert scores["after"]["kl"] < 0.9 * scores["before"]["kl"], scores
+    assert scores["after"]["agreement"] > scores["before"]["agreement"], scores
+
+
+LOSS_FACTS = """
+import torch, torch.nn.functional as F
+from hsk_tokcls.compute import token_kl
+torch.manual_seed(0)
+s, t = torch.randn(3, 7, 5), torch.randn(3, 7, 5) * 3
+mask = torch.rand(3, 7) > 0.3
+log_p = F.log_softmax(t, -1)
+full = token_kl(s, log_p, None, mask)
+# the full support: the textbook KL, averaged over the real tokens
+want = F.kl_div(F.log_softmax(s, -1), log_p, reduction='none', log_target=True).sum(-1)[mask].mean()
+assert torch.allclose(full, want, atol=1e-6), (full, want)
+top, ids = log_p.topk(5, -1)
+assert torch.allclose(token_kl(s, top, ids, mask), full, atol=1e-5)  # k = every label: the same KL
+for k in (1, 2, 4):
+    top, ids = log_p.topk(k, -1)
+    assert token_kl(s, top, ids, mask) <= full + 1e-6  # merging labels into one bucket never adds divergence
+assert token_kl(t, top, ids, mask).abs() < 1e-6 and token_kl(t, log_p, None, mask).abs() < 1e-6
+print('ok')
+"""
+
+
+def test_the_plugin_loss_is_the_kl_over_its_support(site):
+    done = subprocess.run([sys.executable, "-c", LOSS_FACTS], env=hsk_env(**_with_tokcls(site)), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_broken_kind_beside_a_plugin_kind_fails_alone(ner, site, tmp_path):
+    """With hsk-tokcls and the broken kind-ext both installed: a task store is described, `hsk methods` lists the
+    package's method, a store and a dump of the broken kind are refused in one line naming kind-ext, and a method
+    that cannot read a tokcls store is refused naming the one that can."""
+    env = _with_tokcls(site)
+    code, out, err = hsk("info", str(VECTORS / "int8.hsk.zip"), timeout=60, **env)
+    assert code == 0 and "kind-ext" not in out + err and "tokcls" not in out + err, err
+    code, out, err = hsk("methods", timeout=60, **env)
+    assert code == 0 and f"from: {TOKCLS}" in out and "kind-ext" not in out + err, err
+    broken = _store_of("raising", tmp_path / "raising.zarr")
+    kept = tree_hashes(broken)
+    for args in (("info", str(broken)), ("dump", "--objective", "raising", "--teacher", str(ner / "teacher"), "--out",
+                                         str(tmp_path / "new.zarr"))):
+        code, _, err = hsk(*args, timeout=60, **env)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and PACKAGE in err and "uninstall kind-ext" in err, err
+    assert tree_hashes(broken) == kept and not (tmp_path / "new.zarr").exists()
+    before = tree_hashes(ner / "ner.zarr")
+    code, _, err = hsk("train", "--store", str(ner / "ner.zarr"), "--student", str(ner / "student"), "--method", "kd",
+                       "--out", str(tmp_path / "run"), timeout=60, **env)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pass --method tokcls-kd" in err, err
+    code, _, err = hsk("eval", str(ner / "student"), "--objective", "tokcls", timeout=60, **env)
+    assert code == 2 and err.strip() == ("hsk: error: hsk eval --objective tokcls needs --set store=STORE (a "
+                                         "token-classification store of held-out text)"), err
+    assert tree_hashes(ner / "ner.zarr") == before and not (tmp_path / "run").exists()

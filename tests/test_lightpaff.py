@@ -184,8 +184,8 @@ def test_pretrain_then_finetune(mlm_store, task_stores, tmp_path):
 def test_pretrain_resumes_mid_run_to_the_same_curve(mlm_store, tmp_path):
     # 40 rows / batch 8 = 5 steps an epoch, so 7 steps cross an epoch boundary. The run dies at step 5,
     # after the checkpoint of step 4: steps 5-7 are recomputed from it (step 5's record is dropped)
-    from pipelines.train.kinds.distill import train
     from pipelines.train.options import TrainOptions
+    from pipelines.train.run.driver import train
 
     def opts(**kw) -> TrainOptions:
         base = dict(method="lightpaff-pretrain", method_options={"epochs": 2, "lam": 0.5}, max_steps=7,
@@ -247,9 +247,9 @@ def test_rows_without_labels_train_on_kl_only(task_stores, tmp_path):
 def test_an_older_checkpoint_is_refused_in_one_line_then_started_over(mlm_store, tmp_path, capsys):
     """A checkpoint of an older layout (version 2: LightPAFF pre-training had its own) is not resumed: the
     command says what to do in one line and leaves the folder as it was; --no-resume starts over."""
-    from pipelines.train.kinds.distill import train
     from pipelines.train.options import TrainOptions
     from pipelines.train.run.checkpoints import CHECKPOINT_VERSION
+    from pipelines.train.run.driver import train
 
     out = tmp_path / "run"
 

@@ -23,10 +23,10 @@ from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.methods import Method, MethodError, Stage, Term, all_methods, get_method, register
 from pipelines.methods.pkd import pkd_teacher_layers
-from pipelines.train.kinds.distill import train
 from pipelines.train.losses.pairs import LayerPair, layer_pairs
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.driver import train
 from pipelines.train.students.heads import Heads
 
 ROWS = 48

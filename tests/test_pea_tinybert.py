@@ -14,11 +14,11 @@ from conftest import make_tiny_bert
 
 from hskstore.format.config import ConfigError, HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.kinds.distill import train
 from pipelines.train.losses.attention import ScoreRecorder, attention_mse, score_rows
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.driver import train
 from pipelines.train.students.adapter import StudentOutputs
 from pipelines.train.students.sps import sps_from_bert
 

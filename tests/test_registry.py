@@ -130,6 +130,21 @@ def test_a_misspelt_loss_term_is_refused_when_the_term_is_built_and_train_refuse
     assert registry.declare_loss_term("kl", registry.LOSS_TERMS["kl"]) == "kl"  # the same declaration again
 
 
+def test_a_package_declares_its_kinds_store_read_before_a_stage_reads_it(monkeypatch):
+    """What a package's kind streams is a store read it declares (pipelines.registry.declare_store_read): refused by
+    a stage before, accepted after; hsk's own reads and a name declared otherwise cannot be redeclared."""
+    monkeypatch.setattr(registry, "STORE_READS", dict(registry.STORE_READS))  # this process's vocabulary unchanged
+    with pytest.raises(MethodError, match="unknown store read 'my-kind'"):
+        _stage(reads=("my-kind",))
+    assert registry.declare_store_read("my-kind", "my kind's inputs and targets") == "my-kind"
+    assert registry.declare_store_read("my-kind", "my kind's inputs and targets") == "my-kind"  # the same again
+    assert _stage(reads=("my-kind",)).reads == ("my-kind",)
+    with pytest.raises(ValueError, match="store read 'my-kind' is already declared as: my kind's inputs"):
+        registry.declare_store_read("my-kind", "something else")
+    with pytest.raises(ValueError, match="store read 'clm' is already declared as: a causal-LM store's"):
+        registry.declare_store_read("clm", "mine")
+
+
 @dataclass
 class _TypoOptions:
     epochs: float = 1.0

@@ -17,6 +17,7 @@ from hskstore.format import kinds as store_kinds
 from pipelines import runkinds
 from pipelines.cli import main
 from pipelines.core.flags import flag_fields
+from pipelines.kinds.clm import ClmTeacherOptions
 from pipelines.methods import get_method
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +66,14 @@ def test_teacher_and_eval_refuse_a_flag_of_another_kind(tmp_path):
                                       "drop it"
     rc, _, err = hsk("eval", str(tmp_path), "--task", "sst2", "--block-size", "64")
     assert rc == 2 and "--block-size is an option of the clm evaluation, not of the task evaluation" in err
+    # a kind's options by name (how a package's kind takes its own): the kind's dataclass reads them, or refuses
+    rc, _, err = hsk("teacher", "--objective", "clm", "--set", "blocks=64", "--out", str(tmp_path / "t"))
+    assert rc == 2 and err.strip() == ("hsk: error: --set blocks: ClmTeacherOptions has no field 'blocks'; its "
+                                       f"fields: {', '.join(f.name for f in dataclasses.fields(ClmTeacherOptions))}")
+    rc, _, err = hsk("eval", str(tmp_path), "--objective", "clm", "--set", "block_size=many")
+    assert rc == 2 and err.strip() == "hsk: error: --set block_size=many: cannot read 'many' as int", err
+    rc, _, err = hsk("eval", str(tmp_path), "--objective", "mlm")
+    assert rc == 2 and err.strip() == "hsk: error: --objective mlm: the mlm kind has no evaluation of its own", err
     assert not (tmp_path / "t").exists()
 
 
@@ -125,3 +134,95 @@ def test_a_broken_run_kind_plugin_fails_its_own_kind_alone(clm_store, tmp_path):
     assert "method: clm-kd" in out
     rc, out, err = hsk("info", str(clm_store), **env)
     assert rc == 0 and "clm" in out, err
+
+
+# --- where each run kind lives: the run-kind half of tests/test_store_kinds.py's check -----------------------------
+# A run kind's modules are those its declaration names: the module declaring its RunKind, the modules of its entry
+# points (dump, prepare, teacher, evaluate, feed) and of the methods that read its stores (Method.kinds). Beside them,
+# OWN lists each kind's other modules (each must be imported by one of those: a stale or unrelated entry fails), and
+# DECLARATIONS the shared tables looked up by name that hold every kind's line. Any other module of pipelines/ whose
+# code (comments left out) names the kind branches on it, and fails the test.
+
+OWN = {"mlm": {"pipelines/train/kinds/mlm_teacher.py"},  # its teacher's fine-tuning (`hsk teacher --objective mlm`)
+       "clm": {"pipelines/train/kinds/clm_teacher.py"}}
+DECLARATIONS = {
+    "pipelines/runkinds.py",  # the built-in kinds' declarations, by name
+    "pipelines/registry.py",  # the vocabularies: each kind's store read and head are named after it
+    "pipelines/train/students/adapter.py",  # the student adapters, keyed by head ("mlm", "clm")
+}
+# the first kind, the default objective: what names it is a comparison of an objective with it
+TASK_NAMING = (r"""objective[^\n=!]*[!=]=\s*["']task["']|["']task["']\s*[!=]=[^\n]*objective"""
+               r"|[!=]=\s*TASK\b|\bTASK\s*[!=]=")
+PLUGIN_SITE = REPO / "tests" / "plugins"  # hsk-tokcls: a kind of a package (test_kind_plugins.py runs it)
+
+
+def _plugin_run_kinds() -> list[str]:
+    """The run kinds the test packages declare (their entry points, read as text: nothing is imported)."""
+    import configparser
+
+    names = []
+    for entry_points in sorted(PLUGIN_SITE.glob("*.dist-info/entry_points.txt")):
+        parser = configparser.ConfigParser(delimiters=("=",))
+        parser.read_string(entry_points.read_text())
+        names += list(parser["hsk.run_kinds"]) if parser.has_section("hsk.run_kinds") else []
+    return names
+
+
+def _module_path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _declared_modules(kind: runkinds.RunKind) -> set[str]:
+    """The modules a run kind's declaration names: its own, its entry points', its methods'."""
+    from pipelines.methods import all_methods
+
+    where = [runkinds._DECLARED[kind.name], *(getattr(kind, part) or "" for part in
+                                             ("dump", "prepare", "teacher", "evaluate", "feed"))]
+    modules = {value.partition(":")[0] for value in where if value}
+    modules |= {method.build.__module__ for method in all_methods() if kind.name in method.kinds}
+    return {_module_path(module) for module in modules}
+
+
+def _imports(path: str) -> set[str]:
+    """The pipelines modules a module imports (at its top or inside its functions), as paths."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse((REPO / path).read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        found |= {_module_path(n) for n in names if n.startswith("pipelines.")}
+    return {p for p in found if (REPO / p).is_file()}
+
+
+def _code(path: Path) -> str:
+    """A module's text without its comments (what it does, not what it says about it)."""
+    import io
+    import tokenize
+
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return tokenize.untokenize((t.type, t.string) for t in tokens if t.type != tokenize.COMMENT)
+
+
+def _naming(pattern: str) -> set[str]:
+    import re
+
+    return {str(p.relative_to(REPO)) for p in (REPO / "pipelines").rglob("*.py") if re.search(pattern, _code(p))}
+
+
+@pytest.mark.parametrize("name", [*runkinds.builtin(), *_plugin_run_kinds()])
+def test_each_run_kind_is_named_only_in_its_modules(name):
+    """Outside a run kind's modules, pipelines/ looks it up by name and never branches on it; a package's kind
+    (tests/plugins) is named nowhere in pipelines/ at all."""
+    import re
+
+    if name not in runkinds.builtin():
+        assert _naming(rf"""["']{re.escape(name)}["']""") == set()
+        return
+    declared = _declared_modules(runkinds.get(name))
+    reached = set().union(*(_imports(path) for path in declared))
+    assert OWN.get(name, set()) <= reached, sorted(OWN.get(name, set()) - reached)  # each imported by the kind
+    homes = declared | OWN.get(name, set()) | DECLARATIONS
+    naming = _naming(TASK_NAMING if name == "task" else rf"""["']{re.escape(name)}["']""")
+    assert naming <= homes, sorted(naming - homes)

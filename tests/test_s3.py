@@ -147,3 +147,22 @@ def test_clm_kd_streams_a_causal_lm_store_from_s3(s3, clm_teacher, clm_corpus, t
     losses = {name: [json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
               for name, run in runs.items()}
     assert losses["s3"] == losses["local"] and len([x for x in losses["s3"] if x is not None]) == 3
+
+
+def test_seq2seq_pairs_read_from_s3_give_the_local_bytes(s3, s2s_teachers, s2s_pairs, tmp_path):
+    """Pairs in JSON lines on S3 (a glob of two files), streamed into a store on S3: the local TSV's store."""
+    rows = [line.split("\t") for line in s2s_pairs.read_text(encoding="utf-8").splitlines()[1:]]
+    folder = s3_url("pairs")
+    for part, chunk in enumerate((rows[:10], rows[10:])):
+        (tmp_path / f"{part}.jsonl").write_text("".join(json.dumps({"src": s, "tgt": t}) + "\n" for s, t in chunk),
+                                                encoding="utf-8")
+        s3.filesystem().put(str(tmp_path / f"{part}.jsonl"), f"{folder.removeprefix('s3://')}/{part}.jsonl")
+    common = ["dump", "--objective", "seq2seq", "--teacher", str(s2s_teachers["t5"]), "--support", "topk:4",
+              "--max-length", "40", "--max-target", "16", "--shard-rows", "8", "--no-progress", "--device", "cpu"]
+    local, url = tmp_path / "local.zarr", s3_url("s2s.zarr")
+    assert main([*common, "--data-file", str(s2s_pairs), "--out", str(local)]) == 0
+    assert main([*common, "--data-file", f"{folder}/*.jsonl", "--text-columns", "src,tgt", "--out", url]) == 0
+    assert main(["verify", url]) == 0
+    remote = open_store(url)
+    assert remote.meta["checksums"] == open_store(str(local)).meta["checksums"]
+    assert remote.meta["dataset"]["fingerprint"] == open_store(str(local)).meta["dataset"]["fingerprint"]

@@ -16,8 +16,11 @@ from conftest import (
     chunk_bytes,
     corpus_lines,
     kill_dump_midway,
-    save_tiny_causal_lm,
+    recorded_starts,
+    resume_offset,
     save_tiny_seq2seq,
+    seq2seq_pairs_file,
+    tree_hashes,
 )
 
 from hskstore import open_store
@@ -28,15 +31,6 @@ from pipelines.core.pair_models import decoder_only_inputs
 PROMPT = "Paraphrase: {source}\\nAnswer:"
 
 
-def _pairs_file(folder: Path, n: int = 24) -> Path:
-    """n pairs of real English (consecutive SST-2 sentences), as a TSV with a header."""
-    lines = corpus_lines(2 * n)
-    path = folder / "pairs.tsv"
-    path.write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in zip(lines[::2], lines[1::2])),
-                    encoding="utf-8")
-    return path
-
-
 def _dump(teacher: Path, pairs: Path, out: Path, *extra: str) -> int:
     return main(["dump", "--objective", "seq2seq", "--teacher", str(teacher), "--data-file", str(pairs),
                  "--max-length", "40", "--max-target", "16", "--shard-rows", "8", "--batch-size", "4",
@@ -44,16 +38,13 @@ def _dump(teacher: Path, pairs: Path, out: Path, *extra: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def teachers(tmp_path_factory, bpe_tokenizer):
-    tmp = tmp_path_factory.mktemp("s2s_teachers")
-    made = {arch: save_tiny_seq2seq(tmp / arch, bpe_tokenizer, arch) for arch in ("t5", "bart")}
-    made["llama"] = save_tiny_causal_lm(tmp / "llama", bpe_tokenizer, "llama")
-    return made
+def teachers(s2s_teachers):
+    return s2s_teachers
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    return _pairs_file(tmp_path_factory.mktemp("s2s_pairs"))
+def pairs(s2s_pairs):
+    return s2s_pairs
 
 
 @pytest.fixture(scope="module")
@@ -160,19 +151,6 @@ def test_sampled_counts_add_up_to_the_draws(stores):
     targets = store.targets(store.read_shard(0))
     sums = (targets.probs * targets.used).sum(-1)
     assert np.allclose(sums[targets.kept], 1.0) and (sums[~targets.kept] == 0).all()
-
-
-@pytest.mark.slow
-def test_kill_9_then_rerun_gives_the_same_bytes(teachers, pairs, tmp_path):
-    args = ["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--data-file", str(pairs),
-            "--max-length", "40", "--max-target", "16", "--shard-rows", "2", "--batch-size", "2", "--no-progress",
-            "--device", "cpu", "--support", "topk:8", "--decode", "greedy"]
-    assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
-    kill_dump_midway(args, tmp_path / "k.zarr")
-    assert main(["verify", str(tmp_path / "k.zarr")]) == 1
-    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
-    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
-    assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(tmp_path / "ref.zarr")
 
 
 def test_derive_a_smaller_support_keeps_the_pairs_and_the_output(stores, tmp_path):
@@ -300,7 +278,7 @@ def test_eval_scores_the_teacher_against_its_own_outputs_at_100(stores, teachers
     store = open_store(str(stores["llama"]))
     rows = store.read(slice(0, len(store)))
     tokenizer = AutoTokenizer.from_pretrained(teachers["llama"])
-    sources = _pairs_file(tmp_path).read_text(encoding="utf-8").splitlines()[1:]
+    sources = seq2seq_pairs_file(tmp_path).read_text(encoding="utf-8").splitlines()[1:]
     outputs = [tokenizer.decode(ids[:n], skip_special_tokens=True).strip()
                for ids, n in zip(rows["teacher_ids"], rows["teacher_length"])]
     kept = [(line.split("\t")[0], out) for line, out in zip(sources, outputs) if out and "\t" not in out]
@@ -347,3 +325,90 @@ def test_a_glue_pair_task_gives_its_two_sentences(teachers, glue_dir, tmp_path):
     source = tokenizer.decode(rows["source_ids"][0, : rows["source_length"][0]], skip_special_tokens=True)
     target = tokenizer.decode(rows["reference_ids"][0, : rows["reference_length"][0]], skip_special_tokens=True)
     assert (source.strip(), target.strip()) == (first[3].strip(), first[4].strip())
+
+
+# --- streamed pairs --------------------------------------------------------------------------------------------
+
+
+def _tables(pairs: Path, folder: Path) -> dict[str, Path]:
+    """The TSV's pairs as JSON lines (another key first, the columns named) and as Parquet (row groups of 5)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [line.split("\t") for line in pairs.read_text(encoding="utf-8").splitlines()[1:]]
+    jsonl = folder / "pairs.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "src": s, "tgt": t}) + "\n" for i, (s, t) in enumerate(rows)),
+                     encoding="utf-8")
+    parquet = folder / "pairs.parquet"
+    pq.write_table(pa.table({"id": list(range(len(rows))), "src": [r[0] for r in rows], "tgt": [r[1] for r in rows]}),
+                   parquet, row_group_size=5)
+    return {"jsonl": jsonl, "parquet": parquet}
+
+
+def test_json_lines_and_parquet_stream_the_bytes_of_the_tsv(stores, teachers, pairs, tmp_path):
+    tables = _tables(pairs, tmp_path)
+    reference = open_store(str(stores["t5-ref"]))
+    for kind, path in tables.items():
+        out = tmp_path / f"{kind}.zarr"
+        assert _dump(teachers["t5"], path, out, "--support", "topk:8", "--text-columns", "src,tgt") == 0
+        assert chunk_bytes(out) == chunk_bytes(stores["t5-ref"]), kind
+        meta = open_store(str(out)).meta
+        assert meta["dataset"]["fingerprint"] == reference.meta["dataset"]["fingerprint"]  # the same pairs, in order
+        assert meta["dataset"]["n_rows"] == 24 and meta["layout"]["n_rows"] == 24
+    assert main(["verify", str(tmp_path / "parquet.zarr")]) == 0
+
+
+def test_limit_stops_the_read(teachers, pairs, tmp_path, monkeypatch):
+    from pipelines.dump import corpus as corpus_module
+
+    path = _tables(pairs, tmp_path)["jsonl"]
+    read = []
+    lines = corpus_module._lines
+
+    def counted(source, index, start):
+        for line in lines(source, index, start):
+            read.append(line)
+            yield line
+
+    monkeypatch.setattr(corpus_module, "_lines", counted)
+    assert _dump(teachers["t5"], path, tmp_path / "l.zarr", "--support", "topk:4", "--text-columns", "src,tgt",
+                 "--limit", "10") == 0
+    assert open_store(str(tmp_path / "l.zarr")).meta["layout"]["n_rows"] == 10
+    assert len(read) == 10  # the 10 pairs (the columns are named: no line read to find them), nothing after
+
+
+@pytest.mark.slow
+def test_kill_9_mid_corpus_resumes_from_the_cursor_without_rereading(teachers, pairs, tmp_path, monkeypatch):
+    from pipelines.dump import corpus as corpus_module
+
+    path = _tables(pairs, tmp_path)["jsonl"]
+    args = ["dump", "--objective", "seq2seq", "--teacher", str(teachers["t5"]), "--data-file", str(path),
+            "--text-columns", "src,tgt", "--max-length", "40", "--max-target", "16", "--shard-rows", "2",
+            "--batch-size", "2", "--no-progress", "--device", "cpu", "--support", "topk:8", "--decode", "greedy"]
+    assert main(args + ["--out", str(tmp_path / "ref.zarr")]) == 0
+    kill_dump_midway(args, tmp_path / "k.zarr", shards=3)
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 1  # a partial store is not taken for a whole one
+    resume_at = resume_offset(tmp_path / "k.zarr")  # the byte offset of the first pending shard's first pair
+    assert resume_at > 0
+    seeks = recorded_starts(monkeypatch, corpus_module, "_lines", lambda source, index, start: start.offset)
+    assert main(args + ["--out", str(tmp_path / "k.zarr")]) == 0
+    assert seeks == [resume_at]  # one read, from the recorded cursor: nothing before it read again
+    assert chunk_bytes(tmp_path / "k.zarr") == chunk_bytes(tmp_path / "ref.zarr")
+    resumed, whole = (open_store(str(p)).meta for p in (tmp_path / "k.zarr", tmp_path / "ref.zarr"))
+    assert resumed["dataset"] == whole["dataset"]  # the fingerprint's chain taken up where the kill left it
+    assert main(["verify", str(tmp_path / "k.zarr")]) == 0
+
+
+def test_unreadable_pairs_are_one_line_and_touch_nothing(teachers, pairs, tmp_path, capsys):
+    tables = _tables(pairs, tmp_path)
+    (tmp_path / "gap.jsonl").write_text('{"src": "a b", "tgt": "c"}\n{"src": "d"}\n', encoding="utf-8")
+    cases = [((tables["jsonl"], "--text-columns", "src"), "two columns"),
+             ((tables["parquet"], "--text-columns", "src,nope"), "has no column 'nope'"),
+             ((tmp_path / "gap.jsonl", "--text-columns", "src,tgt"), "the line at byte 27 has an empty target"),
+             ((tmp_path / "none.jsonl",), "no such file")]
+    before = tree_hashes(tmp_path)
+    for (data, *extra), says in cases:
+        assert _dump(teachers["t5"], data, tmp_path / "bad.zarr", *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("hsk: error:") and says in err[0], (says, err)
+        assert tree_hashes(tmp_path) == before

@@ -19,9 +19,9 @@ from conftest import build_tiny_tokenizer, make_tiny_bert, save_tiny_teacher
 from hskstore import CorruptStoreError, IncompleteStoreError, ProvenanceError
 from hskstore.format.config import HSKConfig
 from pipelines.dump.stage import DumpOptions, dump
-from pipelines.train.kinds.distill import train
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.driver import train
 
 CONFIG = "2,4,0.5"
 ROWS = 48

@@ -168,3 +168,15 @@ def test_a_run_folder_is_marked_and_reruns_resume(store, tmp_path, glue_dir):
     assert output_kind(str(out)) == "train-run"
     assert _train(store, out, "--method", "kd", "--data-dir", str(glue_dir)) == 0  # finished: says so
 
+
+
+def test_online_mode_from_the_command_line_computes_the_targets_it_is_given(teacher_dir, glue_dir, tmp_path):
+    """--teacher without --store: the task kind's own flags (--task, --config, --limit, --shard-rows, ...) reach the
+    live teacher; the run's identity is recorded in its summary."""
+    out = tmp_path / "online"
+    assert main(["train", "--teacher", str(teacher_dir), "--task", "sst2", "--config", "2,4,0.5", "--student-layers",
+                 "2", "--limit", "16", "--shard-rows", "8", "--student", "bert2", "--out", str(out),
+                 "--data-dir", str(glue_dir), *FAST]) == 0
+    summary = _summary(out)
+    assert (summary["mode"], summary["config"], summary["steps"]) == ("online", "2,4,0.5", 2)  # mud: 2 stages
+    assert summary["identity"]["mode"] == "online" and summary["identity"]["options"]["train_limit"] == 16

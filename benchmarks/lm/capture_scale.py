@@ -2,14 +2,21 @@
 grow with the corpus, what rate does capture reach, and what does the host cost per token?
 
     python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7        # peak RSS, first shard, tokens/s by size
+    python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7 1e8 --cap 262144   # the same capture of each
     python benchmarks/lm/capture_scale.py null --tokens 1e7             # the host's share, µs per token
+    python benchmarks/lm/capture_scale.py null --tokens 1e6 --code /tmp/base --code . --rounds 3   # A/B, alternating
     python benchmarks/lm/capture_scale.py limit --text big.txt --teacher T --limit-tokens 8192   # a big text, cut
 
 `scale` runs each capture as its own `hsk dump` process (peak RSS from /usr/bin/time) with a tiny random Llama
-(2 layers, d 32) over a word-level tokenizer of 512 words, on generated corpora of one document per line: compute
-is small, so what grows with the corpus shows. `null` runs the dump in this process with the teacher's forward
-and its support choice replaced by fixed arrays of the same shape (the "null teacher"): what remains is the host's
-share (reading, tokenizing, packing, encoding, digests, writes), per token. `limit` is the issue's case: a large
+(2 layers, d 32; --threads 1) over a word-level tokenizer of 512 words, on generated corpora of one document per
+line: what grows with the corpus shows. With `--cap N` each captures only its corpus's first N tokens
+(--limit-tokens): the same work over corpora of every size, so that a corpus too large to capture here still
+shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with
+the teacher's forward and its support choice replaced by fixed arrays of the same shape (the "null teacher",
+with the text arrays): what remains is the host's
+share (reading, tokenizing, packing, encoding, digests, writes), per token; with `--code` (a checkout of the
+repository, given once per arm) each run is its own process on that code, the arms alternating for `--rounds`
+rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
 text file captured with --limit-tokens. Everything is written under a temporary folder, removed after.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,21 +109,34 @@ def _dump_args(teacher: Path, text: Path, extra: list[str]) -> list[str]:
             "--no-progress", *extra]
 
 
-def scale(sizes: list[float], work: Path) -> list[dict]:
+def scale(sizes: list[float], work: Path, cap: int | None = None) -> list[dict]:
+    """One capture per corpus size (each its own process, one at a time); with `cap`, each captures at most
+    `cap` tokens of its corpus (--limit-tokens): the same work over corpora of every size."""
+    import zarr
+
     teacher = build_teacher(work / "teacher")
     rows = []
     for size in sizes:
         text = work / f"corpus-{int(size)}.txt"
+        started = time.perf_counter()
         corpus_bytes = write_corpus(text, int(size))
-        result = _hsk_dump(_dump_args(teacher, text, []), work / f"s-{int(size)}.zarr")
-        import zarr
-
-        tokens = int(zarr.open_group(str(work / f"s-{int(size)}.zarr"), mode="r")["length"][:].sum())
-        rows.append({"tokens": tokens, "corpus_mb": round(corpus_bytes / 1e6, 1), **result,
-                     "tokens_per_s": round(tokens / result["wall_s"])})
+        made = time.perf_counter() - started
+        extra = ["--limit-tokens", str(cap)] if cap else []
+        out = work / f"s-{int(size)}.zarr"
+        result = _hsk_dump(_dump_args(teacher, text, extra), out)
+        tokens = int(zarr.open_group(str(out), mode="r")["length"][:].sum())
+        rows.append({"corpus_tokens": int(size), "corpus_mb": round(corpus_bytes / 1e6, 1),
+                     "corpus_written_s": round(made, 1), "limit_tokens": cap, "tokens": tokens, **result,
+                     "tokens_per_s": round(tokens / result["wall_s"]), "store_mb": round(_size(out) / 1e6, 1),
+                     "load_avg": os.getloadavg()})
         print(json.dumps(rows[-1]), flush=True)
         text.unlink()
+        shutil.rmtree(out)
     return rows
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def null(tokens: float, work: Path) -> dict:
@@ -123,7 +144,16 @@ def null(tokens: float, work: Path) -> dict:
     import torch
 
     import pipelines.dump.clm as clm
-    from hskstore.format.clm import Support, block_hashes, encode_support, kept_positions
+    from hskstore.format.clm import (
+        ACTUAL,
+        TEXT,
+        TOKEN_BYTES,
+        Support,
+        actual_logprobs,
+        block_hashes,
+        encode_support,
+        kept_positions,
+    )
     from pipelines.dump.corpus import open_corpus
 
     torch.set_num_threads(1)
@@ -132,7 +162,7 @@ def null(tokens: float, work: Path) -> dict:
     write_corpus(text, int(tokens))
     fixed: dict = {}
 
-    def null_shard(model, blocks, lengths, rows, sel, batch_size, device, precision):
+    def null_shard(model, blocks, lengths, rows, sel, batch_size, device, precision, text=None):
         key = blocks.shape
         if key not in fixed:  # what the device hands over: ids [n, T, K] int32, log-probs fp16
             rng = np.random.default_rng(0)
@@ -142,6 +172,9 @@ def null(tokens: float, work: Path) -> dict:
         kept = kept_positions(np.zeros(blocks.shape), lengths, sel.positions)
         arrays = encode_support(ids, weights, kept, sel)
         arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
+        if text is not None:  # the text arrays (on by default): the actual tokens' log-probs, bytes, text
+            arrays.update({ACTUAL: actual_logprobs(weights[..., 0].astype(np.float32), lengths),
+                           TOKEN_BYTES: text[0], TEXT: text[1]})
         return arrays
 
     clm.compute_clm_shard = null_shard
@@ -155,6 +188,21 @@ def null(tokens: float, work: Path) -> dict:
     real = int(zarr.open_group(str(work / "null.zarr"), mode="r")["length"][:].sum())
     return {"tokens": real, "wall_s": round(wall, 2), "host_us_per_token": round(wall / real * 1e6, 3),
             "cpu_us_per_token": round(cpu / real * 1e6, 3)}  # CPU time of every thread: less sensitive to load
+
+
+def compare(tokens: float, codes: list[str], rounds: int, work: Path) -> list[dict]:
+    """null() on each checkout in turn, `rounds` times, each in its own process: alternating arms."""
+    runs = []
+    for round_ in range(rounds):
+        for code in codes:
+            out = work / f"arm-{round_}-{len(runs)}.json"
+            env = dict(os.environ, PYTHONPATH=str(Path(code).resolve()), HF_HUB_OFFLINE="1")
+            subprocess.run([sys.executable, __file__, "null", "--tokens", str(tokens), "--json-out", str(out)],
+                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            result = json.loads(out.read_text())
+            runs.append({"code": code, "round": round_, **result["result"], "load_avg": result["load_avg"]})
+            print(json.dumps(runs[-1]), flush=True)
+    return runs
 
 
 def limit(text: str, teacher: str, limit_tokens: int, work: Path) -> dict:
@@ -171,12 +219,17 @@ def main() -> None:
     parser.add_argument("--text")
     parser.add_argument("--teacher")
     parser.add_argument("--limit-tokens", type=int, default=8192)
+    parser.add_argument("--cap", type=float, help="scale: capture at most this many tokens of each corpus")
+    parser.add_argument("--code", action="append", help="null: a checkout to run (once per arm)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json-out")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hsk-capture-") as tmp:
         work = Path(tmp)
         if args.what == "scale":
-            result = scale(args.tokens, work)
+            result = scale(args.tokens, work, int(args.cap) if args.cap else None)
+        elif args.what == "null" and args.code:
+            result = compare(args.tokens[0], args.code, args.rounds, work)
         elif args.what == "null":
             result = null(args.tokens[0], work)
         else:

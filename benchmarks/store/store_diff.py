@@ -12,6 +12,7 @@ Usage: python benchmarks/store/store_diff.py A.zarr B.zarr > diff.json
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -65,5 +66,13 @@ def compare(path_a: str, path_b: str) -> dict:
             "logits_mean_relative_difference": logit_num / logit_den, "prediction_agreement": agree / len(a)}
 
 
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a", help="the first store (the reference)")
+    parser.add_argument("b", help="the second store, the same rows and config")
+    args = parser.parse_args(argv)
+    print(json.dumps(compare(args.a, args.b), indent=2))
+
+
 if __name__ == "__main__":
-    print(json.dumps(compare(sys.argv[1], sys.argv[2]), indent=2))
+    main(sys.argv[1:])

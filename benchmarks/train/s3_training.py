@@ -38,7 +38,7 @@ from s3_server import BUCKET, start_s3_server  # noqa: E402
 
 from hskstore.format.config import HSKConfig  # noqa: E402
 from pipelines.dump.stage import DumpOptions, dump  # noqa: E402
-from pipelines.train.kinds.distill import TrainOptions, train  # noqa: E402
+from pipelines.train.run.driver import TrainOptions, train  # noqa: E402
 
 
 def step_seconds(store: str, args, out: Path, read_ahead: int = 0, endpoint: str | None = None) -> float:

@@ -5,7 +5,7 @@
 
 The paper's setting (docs/METHOD.md section 4): a BERT-base-sized teacher (12 layers, d 768), a TinyBERT4
 student, sequence length 128 (every batch padded to it), config (1,9,0.1), stage-1 (HSK) steps.
-All three runs go through the real code: `pipelines.train.kinds.distill.train` offline (StoreStream reading
+All three runs go through the real code: `pipelines.train.run.driver.train` offline (StoreStream reading
 and decoding the store) and online (teacher forward + selection + encoding per batch), timed per
 step from inside the run; the ceiling runs the same student step on batches decoded beforehand.
 The modes alternate round by round (each round: warm-up steps, then timed steps) so that machine
@@ -44,10 +44,10 @@ from pipelines.core.tasks import get_task
 from pipelines.dump.stage import DumpOptions, dump
 from pipelines.train.data.sources import BatchMaker, open_offline
 from pipelines.train.data.stream import StoreStream
-from pipelines.train.kinds.distill import train
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.losses.terms import hsk_mse
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.driver import train
 from pipelines.train.run.loop import _adamw, param_groups
 from pipelines.train.students.build import build_student
 

@@ -327,9 +327,17 @@ def pack_ids(ids: np.ndarray, bits: int) -> np.ndarray:
     ids in slot order, bytes filled from their least significant bit (numpy packbits, bitorder little)."""
     if bits in _BYTE_IDS:  # the same bits, as the ids' little-endian bytes
         return np.ascontiguousarray(ids.astype(_BYTE_IDS[bits])).view(np.uint8)
-    planes = np.unpackbits(np.ascontiguousarray(ids.astype("<u4")).view(np.uint8).reshape(*ids.shape, 4), axis=-1,
-                           bitorder="little")[..., :bits]
-    return np.packbits(planes.reshape(*ids.shape[:-1], ids.shape[-1] * bits), axis=-1, bitorder="little")
+    # each id shifted into the bytes its bits fall in (ids' bits never overlap, so OR places them): a few array
+    # operations per slot, not a bit plane per bit of every id
+    slots = ids.shape[-1]
+    columns = np.ascontiguousarray(ids.reshape(-1, slots).T, dtype=np.uint64)
+    out = np.zeros((-(-slots * bits // 8), columns.shape[1]), dtype=np.uint8)
+    for j in range(slots):
+        first, shift = divmod(j * bits, 8)
+        value = columns[j] << np.uint64(shift)
+        for k in range((shift + bits + 7) // 8):
+            out[first + k] |= (value >> np.uint64(8 * k)).astype(np.uint8)
+    return np.ascontiguousarray(out.T).reshape(*ids.shape[:-1], len(out))
 
 
 def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:
@@ -895,19 +903,50 @@ TEXT_DESCRIBED: dict[str, tuple[tuple[str, ...], str, str | None]] = {
 }
 
 
+def char_byte_starts(text: str) -> np.ndarray:
+    """int64 [len(text) + 1]: where each character of `text` starts in its UTF-8 bytes, then their length."""
+    if text.isascii():
+        return np.arange(len(text) + 1, dtype=np.int64)
+    points = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    starts = np.zeros(len(text) + 1, dtype=np.int64)
+    np.cumsum(1 + (points >= 0x80).astype(np.int64) + (points >= 0x800) + (points >= 0x10000), out=starts[1:])
+    return starts
+
+
 def token_ends(char_offsets: list[tuple[int, int]], text: str) -> np.ndarray:
     """A document's tokens' end offsets in bytes of its UTF-8 text, from a fast tokenizer's character offsets
     (`return_offsets_mapping`), made non-decreasing (tokens of one character share its end)."""
-    starts = np.zeros(len(text) + 1, dtype=np.int64)
-    starts[1:] = np.cumsum([len(ch.encode("utf-8")) for ch in text])
     ends = np.array([end for _, end in char_offsets], dtype=np.int64)
-    return np.maximum.accumulate(starts[np.clip(ends, 0, len(text))]) if len(ends) else ends
+    return np.maximum.accumulate(char_byte_starts(text)[np.clip(ends, 0, len(text))]) if len(ends) else ends
+
+
+def documents_owned(char_ends: np.ndarray, counts: np.ndarray, texts: Sequence[str]) -> list[np.ndarray]:
+    """owned_bytes(token_ends(offsets, text), n_bytes) of each of `texts` (ConfigError as there), in one pass of
+    array operations over them all: `char_ends` holds their tokens' character end offsets, concatenated, and
+    `counts` how many each has. Clipped to its own document and made non-decreasing, a document's byte ends lie
+    between its first byte and the next document's, so one running maximum over all of them is each one's."""
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    char_base = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(chars, out=char_base[1:])
+    starts = char_byte_starts("".join(texts))
+    doc = np.repeat(np.arange(len(texts)), counts)
+    ends = np.maximum.accumulate(starts[char_base[doc] + np.clip(char_ends, 0, chars[doc])])
+    eos = np.cumsum(counts + 1) - 1  # each document's EOS owns the rest of its bytes
+    marks = np.empty(len(ends) + len(texts), dtype=np.int64)
+    is_eos = np.zeros(len(marks), dtype=bool)
+    is_eos[eos] = True
+    marks[is_eos] = starts[char_base[1:]]
+    marks[~is_eos] = ends
+    return np.split(_within_token_bytes(np.diff(marks, prepend=0)), eos[:-1] + 1)
 
 
 def owned_bytes(ends: np.ndarray, n_bytes: int) -> np.ndarray:
     """int64 [tokens + 1]: the bytes of a document each token owns (token_ends' deltas), its EOS the rest; a
     one-line ConfigError where one token would own more than token_bytes (uint16) holds."""
-    owned = np.diff(np.concatenate([[0], ends, [n_bytes]])).astype(np.int64)
+    return _within_token_bytes(np.diff(np.concatenate([[0], ends, [n_bytes]])).astype(np.int64))
+
+
+def _within_token_bytes(owned: np.ndarray) -> np.ndarray:
     if len(owned) and int(owned.max()) > MAX_TOKEN_BYTES:
         raise ConfigError(f"a token of the corpus spans {int(owned.max())} bytes (more than {MAX_TOKEN_BYTES}): "
                           "split the documents' whitespace runs")

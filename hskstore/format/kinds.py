@@ -26,6 +26,9 @@ from ..errors import UserError, printable
 from ..plugins import STORE_KINDS, Plugin, PluginError, plugins
 
 TASK = "task"  # a store without `objective` is a task store (the first kind; the key came later)
+# meta key: the distribution that provides a package's kind, recorded by the writer in that kind's stores, so that an
+# hsk without the package names what to install
+KIND_PACKAGE = "kind_package"
 
 
 class UnknownKindError(UserError, ValueError):
@@ -172,4 +175,17 @@ def records_objective(objective: str) -> bool:
 
 
 def kind_of(meta: Mapping[str, object]) -> StoreKind:
-    return get(objective_of(meta))
+    """The kind a metadata dict describes; one this hsk lacks is refused naming the package the store records."""
+    try:
+        return get(objective_of(meta))
+    except UnknownKindError:
+        package = meta.get(KIND_PACKAGE)
+        if not isinstance(package, str) or not package.strip():
+            raise
+        raise UnknownKindError(f"no store kind {printable(objective_of(meta))!r}: this store's kind comes from the "
+                               f"package {printable(package)}, which is not installed: install it") from None
+
+
+def package_record(kind: StoreKind) -> dict[str, str]:
+    """What a writer records of a kind's provider in its stores' metadata (nothing for hsk's own kinds)."""
+    return {} if kind.package is None else {KIND_PACKAGE: kind.package.split()[0]}

@@ -16,7 +16,7 @@ from ..format.config import ConfigError, HSKConfig, Selection
 from ..format.digest import array_checksum, shard_digest
 from ..format.domain import DomainCheck, first_breach
 from ..format.manifest import MANIFEST_KEY, compute_manifest, list_arrays
-from ..format.meta import TASK, StoreMeta, objective_of
+from ..format.meta import TASK, StoreMeta
 from ..format.schema import (
     DIGEST_BYTES,
     DIMENSIONS_SINCE,
@@ -588,8 +588,8 @@ class TaskStore(HSKStore):
 def store_type(meta: StoreMeta | dict) -> type[HSKStore]:
     """The store class that metadata (typed, or the stored dict) describes: its kind's reader
     (hskstore.format.kinds)."""
-    objective = meta.objective if isinstance(meta, StoreMeta) else objective_of(meta)
-    return kinds.get(objective).reader_class()
+    kind = kinds.get(meta.objective) if isinstance(meta, StoreMeta) else kinds.kind_of(meta)
+    return kind.reader_class()
 
 
 def open_store(url: str, *, allow_incomplete: bool = False, allow_unverified: bool = False) -> HSKStore:

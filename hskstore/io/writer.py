@@ -83,8 +83,13 @@ def as_store_meta(meta: StoreMeta | Mapping) -> StoreMeta:
 
 
 def _wanted(meta: StoreMeta | Mapping) -> StoreMeta:
-    """What the store is to record before its creation bookkeeping: this format, not complete (as compared)."""
-    return as_store_meta(meta).updated(format_version=FORMAT_VERSION, complete=False)
+    """What the store is to record before its creation bookkeeping: this format, not complete (as compared), and
+    the package of a kind that a package provides (kinds.KIND_PACKAGE)."""
+    record = as_store_meta(meta)
+    provider = kinds.package_record(kinds.get(record.objective))
+    if provider and kinds.KIND_PACKAGE not in record.raw:
+        record = StoreMeta.parse({**record.to_dict(), **provider})
+    return record.updated(format_version=FORMAT_VERSION, complete=False)
 
 
 def _read_meta(url: str) -> dict | None:

@@ -45,6 +45,8 @@ def _teacher_table() -> FlagTable:
             table.add(kind.teacher_options, kind.name, "")
     table.extra("objective", str, typer.Option("task", help="task (fine-tune a classifier), mlm (train an MLM head) "
                                                "or clm (fine-tune a causal LM on a corpus, e.g. --base smollm2)."))
+    table.extra("set_", list[str], typer.Option(None, "--set", help="An option of the kind's teacher as NAME=VALUE "
+                                                "(repeatable): how an installed package's kind takes its own."))
     return table
 
 
@@ -57,7 +59,7 @@ def _teacher(values: dict) -> None:
         have = [k.name for k in runkinds.builtin_kinds() if k.teacher is not None]
         raise ConfigError(f"--objective {kind.name} has no teacher to fine-tune: pass {', '.join(have)}")
     options = kind_options(TEACHER_TABLE, kind.teacher_options, kind.name, "--objective {}", values,
-                           runkinds.TeacherCommon)
+                           runkinds.TeacherCommon, values.get("set_"))
     common = common_options(runkinds.TeacherCommon, values)
     check_threads(common.threads)
     from pipelines.core.devices import pick_device

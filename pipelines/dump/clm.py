@@ -65,13 +65,12 @@ from pipelines.dump.clm_hidden import (
 )
 from pipelines.dump.clm_layers import capturing_layers, with_layers
 from pipelines.dump.corpus import CorpusSource, ShardCursors, ahead, tokenized
-from pipelines.dump.pipeline import ShardWrites, default_write_depth, overlaps_forward
 from pipelines.dump.stage import compute_record
+from pipelines.dump.streamed import STREAM_KEY, LocalShards, StreamedShards, resumed_record
 
 CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
                     "vocab_size", "precision")
 CLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "pad_id")
-STREAM_KEY = "stream"  # the corpus's signature: a rerun on the same corpus resumes (or reopens) its store
 
 
 @dataclass(frozen=True)
@@ -338,20 +337,6 @@ def clm_metadata(corpus: CorpusSource, teacher: str, model: Any, tokenizer: Any,
     ).to_dict() | {STREAM_KEY: {"signature": corpus.signature}}
 
 
-def _resumed_record(out: str, meta: dict) -> dict:
-    """`meta` with the layout and dataset of the streamed store already at `out` for the same corpus (its rows,
-    grown as they were written, and once complete its fingerprint), so that the writer resumes or reopens it."""
-    from hskstore.io.writer import _read_meta
-
-    try:
-        existing = _read_meta(out)
-    except Exception:  # not a store: the writer refuses it in its own words
-        return meta
-    if not existing or (existing.get(STREAM_KEY) or {}).get("signature") != meta[STREAM_KEY]["signature"]:
-        return meta
-    return {**meta, "layout": existing["layout"], "dataset": existing["dataset"]}
-
-
 def initial_rows(request: ClmRequest) -> int:
     """Rows a new store makes room for: all that --limit-tokens can fill, else 16 shards (it grows)."""
     if request.max_tokens is not None:
@@ -386,7 +371,7 @@ def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
                            precision)
     sel = with_layers(sel, model, request, teacher)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
-    meta = meta if overwrite else _resumed_record(out, meta)
+    meta = meta if overwrite else resumed_record(out, meta)
     return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head)
 
 
@@ -471,84 +456,31 @@ def teacher_line(model: Any) -> str:
     return f"teacher {dtype} {model.get_memory_footprint() / 2**30:.2f} GiB"
 
 
-def _make_room(writer: StoreWriter, cursors: ShardCursors, shard: int, rows: PackedRows) -> None:
-    """Rows for shard `shard`: the store grows (doubling) while the corpus runs, and takes its exact row count
-    before its last shard is written."""
-    have = writer.metadata.layout.n_rows
-    need = shard * writer.metadata.layout.shard_rows + len(rows.blocks)
-    target = need if rows.last else max(2 * have, need) if need > have else have
-    if target != have:
-        writer.resize_rows(target)
-        cursors.resize(writer.n_shards)
-
-
-class LocalShards:
-    """Shards computed here and written by this process (by threads while the next one computes, off the CPU: on
-    a CPU the forward already has every core, pipelines.dump.pipeline says why they take turns there)."""
-
-    def __init__(self, writer: StoreWriter, run: ShardRun):
-        self.writer, self.run = writer, run
-        self.writes = ShardWrites(writer, default_write_depth(run.device)) if overlaps_forward(run.device) else None
-
-    def put(self, shard: int, rows: PackedRows, first_row: int) -> None:
-        arrays = self.run.arrays(rows, first_row)
-        if self.writes:
-            self.writes.submit(shard, arrays, {})
-        else:
-            self.writer.write_shard(shard, arrays)
-
-    def drain(self) -> None:
-        if self.writes:
-            self.writes.drain()
-
-    def close(self) -> None:
-        if self.writes:
-            self.writes.close()
-
-
 def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
-                  progress: bool, log: Callable[[str], Any], sink: Any = None) -> dict:
+                 progress: bool, log: Callable[[str], Any], sink: Any = None) -> dict:
     """Stream the corpus into the store's pending shards (`sink` computes and writes each: this process's
     LocalShards, or a cluster's), then finalize it with the corpus's fingerprint."""
     request, shard_rows = run.request, writer.metadata.layout.shard_rows
-    cursors = ShardCursors(writer.group, writer.n_shards)
-    done = writer.done_shards()
-    first = int(np.argmin(done)) if not done.all() else len(done)
-    start, skip = cursors.resume_point(first)
-    if first:
-        log(f"resuming {out}: {first} shards already written; the corpus is read from file {start.file} at "
-            f"{start.offset}")
-    consumed = first * shard_rows * request.block_size
-    started, tokens, shard = time.perf_counter(), 0, first
-    sink = sink or LocalShards(writer, run)
+    stream = StreamedShards(writer, out, corpus, log)
+    consumed = stream.first * shard_rows * request.block_size
+    started, tokens = time.perf_counter(), []
     bar = tqdm(total=request.max_tokens, initial=min(consumed, request.max_tokens or consumed), unit="tok",
                unit_scale=True, desc="dump clm", disable=not progress or None)
     bar.set_postfix_str(teacher_line(run.model))
+
+    def update(rows: PackedRows) -> None:
+        tokens.append(int(rows.lengths.sum()))
+        bar.update(tokens[-1])
+
+    shards = _packed(corpus, tokenizer, request, run.sel, shard_rows, stream.cursors, stream.first) \
+        if stream.first < len(stream.done) else iter(())
     try:
-        if first < len(done):
-            for rows in _packed(corpus, tokenizer, request, run.sel, shard_rows, cursors, first):
-                _make_room(writer, cursors, shard, rows)
-                pending = shard >= len(done) or not done[shard]
-                cursors.advance(shard, rows, record=pending)
-                if pending:
-                    sink.put(shard, rows, shard * shard_rows)
-                tokens += int(rows.lengths.sum())
-                bar.update(int(rows.lengths.sum()))
-                shard += 1
-            if shard == 0:
-                raise DataError(f"{corpus.described} holds no text")
-            if shard == first:  # the corpus ended where the written shards did
-                writer.resize_rows(first * shard_rows)
-        sink.drain()
+        stream.run(shards, sink or LocalShards(writer, run.arrays, run.device), lambda rows: len(rows.blocks),
+                   update, "holds no text")
     finally:
         bar.close()
-        sink.close()
-    fingerprint, documents = cursors.fingerprint()
-    cursors.remove()
-    meta = writer.finalize(dataset=DataRef(corpus.described, fingerprint, documents),
-                           data_origin={"kind": "stream", "source": corpus.described,
-                                        "signature": corpus.signature}).to_dict()
-    log(f"wrote {shard - first} shards ({tokens} tokens, support {run.sel.described}) in "
+    meta = stream.finalize()
+    log(f"wrote {stream.written} shards ({sum(tokens)} tokens, support {run.sel.described}) in "
         f"{time.perf_counter() - started:.1f}s to {out}")
     return meta
 

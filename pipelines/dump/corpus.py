@@ -1,10 +1,12 @@
-"""A causal-LM dump's corpus as a stream: documents read, tokenized and packed as the teacher consumes them,
-so that memory and the time to the first shard do not grow with the corpus (`hsk dump --objective clm`).
+"""An LM dump's corpus as a stream: documents (or a seq2seq dump's pairs) read, tokenized and packed as the
+teacher consumes them, so that memory and the time to the first shard do not grow with the corpus (`hsk dump
+--objective clm|seq2seq`).
 
 Sources: a UTF-8 text file (one document per non-empty line), a folder or glob of them, JSON lines or Parquet
-with a named text column; local paths or fsspec URLs (s3://...); anything else `--data-file` reads (CSV, TSV)
-is read whole, as before. Every document has a `Cursor` (file, byte offset or row, part of its line), so a
-resumed dump seeks to where its first pending shard starts instead of reading the corpus again.
+with a named text column (or two: a pair's source and target); local paths or fsspec URLs (s3://...); a
+Hugging Face dataset (pipelines.dump.hf_corpus); anything else `--data-file` reads (CSV, TSV) is read whole, a
+file at a time. Every row has a `Cursor` (file, byte offset or row, part of its line), so a resumed dump seeks
+to where its first pending shard starts instead of reading the corpus again.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import chain
 
-from hskstore.format.clm import DocumentText, owned_bytes, token_ends
+import numpy as np
+
+from hskstore.format.clm import DocumentText, documents_owned
 from hskstore.format.config import ConfigError
 from pipelines.core.data import DataError
+from pipelines.dump.hf_corpus import dataset_rows, is_dataset, open_dataset
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", "")
 TOKENIZE_DOCS = 512  # documents per tokenizer call: the fast tokenizer's batch API, off the teacher's thread
@@ -40,27 +46,40 @@ class Cursor:
 
 @dataclass(frozen=True)
 class CorpusSource:
-    """The files of a corpus, their format (text | jsonl | parquet | table) and the text column of a table."""
+    """The files of a corpus, their format (text | jsonl | parquet | table | hf | hf-stream), the text column of a
+    table and, for a seq2seq corpus, its source and target columns."""
 
     files: tuple[str, ...]
     sizes: tuple[int, ...]
     kind: str
     column: str | None
     described: str
+    pair: tuple[str, str] | None = None
 
     @property
     def signature(self) -> str:
         """What identifies the corpus before it is read (names, sizes, format): a resume must find the same."""
-        text = json.dumps([self.kind, self.column, [f.rsplit("/", 1)[-1] for f in self.files], self.sizes])
+        fields = [self.kind, self.column, [f.rsplit("/", 1)[-1] for f in self.files], self.sizes]
+        text = json.dumps(fields + ([list(self.pair)] if self.pair else []))
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def documents(self, start: Cursor = Cursor()) -> Iterator[tuple[str, Cursor]]:
-        """(text, cursor) of every document from `start` on."""
-        read = {"text": _text_documents, "jsonl": _jsonl_documents, "parquet": _parquet_documents,
-                "table": _table_documents}[self.kind]
+    def records(self, start: Cursor = Cursor()) -> Iterator[tuple[tuple, Cursor]]:
+        """(values, cursor) of every row from `start` on: a text file's documents, else a table's named columns
+        (the pair's two, or the text column), None where a row lacks one."""
+        read = _ROWS[self.kind]
         for index in range(start.file, len(self.files)):
-            first = start if index == start.file else Cursor(index)
-            yield from read(self, index, first)
+            yield from read(self, index, start if index == start.file else Cursor(index))
+
+    def place(self, cursor: Cursor) -> str:
+        """Where a row is, in words: its line's byte offset (text, JSON lines) or its row, in its file."""
+        where = f"the line at byte {cursor.offset}" if self.kind in ("text", "jsonl") else f"row {cursor.offset}"
+        return f"{self.files[cursor.file] if len(self.files) > 1 else self.described}: {where}"
+
+    def documents(self, start: Cursor = Cursor()) -> Iterator[tuple[str, Cursor]]:
+        """(text, cursor) of every non-empty document from `start` on."""
+        for (value, *_), cursor in self.records(start):
+            if value is not None and str(value).strip():
+                yield str(value), cursor
 
 
 def _fs(path: str):
@@ -69,13 +88,25 @@ def _fs(path: str):
     return fsspec.core.url_to_fs(path)
 
 
-def open_corpus(text_file: str | None, data_file: str | None, column: str | None) -> CorpusSource:
+def open_corpus(text_file: str | None, data_file: str | None, column: str | None,
+                pair: tuple[str, str] | None = None) -> CorpusSource:
     """The corpus `--text-file` (a file, folder or glob of UTF-8 text) or `--data-file` (JSON lines, Parquet, CSV,
-    TSV; `--text-columns` names the column) names; a one-line DataError or ConfigError when there is none."""
+    TSV, a Hugging Face dataset; `--text-columns` names the column, or with `pair` the source and target columns)
+    names; a one-line DataError or ConfigError when there is none."""
     if bool(text_file) == bool(data_file):
         raise ConfigError("an LM dump (--objective mlm or clm) reads raw text: pass --text-file (one text per line; "
                           "a file, folder or glob) or --data-file")
-    flag, given = ("--text-file", text_file) if text_file else ("--data-file", data_file)
+    if data_file and is_dataset(data_file):
+        return _open_dataset(data_file, column, pair)
+    given = text_file or data_file
+    urls, sizes = _files("--text-file" if text_file else "--data-file", given)
+    kind = "text" if text_file else _table_kind(urls[0])
+    source = CorpusSource(urls, sizes, kind, column, f"{'text' if text_file else 'table'}:{given}", pair)
+    return replace(source, pair=_first_names(source)) if pair and None in pair else source
+
+
+def _files(flag: str, given: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The files (URLs) a file, folder or glob names, sorted, and their sizes; a one-line DataError for none."""
     fs, path = _fs(given)
     if any(ch in path for ch in "*?["):
         files = sorted(fs.glob(path))
@@ -88,16 +119,53 @@ def open_corpus(text_file: str | None, data_file: str | None, column: str | None
     files = [f for f in files if fs.isfile(f)]
     if not files:
         raise DataError(f"{flag} {given}: no files there; pass a text file, a folder of them or a glob (data/*.txt)")
-    kind = "text" if text_file else _table_kind(files[0])
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     urls = tuple(f if protocol in ("file", "local") else f"{protocol}://{f}" for f in files)
-    sizes = tuple(int(fs.size(f)) for f in files)
-    return CorpusSource(urls, sizes, kind, column, f"{'text' if text_file else 'table'}:{given}")
+    return urls, tuple(int(fs.size(f)) for f in files)
+
+
+def _open_dataset(data_file: str, column: str | None, pair: tuple | None) -> CorpusSource:
+    """A Hugging Face dataset (pipelines.dump.hf_corpus) as a corpus: one "file", its rows counted from 0."""
+    found = open_dataset(data_file)
+    wanted = pair or (column or ("text" if "text" in found.columns else found.columns[0]),)
+    names = named_columns(list(found.columns), wanted, data_file)
+    return CorpusSource((found.location,), (found.size,), found.kind, None if pair else names[0], found.described,
+                        names if pair else None)
 
 
 def _table_kind(path: str) -> str:
     name = path.lower()
     return "jsonl" if name.endswith((".jsonl", ".ndjson")) else "parquet" if name.endswith(".parquet") else "table"
+
+
+def named_columns(available: list[str], wanted: tuple, where: str) -> tuple[str, ...]:
+    """The columns `wanted` (a None: the next of the file's own, in order), checked against those `available`."""
+    if None in wanted:
+        if len(available) < len(wanted):
+            raise DataError(f"{where} has {len(available)} column(s) ({', '.join(available)}); a pair needs a source "
+                            "and a target: pass --text-columns SOURCE,TARGET")
+        wanted = tuple(available[: len(wanted)])
+    for name in wanted:
+        if name not in available:
+            raise DataError(f"{where} has no column {name!r}; its columns: {', '.join(available)}: pass "
+                            "--text-columns")
+    return wanted
+
+
+def _first_names(source: CorpusSource) -> tuple[str, str]:
+    """A pair's columns when --text-columns names none: a JSON-lines file's first object's first two keys, a
+    Parquet file's first two columns (a CSV/TSV's, read whole, are found as it is read)."""
+    if source.kind == "parquet":
+        import fsspec
+        import pyarrow.parquet as pq
+
+        with fsspec.open(source.files[0], "rb") as handle:
+            return named_columns(pq.ParquetFile(handle).schema_arrow.names, source.pair, source.files[0])
+    if source.kind == "jsonl":
+        for line, offset in _lines(source, 0, Cursor()):
+            if line.strip():
+                return named_columns(list(_json_object(line, source.files[0], offset)), source.pair, source.files[0])
+    return source.pair
 
 
 def _lines(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, int]]:
@@ -121,57 +189,74 @@ def _lines(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[st
             offset += len(raw)
 
 
-def _text_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+def _text_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
     for line, offset in _lines(source, index, start):
         parts = line.splitlines() if line.strip() else ()  # the whole-file read split lines at \r, \x0c, ... too
         for part, text in enumerate(parts):
             if (offset, part) >= (start.offset, start.part) and text.strip():
-                yield text.strip(), Cursor(index, offset, part)
+                yield (text.strip(),), Cursor(index, offset, part)
 
 
-def _jsonl_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
-    column = source.column or "text"
+def _json_object(line: str, path: str, offset: int) -> dict:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: the line at byte {offset} is not a JSON object")
+    return value
+
+
+def _jsonl_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
+    names = source.pair or (source.column or "text",)
     for line, offset in _lines(source, index, start):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line).get(column)
-        except (ValueError, AttributeError):
-            raise DataError(f"{source.files[index]}: the line at byte {offset} is not a JSON object") from None
-        if value is not None and str(value).strip():
-            yield str(value), Cursor(index, offset)
+        if line.strip():
+            value = _json_object(line, source.files[index], offset)
+            yield tuple(value.get(name) for name in names), Cursor(index, offset)
 
 
-def _parquet_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
+def _parquet_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
     import fsspec
     import pyarrow.parquet as pq
 
     with fsspec.open(source.files[index], "rb") as handle:
         table = pq.ParquetFile(handle)
-        column = source.column or table.schema_arrow.names[0]
-        if column not in table.schema_arrow.names:
-            raise DataError(f"{source.files[index]} has no column {column!r}; its columns: "
-                            f"{', '.join(table.schema_arrow.names)}: pass --text-columns")
+        available = table.schema_arrow.names
+        names = named_columns(available, source.pair or (source.column or available[0],), source.files[index])
         row = 0
         for group in range(table.num_row_groups):
             rows = table.metadata.row_group(group).num_rows
             if row + rows > start.offset:  # row groups before the start are never read
-                values = table.read_row_group(group, columns=[column]).column(0).to_pylist()
-                yield from _rows_from(values, row, max(start.offset - row, 0), index)
+                values = table.read_row_group(group, columns=list(names))
+                yield from rows_from([values.column(n).to_pylist() for n in names], row, start.offset, index)
             row += rows
 
 
-def _rows_from(values: list, first_row: int, skip: int, index: int) -> Iterator[tuple[str, Cursor]]:
-    for i in range(skip, len(values)):
-        if values[i] is not None and str(values[i]).strip():
-            yield str(values[i]), Cursor(index, first_row + i)
+def rows_from(columns: list[list], first_row: int, start: int, index: int) -> Iterator[tuple[tuple, Cursor]]:
+    """The rows of `columns` (whose first is row `first_row` of file `index`) from row `start` on."""
+    for i in range(max(start - first_row, 0), len(columns[0])):
+        yield tuple(column[i] for column in columns), Cursor(index, first_row + i)
 
 
-def _table_documents(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[str, Cursor]]:
-    from pipelines.dump.mlm import load_corpus
+def _table_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
+    from pathlib import Path
 
-    texts = load_corpus(None, source.files[index], source.column).texts[0]  # CSV/TSV: read whole, as before
-    yield from _rows_from(texts, 0, start.offset, index)
+    from pipelines.core.data import _read_table
+
+    columns = _read_table(Path(source.files[index]))  # CSV/TSV/JSON: read whole, as before
+    available = list(columns)
+    wanted = source.pair or (source.column or next(iter(available), None),)
+    names = named_columns(available, wanted, source.files[index])
+    yield from rows_from([columns[n] for n in names], 0, start.offset, index)
+
+
+def _hf_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
+    for values, row in dataset_rows(source.files[index], source.kind, source.pair or (source.column,), start.offset):
+        yield values, Cursor(index, row)
+
+
+_ROWS = {"text": _text_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows, "table": _table_rows, "hf": _hf_rows,
+         "hf-stream": _hf_rows}
 
 
 def tokenized(documents: Iterator[tuple[str, Cursor]], tokenizer, batch: int = TOKENIZE_DOCS, text: bool = False
@@ -196,20 +281,49 @@ def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
 
 
 def _encode_text(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
-    encoded = tokenizer([text for text, _ in pending], add_special_tokens=False, return_offsets_mapping=True)
-    for (text, cursor), ids, offsets in zip(pending, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+    texts = [text for text, _ in pending]
+    ids, char_ends, counts = encode_offsets(tokenizer, texts)
+    owned = documents_owned(char_ends, counts, texts)
+    for (text, cursor), doc_ids, doc_owned in zip(pending, ids, owned, strict=True):
         data = text.encode("utf-8")
-        yield ids, (cursor, document_digest(text)), DocumentText(owned_bytes(token_ends(offsets, text), len(data)),
-                                                                 data)
+        yield doc_ids, (cursor, _digest(data)), DocumentText(doc_owned, data)
+
+
+def _backend(tokenizer):
+    """A fast tokenizer's Rust backend, to be called directly where that gives what `tokenizer(texts,
+    add_special_tokens=False)` gives: no truncation or padding set on it, special tokens split as the wrapper
+    splits them; else None (the wrapper is called)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    if getattr(backend, "encode_special_tokens", False) != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
 
 
 def encode_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     """The ids of each text without special tokens, as `tokenizer(texts, add_special_tokens=False)` gives them;
     a fast tokenizer's backend is called directly (its batch API without offsets: half the time per token)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    backend = _backend(tokenizer)
     if backend is None or not hasattr(backend, "encode_batch_fast"):
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def encode_offsets(tokenizer, texts: list[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+    """(ids of each text, its tokens' character end offsets concatenated over the texts, tokens per text), as
+    `tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)` gives them; a fast tokenizer's
+    backend is called directly (the wrapper's per-token dicts cost more than the Rust encoding)."""
+    backend = _backend(tokenizer)
+    if backend is None:
+        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    else:
+        encodings = backend.encode_batch(texts, add_special_tokens=False)
+        ids, offsets = [e.ids for e in encodings], [e.offsets for e in encodings]
+    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(offsets)), dtype=np.int64, count=2 * int(counts.sum()))
+    return ids, flat[1::2], counts
 
 
 _DONE = object()
@@ -257,8 +371,13 @@ STREAM_SEED = b"hsk-corpus-stream-v1\n"
 
 def document_digest(text: str) -> bytes:
     """BLAKE2b-128 of a document's UTF-8 bytes, length-prefixed (8 bytes, little-endian)."""
-    encoded = text.encode("utf-8")
-    return hashlib.blake2b(len(encoded).to_bytes(8, "little") + encoded, digest_size=16).digest()
+    return _digest(text.encode("utf-8"))
+
+
+def _digest(data: bytes) -> bytes:
+    digest = hashlib.blake2b(len(data).to_bytes(8, "little"), digest_size=16)
+    digest.update(data)
+    return digest.digest()
 
 
 def chained(chain: bytes, digests: list[bytes]) -> bytes:
@@ -279,11 +398,13 @@ class ShardCursors:
         if CURSORS not in group:
             group.create_array(CURSORS, shape=(n_shards, 9), dtype="int64", chunks=(1, 9), fill_value=0)
             group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
+        # opened once: only the process that drives the dump writes and resizes them (opening reads their metadata)
+        self.cursors, self.chains = group[CURSORS], group[CHAINS]
         self.chain = hashlib.sha256(STREAM_SEED).digest()
 
     def resize(self, n_shards: int) -> None:
-        self.group[CURSORS].resize((n_shards, 9))
-        self.group[CHAINS].resize((n_shards, 32))
+        self.cursors.resize((n_shards, 9))
+        self.chains.resize((n_shards, 32))
 
     def advance(self, shard: int, rows, record: bool) -> None:
         """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
@@ -292,27 +413,26 @@ class ShardCursors:
         if not record:
             return
         end = rows.end[0] if rows.end is not None else Cursor()
-        self.group[CURSORS][shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
-                                      len(rows.marks)]
-        self.group[CHAINS][shard] = list(self.chain)
+        self.cursors[shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
+                               len(rows.marks)]
+        self.chains[shard] = list(self.chain)
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
         """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
         is taken up from there."""
         if shard == 0:
             return Cursor(), 0
-        row = [int(v) for v in self.group[CURSORS][shard - 1]]
-        self.chain = bytes(self.group[CHAINS][shard - 1])
+        row = [int(v) for v in self.cursors[shard - 1]]
+        self.chain = bytes(self.chains[shard - 1])
         return Cursor(*row[4:7]), row[7]
 
     def documents_before(self, shard: int) -> int:
         """Documents whose first token is in the shards before `shard`."""
-        return int(self.group[CURSORS][:shard, 8].sum()) if shard else 0
+        return int(self.cursors[:shard, 8].sum()) if shard else 0
 
     def fingerprint(self) -> tuple[str, int]:
         """The corpus as read (hex of the chain after the last shard) and how many documents it held."""
-        cursors = self.group[CURSORS]
-        return bytes(self.group[CHAINS][cursors.shape[0] - 1]).hex(), int(cursors[:, 8].sum())
+        return bytes(self.chains[self.cursors.shape[0] - 1]).hex(), int(self.cursors[:, 8].sum())
 
     def remove(self) -> None:
         for name in (CURSORS, CHAINS):

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,16 +92,17 @@ class ShardJob:
 
 # Per worker process: the loaded teacher (one at a time) and open store writers.
 _TEACHERS: dict[TeacherSpec, tuple[TeacherProbe, object, str]] = {}
-_WRITERS: dict[tuple[str, str], StoreWriter] = {}
+_WRITERS: dict[tuple[str, str, int], StoreWriter] = {}
 
 
-def _worker_device(spec: TeacherSpec) -> str:
-    if not (spec.device_per_worker and spec.device == "cuda" and torch.cuda.device_count() > 1):
-        return spec.device
+def worker_device(device: str, per_worker: bool) -> str:
+    """This worker's device: on a local cluster over several GPUs (`per_worker`), worker k takes cuda:k mod count."""
+    if not (per_worker and device == "cuda" and torch.cuda.device_count() > 1):
+        return device
     from distributed import get_worker
 
     name = get_worker().name
-    return f"cuda:{name % torch.cuda.device_count()}" if isinstance(name, int) else spec.device
+    return f"cuda:{name % torch.cuda.device_count()}" if isinstance(name, int) else device
 
 
 def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
@@ -112,7 +113,7 @@ def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
         _TEACHERS.clear()
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
-        device = _worker_device(spec)
+        device = worker_device(spec.device, spec.device_per_worker)
         model = load_classifier(spec.name, device=device)
         if weights_hash(model) != spec.weights_hash:
             raise ProvenanceError(
@@ -124,14 +125,46 @@ def _teacher(spec: TeacherSpec) -> tuple[TeacherProbe, object, str]:
     return _TEACHERS[spec]
 
 
-def _writer(url: str, meta: StoreMeta) -> StoreWriter:
-    key = (url, meta.identity)
+def worker_writer(url: str, meta: StoreMeta) -> StoreWriter:
+    """A worker's writer of the store as the driver last recorded it (a new one when its identity or, for a
+    streamed store the driver grows, its row count changed)."""
+    key = (url, meta.identity, meta.layout.n_rows)
     if key not in _WRITERS:
         for old in _WRITERS.values():
             old.close()
         _WRITERS.clear()
         _WRITERS[key] = StoreWriter(url, meta)  # no lease: the driver holds it for the whole dump
     return _WRITERS[key]
+
+
+@dataclass(frozen=True)
+class WorkerTeacher:
+    """How a dask worker loads an LM teacher and what it must turn out to be (a kind's spec adds how it loads)."""
+
+    name: str
+    weights_hash: str
+    device: str
+    device_per_worker: bool  # a local cluster on several GPUs: worker k takes cuda:k mod count
+    torch_threads: int | None  # CPU threads per worker process (None: leave the worker's setting)
+
+
+_LM_TEACHERS: dict[WorkerTeacher, tuple[object, str]] = {}
+
+
+def worker_teacher(spec: WorkerTeacher, load: Callable[[str], object]) -> tuple[object, str]:
+    """A worker's LM teacher (`load(device)`), loaded on first use and kept for every later shard of this
+    process, its weights hash checked against the store's."""
+    if spec not in _LM_TEACHERS:
+        _LM_TEACHERS.clear()
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        device = worker_device(spec.device, spec.device_per_worker)
+        model = load(device)
+        if weights_hash(model) != spec.weights_hash:
+            raise ProvenanceError(f"the teacher {spec.name} a dask worker loaded is not the one the store records: "
+                                  "give every worker the same checkpoint (same path, same files)")
+        _LM_TEACHERS[spec] = (model, device)
+    return _LM_TEACHERS[spec]
 
 
 def dump_shard(job: ShardJob) -> tuple[int, int]:
@@ -143,7 +176,7 @@ def dump_shard(job: ShardJob) -> tuple[int, int]:
     computed = compute_shard(probe, enc, selection, tokenizer.sep_token_id, job.batch_size, device,
                              engine=job.selection_engine, precision=meta.teacher.forward_precision)
     arrays = shard_payload(computed, enc, job.rows, job.text_hash, job.label)
-    _writer(job.url, job.meta).write_shard(job.shard, arrays)
+    worker_writer(job.url, job.meta).write_shard(job.shard, arrays)
     release_free_memory()
     return job.shard, len(job.rows)
 
@@ -195,6 +228,79 @@ def cluster_client(workers: int | None, scheduler: str | None, device: str, log=
     log(f"dask: local cluster of {workers} processes ({type(cluster).__name__})")
     with cluster, Client(cluster) as client:
         yield client
+
+
+def check_cluster(workers: int | None, scheduler: str | None, device_map: str | None = None) -> None:
+    """Refuse, before anything loads, a cluster the options do not name well: --workers N or --scheduler, one."""
+    if (workers is None) == (scheduler is None):
+        raise ConfigError("give either --workers N (a local cluster) or --scheduler ADDRESS, not both")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if device_map:
+        raise ConfigError("--device-map auto spreads one teacher over this process's devices; with --workers/"
+                          "--scheduler each worker holds its own: drop --device-map")
+    check_scheduler(scheduler)
+
+
+def worker_threads(workers: int | None, threads_per_worker: int | None) -> int | None:
+    """Torch threads per worker: as given, else the cores shared among a local cluster's workers (None: a running
+    cluster's own setting)."""
+    return threads_per_worker or (max(1, (os.cpu_count() or 1) // workers) if workers else None)
+
+
+def cluster_compute(batch_size: int, device: str, threads: int | None) -> dict:
+    """The store's compute record on a cluster: the workers' device and threads (None: a running cluster's own)."""
+    return dict(compute_record(batch_size, device, threads), **({} if threads else {"torch_threads": None}))
+
+
+def worker_path(teacher: str) -> str:
+    """The teacher as a worker finds it: a local folder made absolute (workers may run in another folder)."""
+    return os.path.abspath(teacher) if "://" not in teacher and os.path.isdir(teacher) else teacher
+
+
+def worker_url(url: str) -> str:
+    return url if "://" in url else os.path.abspath(url)
+
+
+IN_FLIGHT_PER_WORKER = 2
+
+
+class ShardFutures:
+    """Shard tasks sent to the cluster as the driver makes them, at most IN_FLIGHT_PER_WORKER per worker in flight
+    (the driver's memory stays bounded); each finished task is released at once (never recomputed)."""
+
+    def __init__(self, client):
+        self.client = client
+        self.window = IN_FLIGHT_PER_WORKER * max(1, len(client.scheduler_info()["workers"]))
+        self.futures: list = []
+
+    def submit(self, task: Callable, job: object, key: str) -> None:
+        self.futures.append(self.client.submit(task, job, key=key, pure=False))
+        while len(self.futures) >= self.window:
+            self._collect()
+
+    def _collect(self) -> None:
+        from distributed import wait
+        from distributed.scheduler import KilledWorker
+
+        finished, _ = wait(self.futures, return_when="FIRST_COMPLETED")
+        for future in finished:
+            try:
+                future.result()
+            except KilledWorker as exc:
+                raise DistributedDumpError(f"dask workers died repeatedly on one shard ({exc}): out of memory? "
+                                           "Shards written so far are kept; rerun the same command to resume") from None
+            future.release()
+        self.futures = [f for f in self.futures if f not in finished]
+
+    def drain(self) -> None:
+        while self.futures:
+            self._collect()
+
+    def close(self) -> None:
+        if self.futures:
+            self.client.cancel(self.futures)
+        self.futures = []
 
 
 def _jobs(plan, writer: StoreWriter, pending: list[int], url: str, teacher: TeacherSpec,
@@ -258,25 +364,18 @@ def dump_distributed(
     thread count, so a worker's logits and scores equal a single-process dump's to the last bit
     when both use the same number of threads (the selected values, fp16, almost always anyway).
     """
-    if (workers is None) == (scheduler is None):
-        raise ConfigError("give either --workers N (a local cluster) or --scheduler ADDRESS, not both")
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
-    check_scheduler(scheduler)
+    check_cluster(workers, scheduler)
     plan = plan_dump(task_name, options, teacher=teacher, out=out, device="cpu", **data)  # driver: no GPU
     plan.model = None  # the workers load their own
-    local = "://" not in teacher and os.path.isdir(teacher)  # workers may run in another folder
-    weights_hash = plan.meta.teacher.weights_hash
     spec = TeacherSpec(
-        name=os.path.abspath(teacher) if local else teacher, weights_hash=weights_hash,
+        name=worker_path(teacher), weights_hash=plan.meta.teacher.weights_hash,
         ranking_layers=tuple(plan.selection.ranking_layers),
         attention_layers=tuple(attention_probe_layers(plan.selection)), device=options.device,
         device_per_worker=scheduler is None,
-        torch_threads=threads_per_worker or (max(1, (os.cpu_count() or 1) // workers) if workers else None),
+        torch_threads=worker_threads(workers, threads_per_worker),
     )
     # What the bytes depend on is the workers' device and threads (None: a running cluster's own setting).
-    compute = dict(compute_record(options.batch_size, options.device, spec.torch_threads),
-                   **({} if spec.torch_threads else {"torch_threads": None}))
+    compute = cluster_compute(options.batch_size, options.device, spec.torch_threads)
     plan.meta = plan.meta.updated(compute=compute)
     # The driver is the store's one writer (the lease) for the whole dump; workers write
     # through plain StoreWriter(url, meta) objects, which take no lease, into writer.url (with
@@ -288,7 +387,7 @@ def dump_distributed(
         rows = sum(writer.shard_bounds(s)[1] - writer.shard_bounds(s)[0] for s in pending)
         seconds = 0.0
         if pending:
-            url = writer.url if "://" in writer.url else os.path.abspath(writer.url)
+            url = worker_url(writer.url)
             with cluster_client(workers, scheduler, options.device, log=log) as client:
                 started = time.perf_counter()  # cluster start-up excluded; each worker's one teacher load included
                 _run_jobs(client, list(_jobs(plan, writer, pending, url, spec, options)), options.progress,

@@ -2,20 +2,25 @@
 and, per target token, its distribution under teacher forcing on a sparse support (word-level KD)
 (`hsk dump --objective seq2seq`; the format is hskstore.format.seq2seq).
 
-Per shard of pairs: with `--decode`, the teacher decodes each source (greedy or beam search); with
-`--support`, it reads each pair's target (the reference, or its own output) under teacher forcing and the
-support is chosen on the device as a causal-LM dump chooses it (pipelines.dump.clm: `top_ids`,
-`sample_support`). Encoder-decoder and decoder-only teachers differ only in how they read a pair
-(pipelines.core.pair_models). Same guarantees as every store: whole shards, digests, bit-identical resume.
+The pairs are read as a stream (pipelines.dump.corpus: JSON lines, Parquet, CSV/TSV, Hugging Face datasets; or a
+GLUE pair task), tokenized a shard ahead of the teacher, each shard's corpus cursors recorded so that a resumed
+dump seeks to its first pending shard (pipelines.dump.streamed). Per shard of pairs: with `--decode`, the
+teacher decodes each source (greedy or beam search); with `--support`, it reads each pair's target (the
+reference, or its own output) under teacher forcing and the support is chosen on the device as a causal-LM
+dump chooses it (pipelines.dump.clm: `top_ids`, `sample_support`). Encoder-decoder and decoder-only teachers
+differ only in how they read a pair (pipelines.core.pair_models). Same guarantees as every store: whole
+shards, digests, bit-identical resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,7 +37,9 @@ from pipelines.core.models import ModelLoadError, load_tokenizer
 from pipelines.core.pair_models import PairModel, architecture_of, pair_model
 from pipelines.core.precision import forward_precision, resolve_forward
 from pipelines.dump.clm import lm_teacher_ref, lm_tokenizer_ref, support_of
+from pipelines.dump.corpus import CorpusSource, Cursor, ahead, open_corpus, rows_from
 from pipelines.dump.stage import compute_record
+from pipelines.dump.streamed import STREAM_KEY, LocalShards, StreamedShards, resumed_record
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -69,12 +76,18 @@ class Seq2seqRequest:
     batch_size: int = 8
     shard_rows: int = 256
     precision: str = "auto"
+    max_pairs: int | None = None  # --limit: the corpus's first N pairs
+    workers: int | None = None  # a local dask cluster of N processes (pipelines/dump/seq2seq_distributed.py)
+    scheduler: str | None = None  # or a running one
+    threads_per_worker: int | None = None
 
     def check(self) -> Decoding | None:
         for name, value in (("--max-length", self.max_source), ("--max-target", self.max_target),
                             ("--batch-size", self.batch_size), ("--shard-rows", self.shard_rows)):
             if not 1 <= value <= 1 << 20:
                 raise ConfigError(f"{name} {value}: pass a whole number from 1 to {1 << 20}")
+        if self.max_pairs is not None and self.max_pairs < 1:
+            raise ConfigError(f"--limit {self.max_pairs}: pass a positive number of pairs")
         if self.prompt is not None and "{source}" not in self.prompt:
             raise ConfigError(f"--prompt {self.prompt!r}: the template must contain {{source}}, where the source goes")
         return Decoding.parse(self.decoding, self.max_target)
@@ -125,11 +138,100 @@ def load_pairs(*, task: str | None = None, split: str = "train", data_dir: str |
     return _check_pairs(pairs)
 
 
+@dataclass(frozen=True)
+class ExamplePairs:
+    """A GLUE pair task's two sentences (read whole: a GLUE split is small) as a corpus of pairs, a row's index
+    its cursor."""
+
+    examples: Examples
+
+    @property
+    def described(self) -> str:
+        return self.examples.source
+
+    @property
+    def signature(self) -> str:
+        return self.examples.fingerprint
+
+    def records(self, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
+        yield from rows_from(list(self.examples.texts), 0, start.offset, 0)
+
+    def place(self, cursor: Cursor) -> str:
+        return f"{self.described}: row {cursor.offset}"
+
+
+def open_pairs(*, task: str | None = None, split: str = "train", data_dir: str | None = None,
+               data_file: str | None = None, text_columns: str | None = None) -> CorpusSource | ExamplePairs:
+    """The pairs a seq2seq dump streams: two columns of --data-file (JSON lines, Parquet, CSV/TSV, a Hugging Face
+    dataset; local or a URL; a file, folder or glob), --text-columns SOURCE,TARGET or its first two; or a GLUE
+    pair task's two sentences (--task)."""
+    if bool(task) == bool(data_file):
+        raise ConfigError("a seq2seq dump reads pairs: pass --data-file (a table with a source and a target column) "
+                          "or --task (a GLUE pair task: its first sentence to its second)")
+    if data_file:
+        names = tuple(n.strip() for n in text_columns.split(",")) if text_columns else (None, None)
+        if text_columns and (len(names) != 2 or not all(names)):
+            raise DataError(f"--text-columns {text_columns}: a seq2seq dump takes two columns, SOURCE,TARGET")
+        return open_corpus(None, data_file, None, pair=names)
+    pairs = load_examples(task, split, data_dir=data_dir)
+    if len(pairs.texts) != 2:
+        raise DataError(f"--task {task} has one text column: a seq2seq dump needs pairs (mrpc, qqp, stsb, ...)")
+    return ExamplePairs(pairs)
+
+
+def pair_digest(source: str, target: str) -> bytes:
+    """BLAKE2b-128 of a pair: its source's then its target's UTF-8 bytes, each length-prefixed (8 bytes,
+    little-endian); the corpus fingerprint chains these as a causal-LM corpus chains its documents."""
+    data = b"".join(len(b).to_bytes(8, "little") + b for b in (source.encode("utf-8"), target.encode("utf-8")))
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def checked_pairs(source: CorpusSource | ExamplePairs, start: Cursor) -> Iterator[tuple[tuple[str, str], Cursor]]:
+    """((source, target), cursor) from `start` on; a pair with an empty side is refused by its place."""
+    for values, cursor in source.records(start):
+        for side, text in zip(("source", "target"), values, strict=True):
+            if text is None or not str(text).strip():
+                raise DataError(f"{source.place(cursor)} has an empty {side}: remove it or fill it in")
+        yield (str(values[0]), str(values[1])), cursor
+
+
+@dataclass(frozen=True)
+class PairRows:
+    """One shard's pairs, tokenized, and where they are in the corpus (as pipelines.dump.corpus.ShardCursors
+    records a shard): `marks` (cursor, digest) per pair, `end` the next pair's (None after the last)."""
+
+    arrays: dict[str, np.ndarray]
+    marks: list
+    start: tuple
+    end: tuple | None
+    last: bool
+    start_skip: int = 0
+    end_skip: int = 0
+
+
+def pair_shards(pairs: Iterator[tuple[tuple[str, str], Cursor]], tokenizer: PreTrainedTokenizerBase,
+                sel: Seq2seqSelection, shard_rows: int) -> Iterator[PairRows]:
+    """The pairs `shard_rows` at a time, tokenized (a shard is read ahead: whether one is the last)."""
+    pending = list(islice(pairs, shard_rows))
+    while pending:
+        following = list(islice(pairs, shard_rows))
+        sources, targets = [p[0][0] for p in pending], [p[0][1] for p in pending]
+        marks = [(cursor, pair_digest(*texts)) for texts, cursor in pending]
+        yield PairRows(tokenize_texts(tokenizer, sources, targets, sel), marks, marks[0],
+                       (following[0][1],) if following else None, not following)
+        pending = following
+
+
 def tokenize_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Examples, sel: Seq2seqSelection) -> dict[str, np.ndarray]:
+    """tokenize_texts of Examples of two columns."""
+    return tokenize_texts(tokenizer, list(pairs.texts[0]), list(pairs.texts[1]), sel)
+
+
+def tokenize_texts(tokenizer: PreTrainedTokenizerBase, sources: list[str], targets: list[str],
+                   sel: Seq2seqSelection) -> dict[str, np.ndarray]:
     """source_ids/source_length and reference_ids/reference_length of every pair. An encoder-decoder's source
     and target are tokenized as its tokenizer does for each (special tokens included); a decoder-only
     teacher's source goes into the prompt template. Targets end with EOS."""
-    sources, targets = pairs.texts
     if sel.architecture == "encoder-decoder":
         source_seqs = tokenizer(list(sources))["input_ids"]
         target_seqs = tokenizer(text_target=list(targets))["input_ids"]
@@ -183,9 +285,10 @@ def _support_shard(model: PreTrainedModel, arch: PairModel, arrays: dict[str, np
 
 def compute_seq2seq_shard(model: PreTrainedModel, pairs: dict[str, np.ndarray], rows: np.ndarray, sel: Seq2seqSelection,
                           batch_size: int, device: str, precision: str) -> dict[str, np.ndarray]:
-    """Every array of one shard's pairs: the pairs, the teacher's output, the supports."""
+    """Every array of one shard's pairs (`pairs`: their tokenized arrays, `rows`: their rows in the store): the
+    pairs, the teacher's output, the supports."""
     arch = pair_model(sel.architecture)
-    arrays = {name: values[rows] for name, values in pairs.items()}
+    arrays = dict(pairs)
     arrays.update(row=rows, text_hash=pair_hashes(arrays["source_ids"], arrays["reference_ids"]))
     if sel.decoding is not None:
         arrays.update(_decode_shard(model, arch, arrays, sel, batch_size, device, precision))
@@ -194,18 +297,21 @@ def compute_seq2seq_shard(model: PreTrainedModel, pairs: dict[str, np.ndarray], 
     return arrays
 
 
-def seq2seq_metadata(pairs: Examples, teacher: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                     sel: Seq2seqSelection, shard_rows: int, precision: str) -> dict:
+def seq2seq_metadata(source: CorpusSource | ExamplePairs, teacher: str, model: PreTrainedModel,
+                     tokenizer: PreTrainedTokenizerBase, sel: Seq2seqSelection, n_rows: int, shard_rows: int,
+                     precision: str) -> dict:
+    """The store's record at creation: a streamed corpus's fingerprint and row count are known only at its end
+    (`finalize`); until then the dataset records the corpus's signature, the layout the rows made room for."""
     return StoreMeta(
         objective=SEQ2SEQ,
         task=TaskRef(SEQ2SEQ, "train"),
-        dataset=DataRef(pairs.source, pairs.fingerprint, len(pairs)),
+        dataset=DataRef(source.described, f"stream:{source.signature}", None),
         teacher=lm_teacher_ref(teacher, model, precision),
         tokenizer=lm_tokenizer_ref(teacher, tokenizer, sel.pad_id),
         max_length=sel.max_source,
         selection=sel.to_dict(),
-        layout=Layout.of(len(pairs), sel.slots, shard_rows),  # n_width = S: 0 without a support, as `slots`
-    ).to_dict()
+        layout=Layout.of(n_rows, sel.slots, shard_rows),  # n_width = S: 0 without a support, as `slots`
+    ).to_dict() | {STREAM_KEY: {"signature": source.signature}}
 
 
 def _special_ids(request: Seq2seqRequest, architecture: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -239,43 +345,93 @@ def make_selection(request: Seq2seqRequest, decoding: Decoding | None, architect
         logprob_codec=request.logprob_codec, positions=request.positions, sample_seed=request.sample_seed)
 
 
-def dump_seq2seq(teacher: str, out: str, pairs: Examples, request: Seq2seqRequest, *, device: str = "cpu",
-                 overwrite: bool = False, progress: bool = True, log: Callable[[str], object] = print,
-                 extra_meta: dict | None = None) -> dict:
-    """Write (or finish) the seq2seq store at `out`; returns its metadata."""
+@dataclass
+class Seq2seqPlan:
+    """A seq2seq dump made ready to run: the tokenizer, the teacher, the selection and the store's record."""
+
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+    sel: Seq2seqSelection
+    meta: StoreMeta
+
+
+def plan_seq2seq(teacher: str, out: str, source: CorpusSource | ExamplePairs, request: Seq2seqRequest, *,
+                 device: str, overwrite: bool, compute: dict, extra_meta: dict | None = None,
+                 load_on: str | None = None) -> Seq2seqPlan:
+    """Load the tokenizer and teacher (on `load_on`, default `device`), check the request against them, and make
+    the store's record (`compute`: how its bytes are computed; a resume must match it)."""
     decoding = request.check()
-    if len(pairs.texts) != 2:
-        raise DataError(f"{pairs.source}: a seq2seq dump needs two text columns, the source and the target")
     precision = resolve_forward(request.precision, device)
     architecture = architecture_of(teacher)
     tokenizer = load_tokenizer(teacher)
-    model = pair_model(architecture).load(teacher, device)
+    model = pair_model(architecture).load(teacher, load_on or device)
     sel = make_selection(request, decoding, architecture, model, tokenizer, teacher)
-    arrays = tokenize_pairs(tokenizer, pairs, sel)
-    if int(arrays["source_ids"].max(initial=0)) >= sel.vocab_size:
+    n_rows = request.max_pairs or 16 * request.shard_rows  # grown as the pairs come, cut to their count at the end
+    meta = seq2seq_metadata(source, teacher, model, tokenizer, sel, n_rows, request.shard_rows, precision)
+    meta = meta if overwrite else resumed_record(out, meta)
+    return Seq2seqPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}))
+
+
+@dataclass(frozen=True)
+class Seq2seqRun:
+    """What computes a shard's arrays from its pairs: the teacher, the selection, the batch, device, precision."""
+
+    model: PreTrainedModel
+    sel: Seq2seqSelection
+    request: Seq2seqRequest
+    device: str
+    precision: str
+    teacher: str
+
+    def arrays(self, rows: PairRows, first_row: int) -> dict[str, np.ndarray]:
+        check_pair_ids(rows.arrays, self.sel.vocab_size, self.teacher)
+        index = np.arange(first_row, first_row + len(rows.marks), dtype=np.int64)
+        return compute_seq2seq_shard(self.model, rows.arrays, index, self.sel, self.request.batch_size, self.device,
+                                     self.precision)
+
+
+def check_pair_ids(arrays: dict[str, np.ndarray], vocab: int, teacher: str) -> None:
+    if int(arrays["source_ids"].max(initial=0)) >= vocab:
         raise ModelLoadError(f"the tokenizer of {teacher} gives ids beyond the model's vocabulary of "
-                             f"{sel.vocab_size}: pass a teacher saved with its own tokenizer")
-    meta = seq2seq_metadata(pairs, teacher, model, tokenizer, sel, request.shard_rows, precision)
-    meta = StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute_record(request.batch_size, device)})
-    with writing(out, meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
+                             f"{vocab}: pass a teacher saved with its own tokenizer")
+
+
+def dump_seq2seq(teacher: str, out: str, source: CorpusSource | ExamplePairs, request: Seq2seqRequest, *,
+                 device: str = "cpu", overwrite: bool = False, progress: bool = True,
+                 log: Callable[[str], object] = print, extra_meta: dict | None = None) -> dict:
+    """Write (or finish) the seq2seq store at `out` from a stream of pairs; returns its metadata."""
+    plan = plan_seq2seq(teacher, out, source, request, device=device, overwrite=overwrite, extra_meta=extra_meta,
+                        compute=compute_record(request.batch_size, device))
+    with writing(out, plan.meta, overwrite=overwrite, software_version=__version__, log=log) as writer:
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        return _write_shards(writer, out, model, arrays, sel, request, device, precision, progress, log)
+        run = Seq2seqRun(plan.model, plan.sel, request, device, resolve_forward(request.precision, device), teacher)
+        return write_pairs(writer, out, source, plan.tokenizer, run, progress, log)
 
 
-def _write_shards(writer: StoreWriter, out: str, model: PreTrainedModel, pairs: dict[str, np.ndarray],
-                  sel: Seq2seqSelection, request: Seq2seqRequest, device: str, precision: str, progress: bool,
-                  log: Callable[[str], object]) -> dict:
-    pending = writer.pending_shards()
-    if len(pending) < writer.n_shards:
-        log(f"resuming {out}: {writer.n_shards - len(pending)}/{writer.n_shards} shards already written")
+def write_pairs(writer: StoreWriter, out: str, source: CorpusSource | ExamplePairs,
+                tokenizer: PreTrainedTokenizerBase, run: Seq2seqRun, progress: bool, log: Callable[[str], object],
+                sink: Any = None) -> dict:
+    """Stream the pairs into the store's pending shards (`sink` computes and writes each: this process's
+    LocalShards, or a cluster's), then finalize it with the corpus's fingerprint."""
+    request, shard_rows = run.request, writer.metadata.layout.shard_rows
+    stream = StreamedShards(writer, out, source, log)
     started = time.perf_counter()
-    for shard in tqdm(pending, unit="shard", desc="dump seq2seq", disable=not progress or None):
-        rows = np.arange(*writer.shard_bounds(shard), dtype=np.int64)
-        writer.write_shard(shard, compute_seq2seq_shard(model, pairs, rows, sel, request.batch_size, device,
-                                                        precision))
-    meta = writer.finalize().to_dict()
-    log(f"wrote {len(pending)} shards ({len(pairs['source_ids'])} pairs in the store) "
+    bar = tqdm(total=request.max_pairs, initial=stream.first * shard_rows, unit="pair", desc="dump seq2seq",
+               disable=not progress or None)
+    shards = iter(())
+    if stream.first < len(stream.done):
+        pairs = checked_pairs(source, stream.start[0])
+        if request.max_pairs is not None:  # those before the resume point were counted shard by shard
+            pairs = islice(pairs, max(request.max_pairs - stream.cursors.documents_before(stream.first), 0))
+        shards = ahead(pair_shards(pairs, tokenizer, run.sel, shard_rows))
+    try:
+        stream.run(shards, sink or LocalShards(writer, run.arrays, run.device), lambda rows: len(rows.marks),
+                   lambda rows: bar.update(len(rows.marks)), "holds no pairs")
+    finally:
+        bar.close()
+    meta = stream.finalize()
+    log(f"wrote {stream.written} shards ({meta['layout']['n_rows']} pairs in the store) "
         f"in {time.perf_counter() - started:.1f}s to {out}")
     return meta

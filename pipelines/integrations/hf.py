@@ -36,7 +36,7 @@ from pipelines.registry import Context, get_method
 from pipelines.train.data.decode import decode_batch
 from pipelines.train.data.sources import open_offline
 from pipelines.train.data.stream import TRIMMED, StoreStream
-from pipelines.train.kinds.clm import check_vocabulary
+from pipelines.train.kinds.clm import TEXT_READ, check_vocabulary
 from pipelines.train.losses.pairs import layer_pairs
 from pipelines.train.losses.terms import LOSS_TERMS, TermInputs, weighted_sum
 from pipelines.train.run.meter import NonFiniteLoss
@@ -267,7 +267,8 @@ def default_method(objective: str) -> str:
 class LMStoreDataset(_StreamedDataset):
     """The rows of a causal-LM or seq2seq store in `hsk train`'s seeded shard-aware order, and the loss of
     `method` on them (default: the store's, clm-kd or s2s-kd; `options`: its `--set` options, e.g.
-    {"lam": 1.0, "temperature": 2.0}), planned and checked against the store as `hsk train` does.
+    {"lam": 1.0, "temperature": 2.0}), planned and checked against the store as `hsk train` does (a method that
+    re-tokenizes the text for another tokenizer, uld or alm, is hsk train's: refused).
     `loss(model, batch)` is the stage's loss of a collated batch: call it from any Trainer's compute_loss."""
 
     _workers_advice = "set it to 0 (LMStoreDataset reads ahead on its own threads, `workers`)"
@@ -284,6 +285,10 @@ class LMStoreDataset(_StreamedDataset):
             raise ConfigError("options target=live runs the teacher beside the student: the Trainer reads the "
                               "stored support only (drop target, or use `hsk train --set target=live`)")
         stages = self.method.stages(self.options, Context(None, None, self.store.metadata))
+        if any(TEXT_READ in stage.reads for stage in stages):  # its feed needs the student's tokenizer
+            raise ConfigError(f"method={self.method.name!r} re-tokenizes the store's text for a student with another "
+                              "tokenizer, which the Trainer integration does not: train it with `hsk train --store "
+                              f"{store} --method {self.method.name} --student DIR`")
         self.stage = stages[0]
         self.feed = runkinds.get(self.store.objective).load("feed")(self.store, self.options)
         self.adapter = adapter_for(self.stage.head)

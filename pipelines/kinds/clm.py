@@ -61,10 +61,8 @@ class ClmDumpOptions:
     batch_size: int = flag(8, "Teacher batch size.", section=FORWARD)
     shard_rows: int = flag(64, "Examples per shard.", section=FORWARD)
     precision: str = flag("auto", "The teacher forward's arithmetic.", section=FORWARD)
-    workers: int | None = flag(None, "Dump on a local dask cluster of N processes, each computing and writing whole "
-                               "shards (one GPU per worker with --device cuda).", section=FORWARD)
-    scheduler: str | None = flag(None, "Dump on a running dask cluster (tcp://HOST:PORT); every worker must reach "
-                                 "the teacher, the data it is sent and --out.", section=FORWARD)
+    workers: int | None = lm_flags.workers(FORWARD)
+    scheduler: str | None = lm_flags.scheduler(FORWARD)
 
     def request(self, threads: int | None = None) -> ClmRequest:
         """The dump's request (pipelines.dump.clm.ClmRequest), checked before the teacher loads (`threads`: per dask

@@ -21,3 +21,13 @@ def text_columns():
 
 def limit():
     return flag(None, "Dump only the first N examples.", section="")
+
+
+def workers(section: str):
+    return flag(None, "Dump on a local dask cluster of N processes, each computing and writing whole shards (one GPU "
+                "per worker with --device cuda).", section=section)
+
+
+def scheduler(section: str):
+    return flag(None, "Dump on a running dask cluster (tcp://HOST:PORT); every worker must reach the teacher, the "
+                "data it is sent and --out.", section=section)

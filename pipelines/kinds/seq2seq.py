@@ -25,8 +25,8 @@ LM = lm_flags.HEADING
 
 @dataclass(frozen=True)
 class Seq2seqDumpOptions:
-    """`hsk dump --objective seq2seq`: pairs of a table file or a GLUE pair task, the teacher's output and/or its
-    per-target-token support."""
+    """`hsk dump --objective seq2seq`: pairs of a table file (streamed), a Hugging Face dataset or a GLUE pair task,
+    the teacher's output and/or its per-target-token support."""
 
     task: str | None = flag(None, "GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli).", "--task", "-t",
                             section=TOP)
@@ -51,16 +51,20 @@ class Seq2seqDumpOptions:
     batch_size: int = flag(8, "Teacher batch size.", section=FORWARD)
     shard_rows: int = flag(256, "Examples per shard.", section=FORWARD)
     precision: str = flag("auto", "The teacher forward's arithmetic.", section=FORWARD)
+    workers: int | None = lm_flags.workers(FORWARD)
+    scheduler: str | None = lm_flags.scheduler(FORWARD)
 
-    def request(self) -> Seq2seqRequest:
-        """The dump's request (pipelines.dump.seq2seq.Seq2seqRequest), checked before the teacher loads."""
+    def request(self, threads: int | None = None) -> Seq2seqRequest:
+        """The dump's request (pipelines.dump.seq2seq.Seq2seqRequest), checked before the teacher loads (`threads`:
+        per dask worker with --workers/--scheduler)."""
         from hskstore.format.clm import Support
         from pipelines.dump.seq2seq import Seq2seqRequest, typed_prompt
 
         support = None if self.support.strip() == "none" else Support.parse(self.support)
         request = Seq2seqRequest(support, self.decode, self.supports_on, self.logprobs, self.max_length or 128,
                                  self.max_target, typed_prompt(self.prompt), self.positions, self.sample_seed,
-                                 self.batch_size, self.shard_rows, self.precision)
+                                 self.batch_size, self.shard_rows, self.precision, self.limit, self.workers,
+                                 self.scheduler, threads)
         request.check()
         return request
 
@@ -68,15 +72,18 @@ class Seq2seqDumpOptions:
 def dump(options: Seq2seqDumpOptions, common: DumpCommon, log: Log) -> None:
     from pipelines.core.devices import pick_device
     from pipelines.core.threads import use_threads
-    from pipelines.dump.seq2seq import dump_seq2seq, load_pairs
+    from pipelines.dump.seq2seq import dump_seq2seq, open_pairs
 
     device = pick_device(common.device)
-    request = options.request()
+    request = options.request(common.threads)
     if not common.teacher or not common.out:
         raise ConfigError("a seq2seq dump needs --teacher (an encoder-decoder or causal-LM folder or hub id) and --out")
-    use_threads(common.threads, "dump")
-    pairs = load_pairs(task=options.task, split=options.split, data_dir=options.data_dir,
-                       data_file=options.data_file, text_columns=options.text_columns, limit=options.limit)
+    pairs = open_pairs(task=options.task, split=options.split, data_dir=options.data_dir,
+                       data_file=options.data_file, text_columns=options.text_columns)
+    if request.workers is not None or request.scheduler is not None:
+        from pipelines.dump.seq2seq_distributed import dump_seq2seq_distributed as dump_seq2seq
+    else:
+        use_threads(common.threads, "dump")
     dump_seq2seq(common.teacher, common.out, pairs, request, device=device, overwrite=common.overwrite,
                  progress=common.progress, log=log, extra_meta=common.sharing())
     log(f"done: {common.out} (see `hsk info {common.out}`)")

@@ -7,7 +7,7 @@ and its models are scored on the task's dev data (pipelines.train.run.evaluate).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # what the dump reads (torch: imported when the dump runs)
     from pipelines.dump.stage import DumpOptions
 
 from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon, warn
+from pipelines.train.options import TrainOptions
+from pipelines.train.run.flags import METHOD, RunSource
 
 HEADING = "The knowledge of a task store (--task --config)"
 
@@ -216,10 +218,76 @@ def evaluate(model: str, options: TaskEvalOptions, common: EvalCommon, device: s
         log(f"{result['task']}/{name}: {shown}")
 
 
+# `hsk train --help`'s heading of the online mode's flags
+ONLINE = "Online mode (--teacher without --store: the teacher computes each batch's targets)"
+
+
+@dataclass(frozen=True)
+class TaskMethodFlags:
+    """The `hsk train` flags of the task methods' options (mud, kd, pkd-*, pea, tinybert-att, lightpaff): each
+    method takes the fields its options dataclass has (pipelines.methods); the others are refused."""
+
+    stages: str | None = flag(None, "mud: stages to run, 'hsk,pred', 'hsk' or 'pred'.", section=METHOD)
+    epochs_hsk: float | None = flag(None, "mud: stage 1 epochs (fractions allowed) [default: per task].",
+                                    section=METHOD)
+    epochs_pred: float | None = flag(None, "mud: stage 2 epochs [default: 5].", section=METHOD)
+    lr_hsk: float | None = flag(None, "mud: stage 1 learning rate (constant) [default: 5e-5].", section=METHOD)
+    lr_pred: float | None = flag(None, "mud: stage 2 learning rate, linear decay [default: 2e-5; MNLI 5e-5].",
+                                 section=METHOD)
+    alpha: float | None = flag(None, "KD mixture (1-a) CE(gold) + a T^2 KL [mud: pure soft CE; kd/pkd 0.5].",
+                               section=METHOD)
+    beta: float | None = flag(None, "pkd-*: weight of the Patient KD [CLS] loss [default: 500].", section=METHOD)
+    hsk_loss: str | None = flag(None, "mud: stage 1 loss: mse (reference), masked-mse, pkd ([CLS] store).",
+                                section=METHOD)
+    ptp_t1: float | None = flag(None, "pea: PTP confidence threshold of right predictions [default: per task].",
+                                section=METHOD)
+    ptp_t2: float | None = flag(None, "pea: PTP confidence threshold of wrong predictions [default: per task].",
+                                section=METHOD)
+
+
+@dataclass(frozen=True)
+class TaskTrainOptions:
+    """`hsk train`'s online mode (--teacher without --store): the task whose data the live teacher runs on and the
+    dump's choices it computes the targets with (as `hsk dump` would, so that the data order is the same)."""
+
+    task: str | None = flag(None, "Online mode: the GLUE task to train on.")
+    config: str | None = flag(None, "Online mode: ND,NL,W of the targets, e.g. 1,9,0.1.")
+    train_limit: int | None = flag(None, "Online mode: first N training examples.", "--limit")
+    shard_rows: int = flag(SHARD_ROWS.default, "Online mode: rows per shard (match the dump for the same order).")
+    student_layers: int | None = flag(STUDENT_LAYERS.default, "Online mode: reference student depth of the layer map "
+                                      "(as dump).")
+    l_top: int | None = flag(None, "Online mode: L_top of the layer map [default: round(10/12 * L)].")
+    layers: str | None = flag(None, "Online mode: explicit teacher layers, e.g. 2,4 (as dump --layers).")
+    tokens: str = flag(TOKENS.default, f"Online mode: token strategy (as dump --tokens: {', '.join(TOKENS.values)}).")
+    attention_rows: bool = flag(False, "Online mode: also compute the teacher attention rows (tinybert-att).",
+                                "--attention-rows")
+
+    def __post_init__(self) -> None:  # read when made, before torch is imported: a typo costs a second
+        if self.config:
+            HSKConfig.parse(self.config)
+        TaskDumpOptions(layers=self.layers).layer_list()
+
+    def apply(self, options: TrainOptions, source: RunSource) -> tuple[TrainOptions, RunSource]:
+        """The run's options and source with these: the task (checked against a store's), and online the dump's
+        choices the teacher computes the targets with."""
+        parsed = HSKConfig.parse(self.config) if self.config else None
+        layers = TaskDumpOptions(layers=self.layers).layer_list()
+        source = replace(source, task=self.task, config=self.config)
+        online = None
+        if source.teacher is not None and parsed is not None:
+            from pipelines.dump.stage import DumpOptions
+
+            online = DumpOptions.from_flags(dict(shard_rows=self.shard_rows, student_layers=self.student_layers,
+                                                 l_top=self.l_top, tokens=self.tokens), config=parsed,
+                                            layers=layers, attention_rows=self.attention_rows)
+        return replace(options, train_limit=self.train_limit, online=online), source
+
+
 RUN_KIND = RunKind(
     name="task", summary="a fine-tuned classifier's logits and hidden-state knowledge",
     dump="pipelines.kinds.task:dump", dump_options=TaskDumpOptions, heading=HEADING,
     prepare="pipelines.train.kinds.distill:prepare_task", default_method="mud",
     teacher="pipelines.kinds.task:teacher", teacher_options=TaskTeacherOptions,
     evaluate="pipelines.kinds.task:evaluate", eval_options=TaskEvalOptions, eval_by="task",
+    method_flags=TaskMethodFlags, train_options=TaskTrainOptions, train_heading=ONLINE,
 )

@@ -56,7 +56,7 @@ from pipelines.sweep.results import append_results, read_results, rows_to_table
 from pipelines.sweep.runlog import no_progress_bars, run_log
 from pipelines.sweep.spec import SweepSpec
 from pipelines.sweep.stores import StoreSize, ensure_store, store_size
-from pipelines.train.kinds.distill import RUN_KIND, train
+from pipelines.train.run.driver import RUN_KIND, train
 from pipelines.train.run.summary import RunSummary
 
 SWEEP_KIND = SWEEP.name  # the output kind of a sweep's work_dir (pipelines.core.output_kinds)

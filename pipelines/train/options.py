@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the dump's options (torch-side); training options do not ne
 # TrainOptions fields whose `hsk train` option has another name (pipelines/cli/names.py)
 # Each reading thread and each shard read ahead holds a shard in memory: past these, memory runs out first.
 _AT_MOST = {"workers": 256, "read_ahead": 4096, "buffer_shards": 4096}
-CLI_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit"}
+CLI_FLAGS = {"buffer_shards": "shuffle-window", "workers": "read-threads", "train_limit": "limit", "evaluate": "eval"}
 
 
 def cli_flag(name: str) -> str:

@@ -57,11 +57,7 @@ def find_dev(task: Task, meta: StoreMeta, data_dir: str | None, limit: int | Non
         try:
             dev = _load(task, where, limit)
         except DataError as exc:
-            lines = str(exc).splitlines()
-            found = [line.strip(" -") for line in lines[1:] if line.startswith("  - ")] or lines[:1]
-            if where is not None and where == recorded:
-                found = [f"the folder the store was dumped from, {where}, has no {task.name} dev data"]
-            tried += found
+            tried += _where_tried(exc, task, where, recorded)
             continue
         found = DevData(dev, next(iter(dev.values())).source)
         _check_training_split(found, task, meta, warn)
@@ -70,6 +66,14 @@ def find_dev(task: Task, meta: StoreMeta, data_dir: str | None, limit: int | Non
         f"no dev data for {task.name} ({'; '.join(tried)}): pass --data-dir DIR (a glue_data folder), set "
         "HSK_DATA_DIR, or give --no-eval to train without evaluation"
     )
+
+
+def _where_tried(exc: DataError, task: Task, where: str | None, recorded: str | None) -> list[str]:
+    """What one place that has no dev data says (the recorded folder named as such)."""
+    if where is not None and where == recorded:
+        return [f"the folder the store was dumped from, {where}, has no {task.name} dev data"]
+    lines = str(exc).splitlines()
+    return [line.strip(" -") for line in lines[1:] if line.startswith("  - ")] or lines[:1]
 
 
 def _check_training_split(dev: DevData, task: Task, meta: StoreMeta, warn: Callable[[str], None]) -> None:

@@ -25,6 +25,7 @@ from hskstore.format.clm import HIDDEN, TEXT_ARRAYS, ClmSelection, LMTargets, de
 from hskstore.format.clm_layers import LAYER_ARRAYS
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
+from hskstore.io.clm_store import ClmStore
 from pipelines.core import codecs_torch
 from pipelines.dump.clm_hidden import TeacherHead
 from pipelines.registry import Context, Stage
@@ -66,7 +67,7 @@ def clm_student(student: str, teacher: str) -> tuple[nn.Module, Any, str]:
     return model, load_tokenizer(source), init
 
 
-def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], Any],
+def check_vocabulary(model: nn.Module, tokenizer: Any, meta: StoreMeta, log: Callable[[str], object],
                      others: tuple[str, ...] = ()) -> None:
     """The KD compares token ids: the student must tokenize as the teacher did (`others`: the methods that take
     another tokenizer, named in the refusal). Embedding sizes may differ by padding only (both cover the
@@ -157,7 +158,7 @@ class _Maker:
 class ClmFeed:
     """A stage that reads "clm" streams the blocks and, unless the teacher runs live, their stored supports."""
 
-    store: Any
+    store: ClmStore
     live: nn.Module | None = None
 
     text: XtokMaker | None = None  # a student with another tokenizer: its maker (the stage reads clm-text)
@@ -188,7 +189,7 @@ def reads_layers(stage: Stage | None) -> bool:
     return stage is not None and any(term.loss in LAYER_TERMS for term in stage.terms)
 
 
-def clm_feed(store: Any, method_options: Any) -> ClmFeed:
+def clm_feed(store: ClmStore, method_options: object) -> ClmFeed:
     """The feed of a causal-LM store read without a live teacher (the Hugging Face Trainer's)."""
     return ClmFeed(store)
 
@@ -232,21 +233,26 @@ def _text_maker(plan: Any, store: Any, teacher: str, student: str, tokenizer: An
     require_text(store.clm, str(store.url))
     check_fast(tokenizer, student)
     table = None
-    if any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms):
+    if _has_term(plan.stages, MINED_TERM):
         table = mined_table(load_tokenizer(teacher), tokenizer, store.clm.vocab_size)
     return XtokMaker(store.clm, tokenizer, student_eos(tokenizer, student), "cpu", table,
                      getattr(plan.method_options, "max_student_tokens", 0))
 
 
+def _has_term(stages: list[Stage], loss: str) -> bool:
+    """Whether a stage of the plan has a term of this loss."""
+    return any(term.loss == loss for stage in stages for term in stage.terms)
+
+
 def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], Any], task: str | None = None, **_: Any) -> RunParts:
+                log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
     plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
                           "beside the student)", data_parallel=True, task=task)
     source = plan.source
-    live = any(term.loss == LIVE_TERM for stage in plan.stages for term in stage.terms)
+    live = _has_term(plan.stages, LIVE_TERM)
     # MinED maps ids through the teacher's tokenizer: it needs the teacher as a first<k> student or a live one does
-    mined = any(term.loss == MINED_TERM for stage in plan.stages for term in stage.terms)
+    mined = _has_term(plan.stages, MINED_TERM)
     teacher = _teacher(source, options.teacher, live or mined or _FIRST.fullmatch(student.strip().lower()) is not None)
     if live:
         from pipelines.dump.clm import load_clm_teacher

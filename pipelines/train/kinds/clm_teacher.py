@@ -33,6 +33,7 @@ from pipelines.train.kinds.clm import clm_student, lm_batch
 from pipelines.train.kinds.mlm_teacher import RowsInMemory
 from pipelines.train.kinds.teacher import check_numbers, publish_teacher, work_dir
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.checkpoints import RunIdentity
 from pipelines.train.run.loop import Keeper, Student
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
@@ -129,9 +130,9 @@ def train_clm_teacher(base: str, corpus: Examples, out: str | Path, *, block_siz
     rows, dev_blocks, dev_lengths = _split(blocks, lengths)
     torch.manual_seed(seed)
     model, _, init = clm_student(base, base)
-    identity = {"objective": "clm", "base": base, "corpus": corpus.fingerprint, "epochs": epochs, "lr": lr,
-                "batch_size": batch_size, "block_size": block_size, "seed": seed,
-                "blocks": str(block_hashes(blocks[:1])[0]) if len(blocks) else None}
+    identity = RunIdentity("clm-teacher", {"epochs": epochs, "lr": lr, "block_size": block_size}, base,
+                           corpus.fingerprint, "memory", batch_size,
+                           {"seed": seed, "blocks": str(block_hashes(blocks[:1])[0]) if len(blocks) else None})
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     options = TrainOptions(method=None, batch_size=batch_size, weight_decay=0.01, seed=seed, workers=0,

@@ -46,6 +46,7 @@ from pipelines.train.data.sources import ShardedRows
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.teacher import check_numbers, publish_teacher, work_dir
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.checkpoints import RunIdentity
 from pipelines.train.run.loop import Keeper, Run, Student, first_split_score
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.adapter import masked_lm_batch, masked_lm_outputs
@@ -266,8 +267,9 @@ def train_mlm_teacher(
     model = _load_model(base, train_layers, device)
     _trainable(model, train_layers)
     data = _split(corpus, tokenizer, max_length, seed)
-    identity = {"objective": "mlm", "base": base, "corpus": corpus.fingerprint, "train_layers": train_layers,
-                "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": max_length, "seed": seed}
+    identity = RunIdentity("mlm-teacher", {"train_layers": train_layers, "epochs": epochs, "lr": lr,
+                                           "max_length": max_length}, base, corpus.fingerprint, "memory", batch_size,
+                           {"seed": seed})
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     options = _options(batch_size, seed, checkpoint_every, progress, precision)
@@ -302,8 +304,8 @@ def _options(batch_size: int, seed: int, checkpoint_every: int, progress: bool, 
 
 
 def _run(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: _Data,
-         folder: tuple[Path, dict, StepPrecision], options: TrainOptions, base: str, corpus: Examples, epochs: float,
-         lr: float, device: str, log: Callable[[str], object],
+         folder: tuple[Path, RunIdentity, StepPrecision], options: TrainOptions, base: str, corpus: Examples,
+         epochs: float, lr: float, device: str, log: Callable[[str], object],
          on_step: Callable[[int], object] | None) -> Run:
     """Train in the work folder (resuming its checkpoint when it is this run's): the whole model is the student
     (only the unfrozen parameters train), head mlm."""

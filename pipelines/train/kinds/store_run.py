@@ -6,16 +6,17 @@ and its feed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from hskstore import open_store
+from hskstore import HSKStore, open_store
 from hskstore.format.config import ConfigError
 from pipelines.methods import Context, get_method
 from pipelines.registry import Method, Stage
 from pipelines.train.data.sources import StoreSource, check_expected_store
-from pipelines.train.options import TrainOptions
+from pipelines.train.options import TrainOptions, run_options
+from pipelines.train.run.checkpoints import RunIdentity
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.loop import Feed, RunParts, Student
 from pipelines.train.students.build import StudentInfo
@@ -33,11 +34,11 @@ class StorePlan:
     options: TrainOptions
     source: StoreSource
     method: Method
-    method_options: Any
+    method_options: object  # an instance of the method's options dataclass
     stages: list[Stage]
 
     @property
-    def store(self) -> Any:
+    def store(self) -> HSKStore:
         return self.source.store
 
     def student_info(self, student: str, kind: str, init: str, teacher: str, model: nn.Module,
@@ -45,12 +46,11 @@ class StorePlan:
         return StudentInfo.of_model(student, model, tokenizer, kind=kind, init=init, source=teacher,
                                     vocab=self.source.metadata.tokenizer.vocab_hash)
 
-    def identity(self, student: str, batch_size: int) -> dict:
+    def identity(self, student: str, batch_size: int) -> RunIdentity:
         """What a checkpoint must share with the run that resumes it."""
-        o, source = self.options, self.store.content_address or str(self.store.url)
-        return {"student": student, "mode": self.source.mode, "source": source,
-                "method": self.method.name, "method_options": self.method.option_dict(self.method_options),
-                "batch_size": batch_size, "seed": o.seed, "shuffle_window": o.buffer_shards, "max_steps": o.max_steps}
+        return RunIdentity(self.method.name, self.method.option_dict(self.method_options), student,
+                           self.store.content_address or str(self.store.url), self.source.mode, batch_size,
+                           run_options(self.options))
 
     def parts(self, student: str, info: StudentInfo, model: nn.Module, head: str, feed: Feed, device: str,
               default_batch: int, done_note: str, pairs: list[list] | None = None,

@@ -19,7 +19,6 @@ import platform
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -45,6 +44,7 @@ from pipelines.core.tasks import Task, get_task
 from pipelines.registry import Context
 from pipelines.train.data.sources import MemorySource, memory_source
 from pipelines.train.options import TrainOptions
+from pipelines.train.run.checkpoints import RunIdentity
 from pipelines.train.run.loop import Evaluator, Keeper, Run, Student, TaskFeed
 from pipelines.train.run.setup import train_in_own_folder
 from pipelines.train.students.build import StudentInfo
@@ -192,7 +192,7 @@ def _save_teacher(work: Path, out: Path, summary: dict) -> None:
     shutil.rmtree(work)
 
 
-def _run(work: Path, identity: dict, options: TrainOptions, precision: StepPrecision, source: MemorySource,
+def _run(work: Path, identity: RunIdentity, options: TrainOptions, precision: StepPrecision, source: MemorySource,
          stages: list, base: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dev_sets: dict,
          max_length: int, device: str, log: Callable[[str], object]) -> Run:
     """Fine-tune through the one loop (resuming the work folder's checkpoint when it is this run's)."""
@@ -318,8 +318,8 @@ def fine_tune_teacher(
     stages = method.stages(method_options, Context(task, source.selection, source.metadata))
     work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    identity = {"task": task.name, "base": base, "inputs": train.fingerprint, "options": asdict(method_options),
-                "batch_size": batch_size, "seed": seed, "max_length": max_length}
+    identity = RunIdentity(method.name, method.option_dict(method_options), base, train.fingerprint, "memory",
+                           batch_size, {"task": task.name, "seed": seed, "max_length": max_length})
     run = _run(work, identity, options, step_precision, source, stages, base, model, tokenizer, dev_sets, max_length,
                str(device), log)
     settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "warmup_ratio": warmup_ratio,

@@ -440,6 +440,8 @@ def term_clm_layer_cos(x: TermInputs) -> torch.Tensor:
 
 # Cross-tokenizer KD (pipelines/methods/xtok.py; the batch from pipelines/train/data/xtok.py): outputs.logits is
 # the student's [B, W, V_student] over its own tokens; x_pos / m_pos are flat indices into B * W.
+# Each term is a sum over this rank's aligned positions (chunks) over `x.count` of them: the global count under
+# torchrun, as every per-position term.
 
 
 def _flat_logits(x: TermInputs, positions: torch.Tensor) -> torch.Tensor:
@@ -451,8 +453,7 @@ def _flat_logits(x: TermInputs, positions: torch.Tensor) -> torch.Tensor:
 def term_uld(x: TermInputs, tail: bool = True) -> torch.Tensor:
     b = x.batch
     probs = torch.softmax(_flat_logits(x, b["x_pos"]), -1)
-    return lm.uld_l1(probs, b["x_probs"], b["x_used"], tail).sum() / local_count(b["x_pos"].new_tensor(
-        b["x_pos"].numel()))
+    return lm.uld_l1(probs, b["x_probs"], b["x_used"], tail).sum() / x.count(b["x_pos"].new_tensor(b["x_pos"].numel()))
 
 
 @loss_term("alm_chunks")
@@ -461,7 +462,7 @@ def term_alm_chunks(x: TermInputs) -> torch.Tensor:
     picked = torch.log_softmax(logits, -1).gather(-1, b["labels"][..., None])[..., 0]
     cumulative = torch.nn.functional.pad(picked.cumsum(-1), (1, 0)).reshape(-1)  # [B * (W + 1)]
     student = cumulative[b["c_stop"]] - cumulative[b["c_start"]]
-    count = local_count(b["c_stop"].new_tensor(b["c_stop"].numel()))
+    count = x.count(b["c_stop"].new_tensor(b["c_stop"].numel()))
     return lm.binary_kl(b["c_teacher"].clamp(max=0.0), student).sum() / count
 
 
@@ -469,8 +470,7 @@ def term_alm_chunks(x: TermInputs) -> torch.Tensor:
 def term_mined_kl(x: TermInputs) -> torch.Tensor:
     b = x.batch
     logprobs = torch.log_softmax(_flat_logits(x, b["m_pos"]), -1)
-    return lm.mapped_ce(logprobs, b["m_ids"], b["m_probs"]).sum() / local_count(b["m_pos"].new_tensor(
-        b["m_pos"].numel()))
+    return lm.mapped_ce(logprobs, b["m_ids"], b["m_probs"]).sum() / x.count(b["m_pos"].new_tensor(b["m_pos"].numel()))
 
 
 def weighted_sum(terms, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -1,10 +1,12 @@
 """A run's checkpoint (out/checkpoint/state.pt, one layout: CHECKPOINT_VERSION): what it holds, whose run it is
-(its identity, the precision included), and how a rerun continues from it or refuses another run's in one line."""
+(its `RunIdentity`, the precision included), and how a rerun continues from it or refuses another run's in one
+line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -22,23 +24,68 @@ class Saved(Protocol):
 
     def state(self) -> dict: ...
 
-# 3: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
-# "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart
-CHECKPOINT_VERSION = 3
+# 4: one layout for every training (distillation, LightPAFF pre-training, `hsk teacher`, the MLM teacher):
+# "position" (stage index and step inside it) and "progress" (steps, examples and seconds so far) apart, and one
+# identity (RunIdentity) for every kind of run
+CHECKPOINT_VERSION = 4
+
+
+def _plain(value: object) -> object:
+    """`value` as JSON gives it back (tuples as lists, paths as strings): how an identity compares."""
+    return json.loads(json.dumps(value, default=str))
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a checkpoint must share with the run that resumes it, written into the checkpoint and read back by this
+    class alone (every kind of run: `hsk train` on any store, `hsk teacher`, the masked-LM and causal-LM teachers).
+
+    Not the number of ranks: the data order is one global order that every rank count slices
+    (stream.global_plan). Not the store's path either: the order follows the store's content address, so a store
+    copied elsewhere (or to S3) resumes. Not the torch threads (recorded in the summary: a run may resume under
+    another count)."""
+
+    method: str  # the method (`hsk methods`), or what a command's own run trains ("mlm-teacher", "clm-teacher")
+    method_options: Mapping[str, object]  # the method's resolved options (or the command's own settings)
+    student: str  # the student as named, or the base model a teacher is fine-tuned from
+    source: str  # the store's content address (else its URL), or the fingerprint of the rows a command read
+    mode: str = "offline"  # offline | online (a live teacher) | memory (a command's rows in memory)
+    batch_size: int | None = None  # the global batch, resolved
+    options: Mapping[str, object] = field(default_factory=dict)  # what else changes the result: seed, --max-steps...
+    inputs: object = None  # a task store's inputs and selection (its metadata), or None
+    selection: object = None
+    precision: str = "fp32"  # the step's, resolved (pipelines.core.precision); a run of before it ran in fp32
+
+    def to_json(self) -> dict[str, object]:
+        """The identity as a checkpoint holds it (JSON types: what `read` gives back compares equal)."""
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, data: Mapping[str, object] | None) -> RunIdentity | None:
+        """The identity a checkpoint holds (None: it holds none this class can read)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, Mapping) or not set(data) <= names or not {"method", "student", "source"} <= set(data):
+            return None
+        return cls(**data)
+
+    def differences(self, found: RunIdentity | None) -> str:
+        """What differs between a checkpoint's identity (`found`) and this run's, as `--max-steps 3 there, 5 here`."""
+        return identity_differences(found.to_json() if found else {}, self.to_json())
 
 
 @dataclass
 class Checkpoints:
     """out/checkpoint/state.pt: everything a rerun needs to continue; refused when it is another run's.
-    The run's precision is part of its identity (a checkpoint without one was trained in fp32)."""
+    The run's precision is part of its identity."""
 
     path: Path
-    identity: dict
+    identity: RunIdentity
     precision: StepPrecision = field(default_factory=StepPrecision)
 
     @property
-    def full_identity(self) -> dict:
-        return {**self.identity, "precision": self.precision.name}
+    def full_identity(self) -> RunIdentity:
+        """The run's identity with the precision it resolved at its start."""
+        return dataclasses.replace(self.identity, precision=self.precision.name)
 
     def save(self, parts: tuple[Saved, ...], stage_results: dict, optimizer=None, scheduler=None,
              stream=None) -> None:
@@ -46,7 +93,7 @@ class Checkpoints:
         optimizer, scheduler and data stream of the stage under way (None between stages)."""
         state = {
             "version": CHECKPOINT_VERSION,
-            "identity": self.full_identity,
+            "identity": self.full_identity.to_json(),
             "scaler": self.precision.state_dict(),
             **{key: value for part in parts for key, value in part.state().items()},
             "stage_results": stage_results,
@@ -64,11 +111,12 @@ class Checkpoints:
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if state.get("version") != CHECKPOINT_VERSION:
             return {"foreign": True, "older": state.get("version", 1)}
-        found = {"precision": "fp32", **(state.get("identity") or {})}
-        if found != self.full_identity:
-            same_but_precision = {**found, "precision": self.precision.name} == self.full_identity
-            return {"foreign": True, "precision": found["precision"] if same_but_precision else None,
-                    "differ": identity_differences(found, self.full_identity)}
+        found, wanted = RunIdentity.read(state.get("identity")), self.full_identity
+        if found is None or found.to_json() != wanted.to_json():
+            same_but_precision = found is not None and (
+                dataclasses.replace(found, precision=wanted.precision).to_json() == wanted.to_json())
+            return {"foreign": True, "precision": found.precision if same_but_precision else None,
+                    "differ": wanted.differences(found)}
         return state
 
     def resume(self, resume: bool, out: Path, log: Callable[[str], object], finished: bool = False) -> dict | None:
@@ -79,24 +127,24 @@ class Checkpoints:
                 log(f"--no-resume: starting over in {out} (the old checkpoint will be replaced)")
             return None
         state = self.load()
-        if state is not None and state.get("older") is not None:
-            if finished:  # a finished run is judged by its summary (distill: the same run, or refused)
-                return None
-            raise ConfigError(
-                f"{out} holds a checkpoint of an older hsk (checkpoint version {state['older']}; this hsk "
-                f"resumes version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume "
-                "to start over"
-            )
-        if state is not None and state.get("precision"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(
-                f"{out} holds a checkpoint trained in {state['precision']} and this run asks for "
-                f"{self.precision.name}: pass --precision {state['precision']} to resume it, or {fix}")
-        if state is not None and state.get("foreign"):
-            fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
-            raise ConfigError(f"{out} holds a checkpoint of another run ({state['differ']}): use another --out, or "
-                              f"{fix}")
-        return state
+        if state is None or not state.get("foreign"):
+            return state
+        if state.get("older") is not None and finished:  # a finished run is judged by its summary (the driver)
+            return None
+        raise ConfigError(refusal(state, out, self.precision.name, finished))
+
+
+def refusal(foreign: dict, out: Path, precision: str, finished: bool) -> str:
+    """Why `out`'s checkpoint (Checkpoints.load's answer for another run's) is not resumed, and what to pass."""
+    fix = "--overwrite to replace that finished run" if finished else "--no-resume to start over"
+    if foreign.get("older") is not None:
+        return (f"{out} holds a checkpoint of an older hsk (checkpoint version {foreign['older']}; this hsk resumes "
+                f"version {CHECKPOINT_VERSION}): finish it with the hsk that wrote it, or pass --no-resume to start "
+                "over")
+    if foreign.get("precision"):
+        return (f"{out} holds a checkpoint trained in {foreign['precision']} and this run asks for {precision}: pass "
+                f"--precision {foreign['precision']} to resume it, or {fix}")
+    return f"{out} holds a checkpoint of another run ({foreign['differ']}): use another --out, or {fix}"
 
 
 # Identity keys as the user knows them (the rest are option names: --max-steps for max_steps)

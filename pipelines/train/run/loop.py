@@ -45,7 +45,7 @@ from pipelines.train.data.stream import StoreStream
 from pipelines.train.losses.pairs import LayerPair
 from pipelines.train.losses.terms import TermInputs, weighted_sum
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.checkpoints import Checkpoints
+from pipelines.train.run.checkpoints import Checkpoints, RunIdentity
 from pipelines.train.run.ddp import Ranks
 from pipelines.train.run.meter import LossMeter, NonFiniteLoss
 from pipelines.train.students.adapter import StudentOutputs, adapter_for
@@ -363,7 +363,7 @@ class RunParts:
     feed: Feed
     evaluator: Evaluator | None  # None: no dev evaluation (the last model is kept)
     batch_size: int
-    identity: dict  # what a checkpoint must share with the run that resumes it
+    identity: RunIdentity  # what a checkpoint must share with the run that resumes it
     dev: DevData | None = None  # the dev data of a task run
     done_note: str = ""  # said after the run's last line
 
@@ -384,7 +384,7 @@ class _StageRun:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: StoreStream
-    maker: BatchMaker
+    maker: Maker  # what the feed made for this stage (Feed.maker)
     compute: Callable[[dict], tuple] | None = None  # batch -> (loss, terms): _forward_losses, compiled or not
     meter: LossMeter = field(default_factory=LossMeter)  # the loss and terms, on the device until read
     checked_step: int = 0  # the last step whose loss was read finite (nothing saved after a non-finite one)
@@ -493,21 +493,42 @@ def _finite_weights(sr: _StageRun) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
+@dataclass(frozen=True)
+class _Due:
+    """What is due after an optimizer step: a metrics record, an evaluation, a checkpoint."""
+
+    log: bool
+    evaluate: bool
+    save: bool
+
+    @property
+    def read(self) -> bool:
+        """The loss is read from the device (the same steps on every rank: a collective under torchrun)."""
+        return self.log or self.evaluate or self.save
+
+
+def _due(opts: TrainOptions, step: int, total: int, select_best: bool) -> _Due:
+    """What the stage's `step` (of `total`) owes: a log every --log-every steps and at the last, an evaluation every
+    --eval-every steps of a stage that keeps the best, a checkpoint every --checkpoint-every (the last step has its
+    own, at the stage's end)."""
+    last = step >= total
+    evaluate = bool(select_best and opts.eval_every and step % opts.eval_every == 0)
+    return _Due(step % opts.log_every == 0 or last, evaluate and not last,
+                step % opts.checkpoint_every == 0 and not last)
+
+
 def _after_step(run: Run, sr: _StageRun, record: dict) -> None:
     """Logging, evaluation and checkpoints due after an optimizer step (the loss read first: _read)."""
-    opts, pos = run.options, run.position
-    last = pos.stage_step >= sr.total
-    log = pos.stage_step % opts.log_every == 0 or last
-    evaluate = sr.stage.select_best and opts.eval_every and pos.stage_step % opts.eval_every == 0 and not last
-    save = pos.stage_step % opts.checkpoint_every == 0 and not last
-    if log or evaluate or save:  # the same steps on every rank (the read is a collective under torchrun)
-        record["loss"], record["terms"] = _read(run, sr, saving=bool(evaluate or save))
-    if log:
+    pos = run.position
+    due = _due(run.options, pos.stage_step, sr.total, sr.stage.select_best)
+    if due.read:
+        record["loss"], record["terms"] = _read(run, sr, saving=due.evaluate or due.save)
+    if due.log:
         run.metrics_log.write(record)
-        _heartbeat(run, sr, record, last)
-    if evaluate:
+        _heartbeat(run, sr, record, pos.stage_step >= sr.total)
+    if due.evaluate:
         run.evaluate(sr.stage)
-    if save and run.ranks.main:
+    if due.save and run.ranks.main:
         run.checkpoints.save((pos, run.student, run.keeper), run.stage_results, sr.optimizer, sr.scheduler, sr.stream)
     if run.on_step is not None:
         run.on_step(record)
@@ -567,6 +588,15 @@ def _short_of(run: Run, sr: _StageRun) -> str:
             "to train that many steps)")
 
 
+def _stage_line(run: Run, sr: _StageRun) -> str:
+    """The line a stage starts with: its epochs, steps, learning rate and loss."""
+    stage = sr.stage
+    schedule = {"constant": "constant", "linear": "linear decay"}.get(stage.schedule, "warmup + linear decay")
+    terms = " + ".join(f"{t.weight:g} {t.name}" for t in stage.terms)
+    return (f"stage {stage.name}: {stage.epochs:g} epochs x {sr.steps_per_epoch} steps (batch {run.batch_size}) -> "
+            f"{sr.total} steps, lr {stage.lr:g} {schedule}; loss {terms}{_short_of(run, sr)}")
+
+
 def run_stage(run: Run, index: int, state: dict | None) -> None:
     sr = _open_stage(run, index, state)
     stage, pos = sr.stage, run.position
@@ -574,10 +604,7 @@ def run_stage(run: Run, index: int, state: dict | None) -> None:
         run.log(f"resuming from {run.checkpoints.path}: stage {stage.name}, step {pos.stage_step} of the stage "
                 f"(step {pos.stage_step} of {sr.total}; global step {pos.global_step})")
     if pos.stage_step == 0:
-        schedule = {"constant": "constant", "linear": "linear decay"}.get(stage.schedule, "warmup + linear decay")
-        terms = " + ".join(f"{t.weight:g} {t.name}" for t in stage.terms)
-        run.log(f"stage {stage.name}: {stage.epochs:g} epochs x {sr.steps_per_epoch} steps (batch {run.batch_size})"
-                f" -> {sr.total} steps, lr {stage.lr:g} {schedule}; loss {terms}{_short_of(run, sr)}")
+        run.log(_stage_line(run, sr))
     bar = tqdm(total=sr.total, initial=pos.stage_step, desc=f"train {stage.name}", unit="step",
                disable=not (run.options.progress and run.ranks.main) or None)
     run.student.model.train()

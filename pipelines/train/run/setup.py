@@ -8,7 +8,7 @@ folder, the metrics log, and the `Run` restored from its checkpoint.
 
 Two resume policies, by whose folder the run writes into:
 - a user's run folder (`hsk train --out`): another run's checkpoint is refused in one line (the caller
-  decides about finished runs: pipelines.train.kinds.distill);
+  decides about finished runs: pipelines.train.run.driver);
 - a command's own work folder (`hsk teacher`'s hidden sibling): another run's checkpoint is started over.
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipelines.core.precision import StepPrecision
 from pipelines.core.run_state import MetricsLog, report_sinks
+from pipelines.core.tasks import Task
 from pipelines.train.options import TrainOptions
-from pipelines.train.run.checkpoints import Checkpoints, work_state
+from pipelines.train.run.checkpoints import Checkpoints, RunIdentity, work_state
 from pipelines.train.run.ddp import Ranks, SilentLog
-from pipelines.train.run.loop import Run, run_stages
+from pipelines.train.run.loop import Evaluator, Feed, Keeper, Run, Student, run_stages
 
 
 @dataclass
@@ -33,7 +33,7 @@ class RunFolder:
     that resumes it (the precision is added to `identity`)."""
 
     path: Path
-    identity: dict
+    identity: RunIdentity
     state_file: str = "checkpoint/state.pt"
     own: bool = False  # the command's own work folder: another run's checkpoint is started over, not refused
 
@@ -45,7 +45,7 @@ class RunFolder:
 def open_run(folder: RunFolder, precision: StepPrecision,
              log: Callable[[str], object]) -> tuple[Checkpoints, dict | None]:
     """The run's checkpoints and the state to continue from: in a work folder of the command's own, another
-    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.kinds.distill
+    run's checkpoint is started over; in a user's folder `Checkpoints.resume` refuses it (pipelines.train.run.driver
     calls that itself, as it also judges finished runs)."""
     checkpoints = folder.checkpoints(precision)
     if folder.own:
@@ -53,10 +53,10 @@ def open_run(folder: RunFolder, precision: StepPrecision,
     return checkpoints, None
 
 
-def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Any,
-              task: Any, student: Any, stages: list, pairs: list, device: str, batch_size: int, evaluator: Any,
-              keeper: Any, log: Callable[[str], object], on_step: Callable[[dict], object] | None = None,
-              ranks: Ranks | None = None) -> Run:
+def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *, options: TrainOptions, feed: Feed,
+              task: Task | None, student: Student, stages: list, pairs: list, device: str, batch_size: int,
+              evaluator: Evaluator | None, keeper: Keeper, log: Callable[[str], object],
+              on_step: Callable[[dict], object] | None = None, ranks: Ranks | None = None) -> Run:
     """The loop's Run of any kind of training, restored from `state` (a checkpoint of this run) when given.
     Rank 0 alone writes metrics.jsonl (and the --report-to event files)."""
     ranks = ranks or Ranks()
@@ -70,8 +70,8 @@ def build_run(folder: RunFolder, checkpoints: Checkpoints, state: dict | None, *
     return run
 
 
-def train_in_own_folder(work: Path, identity: dict, precision: StepPrecision, *,
-                        state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: Any) -> Run:
+def train_in_own_folder(work: Path, identity: RunIdentity, precision: StepPrecision, *,
+                        state_file: str = RunFolder.state_file, log: Callable[[str], object], **parts: object) -> Run:
     """A command's run in its own work folder (`hsk teacher`'s hidden sibling), start to end: the checkpoint there
     is resumed when it is this run's (another run's is started over), then the loop runs every stage left.
     `parts`: build_run's (options, feed, task, student, stages, ...)."""

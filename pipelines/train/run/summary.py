@@ -52,6 +52,8 @@ class RunSummary:
     precision: str = "fp32"  # the step's precision, resolved (pipelines.core.precision; older runs: fp32)
     compile: str | None = None  # torch.compile's mode of the step (--compile), None: eager
     warnings: list[str] = field(default_factory=list)
+    # what a rerun must share with this run to be it (pipelines.train.run.checkpoints.RunIdentity.to_json)
+    identity: dict[str, object] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         """summary["steps"]: the summary.json key (scripts written against the JSON keep working)."""
