@@ -60,6 +60,12 @@ LOSS_TERMS: dict[str, str] = {
     "clm_topk_kl": "causal LM: KL over a top-K store's ids plus the tail bucket, or renormalized over them (clm-kd)",
     "clm_sampled_ce": "causal LM: RS-KD's unbiased estimate, -sum count/draws log q, on a sampled store (clm-kd)",
     "clm_full_kl": "causal LM: KL over the whole vocabulary from the live teacher (clm-kd --set target=live)",
+    "clm_hidden_kl": "causal LM: KL over the whole vocabulary from the stored final hidden state and head "
+    "(clm-kd on a --support hidden store)",
+    "clm_layer_mse": "causal LM: MSE(W h_student, stored teacher layer state) per element at the stored positions, "
+    "summed over layer pairs (clm-kd --set layer_weight)",
+    "clm_layer_cos": "causal LM: 1 - cosine(W h_student, stored teacher layer state) per stored position, summed "
+    "over layer pairs (clm-kd --set layer_weight --set layer_loss=cosine)",
     "uld": "another tokenizer: L1 of the sorted teacher support (with its tail) and the student's sorted top "
     "probabilities at shared byte boundaries (uld)",
     "alm_chunks": "another tokenizer: binary KL of teacher and student likelihoods of the chunks between shared "

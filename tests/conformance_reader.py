@@ -289,13 +289,8 @@ def data_arrays(meta: dict) -> list[str]:
     if meta.get("objective") == "mlm":
         return ["row", "text_hash", "input_ids", "token_type_ids", "length", "mlm/positions", "mlm/labels",
                 "mlm/kind", "mlm/topk_ids", "mlm/topk_logits", "mlm/lse"]
-    if meta.get("objective") == "clm" and meta["selection"]["support"] == "hidden":  # "The hidden-state support"
-        scaled = meta["selection"]["hidden_codec"] != "float16"
-        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/hidden", *(["clm/hidden_scale"] * scaled)]
     if meta.get("objective") == "clm":
-        text = ["clm/actual", "clm/token_bytes", "clm/text"] if meta["selection"].get("text_bytes") is not None else []
-        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(meta["selection"]),
-                *text]
+        return clm_arrays(meta["selection"]) + layer_arrays(meta["selection"])
     if meta.get("objective") == "seq2seq":
         return seq2seq_arrays(meta["selection"])
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
@@ -391,6 +386,47 @@ def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
 
 
 # --- causal-LM stores ("Causal-LM stores") -------------------------------------------------------------
+def clm_arrays(sel: dict) -> list[str]:
+    """A causal-LM store's arrays in digest order, but the intermediate layers (which come last)."""
+    if sel["support"] == "hidden":  # "The hidden-state support"
+        scaled = sel["hidden_codec"] != "float16"
+        return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/hidden", *(["clm/hidden_scale"] * scaled)]
+    text = ["clm/actual", "clm/token_bytes", "clm/text"] if sel.get("text_bytes") is not None else []
+    return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(sel), *text]
+
+
+def layer_arrays(sel: dict) -> list[str]:
+    """"Intermediate layers": clm/layers, then clm/layers_scale for every codec but float16 (none without
+    selection.layer_states)."""
+    layers = sel.get("layer_states")
+    if layers is None:
+        return []
+    return ["clm/layers"] + ([] if layers["codec"] == "float16" else ["clm/layers_scale"])
+
+
+def clm_layers(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:
+    """The stored layer vectors, rotated, through the value codec: [n, P, L, d] float32."""
+    layers = sel["layer_states"]
+    return decode(arrays["clm/layers"], arrays.get("clm/layers_scale"), layers["codec"], layers["width"])
+
+
+def rotation(d: int, seed: int) -> np.ndarray:
+    """R of "The hidden-state support", from its words: per round (two), random signs then a random permutation
+    from numpy default_rng(SeedSequence([seed, d])), then the block-diagonal Walsh-Hadamard transform of blocks of b
+    = min(the largest power of two dividing d, 256); the +-1 product divided once by b. Row i of R gives h'_i."""
+    b = min(d & -d, 256)
+    hadamard = np.array([[1.0]])
+    while len(hadamard) < b:
+        hadamard = np.vstack([np.hstack([hadamard, hadamard]), np.hstack([hadamard, -hadamard])])
+    rng = np.random.default_rng(np.random.SeedSequence([seed, d]))
+    r = np.eye(d)
+    for _ in range(2):
+        signs = rng.choice((-1.0, 1.0), size=d)
+        permuted = r[rng.permutation(d)] * signs[:, None]
+        r = np.concatenate([hadamard @ permuted[i:i + b] for i in range(0, d, b)])
+    return r / b
+
+
 def clm_weight_arrays(sel: dict, group: str = "clm") -> list[str]:
     """What follows <group>/ids: the counts (sampled), or the log-probs and, for every codec but float16, their scale
     (causal-LM stores: group clm; sequence-to-sequence stores: s2s)."""

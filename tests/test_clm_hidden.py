@@ -138,10 +138,14 @@ def test_the_kd_target_of_a_hidden_batch_is_the_teachers_and_the_loss_its_kl(hid
     assert lm_batch(data, store.clm, "cpu", None, feed_maker.head)["teacher_logits"].shape == (len(full), 300)
 
 
-def test_a_two_layer_student_trains_from_a_hidden_store(hidden_stores, tmp_path):
+def test_a_two_layer_student_trains_from_a_hidden_store(hidden_stores, tmp_path, capsys):
+    """From the stored states and head, not a live teacher (the full-vocabulary KL of target=live is another term)."""
     out = tmp_path / "run"
     assert main(["train", "--store", str(hidden_stores["int8"]), "--student", "first2", "--method", "clm-kd",
                  "--max-steps", "4", "--batch-size", "4", "--device", "cpu", "--out", str(out)]) == 0
+    assert "support hidden:int8, target store" in capsys.readouterr().out
+    assert [t["loss"] for t in json.loads((out / "summary.json").read_text())["plan"][0]["terms"]] == [
+        "clm_ce", "clm_hidden_kl"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["terms"]["kd"] for r in records if "kd" in r.get("terms", {})]
     assert losses and all(np.isfinite(losses)) and all(v > 0 for v in losses)

@@ -20,7 +20,8 @@ from hskstore import codecs
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
 # a vector per value codec, then one per other case
-NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "seq2seq"]
+NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "clm-layers",
+         "seq2seq"]
 CLM_NAMES = ("clm", "clm-sample")
 LM_KINDS = ("mlm", "clm", "seq2seq")  # the objectives of stores without layers of kept values
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
@@ -61,8 +62,8 @@ def test_vectors_regenerate_byte_identically(tmp_path):
     # the two causal-LM vectors 72 kB, nearly all of it what every bundle has whatever its data (croissant.json,
     # the card, a zarr.json per array: ~28 kB a bundle); the seq2seq vector 48 kB (954 kB in all), its bundle 42 kB
     # for 11 data arrays, each with its zarr.json; nf4 (one vector per codec) 80 kB and clm-hidden (the final
-    # hidden state and its head) 68 kB: 1,127 kB in all
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_200_000
+    # hidden state and its head) 68 kB: 1,127 kB in all; clm-layers (top-3 and two layers' int8 vectors) 80 kB
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_250_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -344,6 +345,27 @@ def test_hidden_vector_decodes_from_the_doc():
     assert logits.shape == (int(kept.sum()), sel["vocab_size"]) and np.isfinite(logits).all()
     assert sel["rotation_seed"] == 3 and sel["reconstruction_reference"] == "teacher"
     assert 0 <= sel["reconstruction_kl"] < 0.05 and 0 < sel["reconstruction_top1"] <= 1
+    check_blocks(arrays, meta, vector["source_tokens"])
+
+
+def test_layers_vector_decodes_from_the_doc():
+    """"Intermediate layers": the layer vectors through their codec as the JSON says, zeros at the padding; the
+    rotation written from the doc's words is hsk's, so a reader gets the teacher's vectors back as h' R."""
+    from hskstore.format.clm import rotation
+
+    bundle, vector = load("clm-layers")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel = meta["selection"]
+    layers = sel["layer_states"]
+    assert layers == {"layers": [0, 2], "stride": 3, "codec": "int8", "width": 32, "teacher_layers": 2,
+                      "rotation_seed": 5}
+    stored = reader.clm_layers(arrays, sel)
+    assert stored.shape == (len(arrays["row"]), 6, 2, 32)
+    np.testing.assert_array_equal(stored, np.array(vector["decoded"]["layers"], dtype=np.float32))
+    padded = np.arange(0, 16, 3)[None, :] >= arrays["length"][:, None]
+    assert padded.any() and (stored[padded] == 0).all() and (np.abs(stored[~padded]).sum(-1) > 0).all()
+    r = reader.rotation(32, 5)
+    assert np.array_equal(r, rotation(32, 5)) and np.array_equal(r @ r.T, np.eye(32))
     check_blocks(arrays, meta, vector["source_tokens"])
 
 

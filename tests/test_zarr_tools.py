@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 from hskstore import open_store
-from hskstore.format import clm, codec, mlm, schema, seq2seq
+from hskstore.format import clm, clm_layers, codec, mlm, schema, seq2seq
 from hskstore.format.manifest import list_arrays
 from hskstore.format.schema import FORMAT_VERSION, PROGRESS_DESCRIBED, array_specs
 from hskstore.io.view import DIMS, dense_dataset, dense_view
@@ -273,7 +273,9 @@ def test_the_documented_attribute_texts_are_the_codes():
         "task": of_kind(schema.task_entry, [*schema.TASK_ROW_ARRAYS, *layer]),
         "mlm": of_kind(mlm.entry, list(mlm._DESCRIBED)),
         "clm": {**lm_texts(clm, clm.GROUP, "the block", hidden=True),
-                **{name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm.TEXT_DESCRIBED.items()}},
+                **{name: _texts(text, clm._SECTION, units) for name, (_, text, units) in clm.TEXT_DESCRIBED.items()},
+                **{name: _texts(text, clm_layers.LAYERS_SECTION, None)
+                   for name, (_, text) in clm_layers.LAYER_DESCRIBED.items()}},
         # the page writes the target the support sits on as <supports_on>: a store names it (reference, teacher)
         "seq2seq": lm_texts(seq2seq, seq2seq.GROUP, "the <supports_on> target's positions"),
         "progress": {name: attrs for name, (_, attrs) in PROGRESS_DESCRIBED.items()},

@@ -103,6 +103,10 @@ CLM_SAMPLE = ["--support", "sample:5", "--block-size", "12", "--sample-seed", "7
 # The final hidden state (`clm-hidden`): int8 codes and a scale per position of the Llama's 32-wide state, rotated
 # (seed 3), and the rotated head once (clm/head [38, 32] float32); blocks of 16 as the top-K vector.
 CLM_HIDDEN = ["--support", "hidden:int8", "--block-size", "16", "--sample-seed", "3"]
+# The intermediate layers (`clm-layers`): top-3 (float16, every position) and the Llama's layers 0 and 2 (the
+# embeddings' output and its last layer's) at positions 0, 3, ..., 15 of blocks of 16, int8, rotated (seed 5).
+CLM_LAYERS = ["--support", "topk:3", "--logprobs", "float16", "--block-size", "16", "--hidden-layers", "0,2",
+              "--layer-stride", "3", "--layer-codec", "int8", "--sample-seed", "5"]
 # The sequence-to-sequence vector (`seq2seq`): the same Llama, decoder-only, reads each source in the prompt template
 # (11, 11 and 6 tokens in max_source 12: padded); its greedy output (two run to max_target 6, one ends with EOS)
 # and top-3 on it (18 bits of ids in 3 bytes; `s2s/kept` holds 6 positions in a byte: 2 padding bits). The
@@ -253,12 +257,15 @@ def dump_stores(work: Path) -> list[str]:
         _hsk(*CLM_COMMON, *CLM_TOPK, "--out", "clm.zarr")
         _hsk(*CLM_COMMON, *CLM_SAMPLE, "--out", "clm-sample.zarr")
         _hsk(*CLM_COMMON, *CLM_HIDDEN, "--out", "clm-hidden.zarr")
+        _hsk(*CLM_COMMON, *CLM_LAYERS, "--out", "clm-layers.zarr")
         pin("clm.zarr")
         pin("clm-sample.zarr")
         pin("clm-hidden.zarr")
+        pin("clm-layers.zarr")
         _hsk(*S2S_DUMP, "--out", "seq2seq.zarr")
         pin("seq2seq.zarr")
-    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "seq2seq"]
+    return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "clm-layers",
+            "seq2seq"]
 
 
 # What a new store takes from a store it is rewritten from: all but what its writer records itself.
@@ -362,12 +369,15 @@ def support_decoded(targets, arrays: dict[str, np.ndarray], sel, group: str) -> 
 def clm_decoded(arrays: dict[str, np.ndarray], selection: dict) -> dict:
     """What a causal-LM store's `clm/` support decodes to, over the blocks' positions."""
     from hskstore.format.clm import GROUP, HIDDEN, ClmSelection, block_texts, decode, decode_hidden
+    from hskstore.format.clm_layers import decode_layers
 
     sel = ClmSelection.from_dict(selection)
     if sel.support == HIDDEN:  # the hidden states through the codec (rotated); the head is an array of the bundle
         targets = decode_hidden(arrays, sel)
         return {"kept": _numbers(targets.kept), "hidden": _numbers(targets.hidden.astype(np.float32))}
     doc = support_decoded(decode(arrays, sel), arrays, sel, GROUP)
+    if sel.layer_states is not None:  # the layer vectors through their codec (rotated)
+        doc["layers"] = _numbers(decode_layers(arrays, sel.layer_states).astype(np.float32))
     if sel.text_bytes is not None:  # each block's text and where its tokens end in it (bytes)
         texts = block_texts(arrays)
         ends = np.stack([t.ends for t in texts]).astype(np.int32)  # numbers, not strings
@@ -478,6 +488,17 @@ def clm_cases(topk: dict, sample: dict, selections: dict[str, dict]) -> dict[str
     return cases
 
 
+def layer_cases(vector: dict, sel: dict) -> dict[str, bool]:
+    """The intermediate-layer vector's cases: a stored position in a block's padding (a zero vector) and real ones."""
+    states = sel["layer_states"]
+    positions = np.arange(0, sel["block_size"], states["stride"])
+    padded = positions[None, :] >= _array(vector, "length")[:, None]
+    layers = np.array(vector["decoded"]["layers"], dtype=np.float32)
+    return {"clm-layers: a stored position in the padding": bool(padded.any()),
+            "clm-layers: zero vectors there, nonzero ones elsewhere": bool(
+                (layers[padded] == 0).all() and (np.abs(layers[~padded]).sum(-1) > 0).all())}
+
+
 def seq2seq_cases(vector: dict, sel: dict) -> dict[str, bool]:
     """The seq2seq vector's cases: references cut at max_target (no EOS) and ending with EOS, padded sources, the
     teacher's output ending with EOS and running to max_target, ids across bytes, `s2s/kept`'s padding bits."""
@@ -522,6 +543,7 @@ def check_coverage(vectors: dict[str, dict], selections: dict[str, dict]) -> Non
         ratio = np.array(edges["source_values"][top], dtype=np.float32) / _array(edges, f"{top}/scale").astype(
             np.float32)[..., None]
     used = (_array(edges, f"{top}/positions") >= 0)[..., None]
+    cases.update(layer_cases(vectors["clm-layers"], selections["clm-layers"]))
     cases["edges: int8 rounding ties"] = bool((used & (np.abs(ratio - np.trunc(ratio)) == 0.5)).any())
     cases["edges: an all-zero inner chunk (label 0 in row 0)"] = _array(edges, "label")[0] == 0
     cases.update(clm_cases(vectors["clm"], vectors["clm-sample"], selections))
@@ -586,7 +608,7 @@ def generate(out: Path) -> list[Path]:
             vectors[name] = {**expected(bundle), "source_texts": source_texts(name)}
             selections[name] = selection(bundle)
         vectors["edges"]["source_values"] = expected(work / "edges-float16.zarr")["decoded_values"]
-        for name in ("clm", "clm-sample", "clm-hidden"):
+        for name in ("clm", "clm-sample", "clm-hidden", "clm-layers"):
             vectors[name]["source_tokens"] = source_tokens(work)
         vectors["seq2seq"]["source_tokens"] = pair_tokens(work)
         check_logprob_margins(work, vectors, selections)

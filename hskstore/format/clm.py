@@ -29,6 +29,15 @@ import numpy as np
 
 from .. import codecs
 from . import kinds
+from .clm_layers import (
+    LAYER_DESCRIBED,
+    LAYERS_SECTION,
+    LayerStates,
+    layer_checks,
+    layer_dims,
+    layer_specs,
+    layers_problem,
+)
 from .config import ConfigError
 from .domain import (
     MAX_VOCAB,
@@ -128,6 +137,9 @@ class ClmSelection:
     reconstruction_top1: float | None = None
     reconstruction_tokens: int | None = None
     reconstruction_reference: str | None = None  # "teacher", or "source store" for a derived codec
+    # `--hidden-layers`: the teacher's intermediate hidden states kept beside the support (hskstore.format.clm_layers;
+    # None: none, and the record has no layer_states key)
+    layer_states: LayerStates | None = None
 
     @classmethod
     def make(cls, support: Support, *, vocab_size: int, block_size: int, eos_id: int, logprob_codec: str = "float16",
@@ -167,17 +179,26 @@ class ClmSelection:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ClmSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
+        if isinstance(sel.layer_states, Mapping):
+            sel = replace(sel, layer_states=LayerStates.from_dict(sel.layer_states))
         problem = first_problem((vocabulary_problem(sel.vocab_size, sel.id_bits),
                                  int_within("block_size", sel.block_size, 1, MAX_WIDTH),
                                  int_within("eos_id", sel.eos_id, 0, sel.vocab_size - 1),
                                  support_problem(sel), fraction_problem("positions", sel.positions),
-                                 positive_problem("temperature", sel.temperature)))
+                                 positive_problem("temperature", sel.temperature),
+                                 None if sel.layer_states is None or isinstance(sel.layer_states, LayerStates) else
+                                 "layer_states is not a mapping",
+                                 layers_problem(sel.layer_states, sel.block_size)))
         if problem:
             raise ValueError(f"selection.{problem}")
         return sel
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        if self.layer_states is None:  # a store without intermediate layers records none
+            out.pop("layer_states")
+        else:
+            out["layer_states"]["layers"] = list(self.layer_states.layers)
         if self.support != HIDDEN:  # the other supports' records stay as they were written
             for key in HIDDEN_FIELDS:
                 out.pop(key)
@@ -195,6 +216,11 @@ class ClmSelection:
 
     def kept(self) -> str:
         """What the store keeps, in one clause (the card, croissant's rai:dataPreprocessingProtocol)."""
+        if self.layer_states is not None:
+            return f"{self._kept()}; and the {self.layer_states.described()}"
+        return self._kept()
+
+    def _kept(self) -> str:
         if self.support == HIDDEN:
             return (f"the teacher's final hidden state per position ({self.hidden_codec}, rotated) and its LM head "
                     "once per store: the full next-token distribution")
@@ -633,7 +659,7 @@ def array_specs(meta: Mapping[str, Any]) -> list[ArraySpec]:
                                               spec(TEXT, (sel.text_bytes,), "uint8")]
     return [spec("row", (), "int64"), spec("text_hash", (), "uint64"),
             spec("input_ids", (t,), ids_dtype(sel.vocab_size)), spec("length", (), "int32"),
-            *support_specs(spec, sel, t), *text]
+            *support_specs(spec, sel, t), *text, *layer_specs(spec, sel.layer_states, t)]
 
 
 # --- the values' domain (hskstore.format.domain): what the readers check of each shard -------------------------
@@ -753,7 +779,8 @@ def domain_checks(sel: ClmSelection) -> list[DomainCheck]:
     """Every rule of a causal-LM store's arrays, in the order they are checked (a new array adds its own)."""
     text = [] if sel.text_bytes is None else [actual_within(), token_bytes_within(sel.text_bytes)]
     return [ids_below("input_ids", sel.vocab_size), lengths_within("length", 1, sel.block_size),
-            *support_checks(sel, GROUP, "length", sel.block_size), *text]
+            *support_checks(sel, GROUP, "length", sel.block_size), *text,
+            *layer_checks(sel.layer_states, sel.block_size)]
 
 
 def actual_within() -> DomainCheck:
@@ -830,6 +857,12 @@ def described_support(spec: ArraySpec, sel: Mapping[str, Any], leaf: str, sectio
 
 def describe(spec: ArraySpec, meta: Mapping[str, Any]) -> ArraySpec:
     group, _, leaf = spec.name.rpartition("/")
+    if spec.name in LAYER_DESCRIBED:
+        layers = meta["selection"]["layer_states"]
+        attributes = {"description": LAYER_DESCRIBED[spec.name][1], "spec": LAYERS_SECTION,
+                      "integrity": INTEGRITY, "codec": layers["codec"], "layers": list(layers["layers"]),
+                      "stride": layers["stride"]}
+        return replace(spec, dims=(ROWS, *layer_dims(spec.name, spec.shape, layers["width"])), attributes=attributes)
     if spec.name in TEXT_DESCRIBED:
         dims, text, units = TEXT_DESCRIBED[spec.name]
         attributes = {"description": text, "spec": _SECTION, "integrity": INTEGRITY, **({"units": units} if units

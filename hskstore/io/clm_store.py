@@ -29,6 +29,7 @@ from ..format.clm import (
     head_attributes,
     head_digest,
 )
+from ..format.clm_layers import LAYER_ARRAYS
 from ..format.config import ConfigError
 from ..format.domain import DomainCheck
 from ..format.schema import ArraySpec
@@ -139,7 +140,15 @@ class ClmStore(HSKStore):
                 "knowledge_bytes": knowledge, "bytes_per_token": knowledge / max(real, 1),
                 "bytes_per_kept_position": knowledge / max(kept, 1), "total_bytes_per_token": total / max(real, 1),
                 "support": str(self.clm.described), "vocab_size": self.clm.vocab_size,
-                **self._hidden_report(arrays)}
+                **self._hidden_report(arrays), **self._layers_report(arrays, real)}
+
+    def _layers_report(self, arrays: dict, real: int) -> dict:
+        """The intermediate layers' part of the bytes per token (in bytes_per_token already), when the store has
+        them."""
+        if self.clm.layer_states is None:
+            return {}
+        stored = sum(a["stored"] for name, a in arrays.items() if name in LAYER_ARRAYS)
+        return {"layers": self.clm.layer_states.described(), "layer_bytes_per_token": stored / max(real, 1)}
 
     def _hidden_report(self, arrays: dict) -> dict:
         sel = self.clm
@@ -173,6 +182,9 @@ class ClmStore(HSKStore):
                  f"{report['bytes_per_kept_position']:.2f} B per kept position); the full distribution in fp16: "
                  f"{2 * sel.vocab_size:,} B"]
         lines += self._hidden_lines(report)
+        if "layers" in report:
+            lines.append(f"layers         {report['layers']}: {report['layer_bytes_per_token']:.2f} B/token of "
+                         "the above")
         lines += ["for scale, what other tools store per token:"]
         lines += [f"  {name}: ~{size} B ({size / max(report['bytes_per_token'], 1e-9):.1f}x this store)"
                   for name, size in OTHERS]

@@ -8,7 +8,8 @@
   hypergeometric draw from its counts, generator seeded (sample_seed, row, N')). N' draws chosen at random
   from N i.i.d. draws are N' i.i.d. draws from the teacher: exact in distribution (unbiased as a direct
   dump's), not the same bytes as a dump at N', whose draws are other ones.
-Kept positions stay as they are (choosing fewer needs the teacher's entropy, which the store does not keep).
+Kept positions stay as they are (choosing fewer needs the teacher's entropy, which the store does not keep), and
+so do the intermediate layers (`--hidden-layers`) of a store that has them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..format.clm import (
     encode_support,
     head_logits,
 )
+from ..format.clm_layers import LAYER_ARRAYS
 from ..format.config import ConfigError
 from ..format.meta import StoreMeta
 from ..io.clm_store import write_head
@@ -77,7 +79,8 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
         arrays = {f"{group}/kept": data[f"{group}/kept"], f"{group}/hidden": values}
         if scale is not None:
             arrays[f"{group}/hidden_scale"] = scale
-        arrays.update({name: array for name, array in data.items() if not name.startswith(f"{group}/")})
+        arrays.update({name: array for name, array in data.items()
+                       if not name.startswith(f"{group}/") or name in LAYER_ARRAYS})
         return arrays
     kept, ids, _, _ = decode_support(data, src, width, group)
     if new.support == "topk":
@@ -89,9 +92,9 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
                            for i, row in enumerate(rows)])
         ids, counts = _compact(ids, counts, new.slots)
         arrays = encode_support(ids, counts, kept, new, group)
-    # the text arrays (clm/actual, token_bytes, text) are not the support: kept as they are
+    # the text arrays (clm/actual, token_bytes, text) and the intermediate layers are not the support: kept as they are
     arrays.update({name: array for name, array in data.items()
-                   if not name.startswith(f"{group}/") or name in TEXT_ARRAYS})
+                   if not name.startswith(f"{group}/") or name in TEXT_ARRAYS or name in LAYER_ARRAYS})
     return arrays
 
 

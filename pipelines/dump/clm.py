@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from hskstore import __version__
+from hskstore import __version__, codecs
 from hskstore.format.clm import (
     ACTUAL,
     CLM,
@@ -41,6 +41,7 @@ from hskstore.format.clm import (
     pack_stream,
     text_array,
 )
+from hskstore.format.clm_layers import check_stride
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
 from hskstore.io.clm_store import write_head
@@ -62,6 +63,7 @@ from pipelines.dump.clm_hidden import (
     hidden_selection,
     measure_reconstruction,
 )
+from pipelines.dump.clm_layers import capturing_layers, with_layers
 from pipelines.dump.corpus import CorpusSource, ShardCursors, ahead, tokenized
 from pipelines.dump.stage import compute_record
 from pipelines.dump.streamed import STREAM_KEY, LocalShards, StreamedShards, resumed_record
@@ -90,6 +92,9 @@ class ClmRequest:
     workers: int | None = None  # a local dask cluster of N processes (pipelines/dump/clm_distributed.py)
     scheduler: str | None = None  # or a running one
     threads_per_worker: int | None = None
+    layers: tuple[int, ...] | None = None  # --hidden-layers: teacher layers kept beside the support
+    layer_stride: int = 1
+    layer_codec: str = "float16"
 
     def check(self) -> None:
         for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
@@ -100,6 +105,9 @@ class ClmRequest:
             raise ConfigError(f"--limit-tokens {self.max_tokens}: pass a positive number of tokens")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r}: pass one of {', '.join(DTYPES)}")
+        if self.layers is not None:
+            check_stride(self.layer_stride, self.block_size)
+            codecs.get(self.layer_codec)
         if self.device_map not in (None, "auto"):
             raise ConfigError(f"--device-map {self.device_map!r}: pass auto (accelerate places the teacher's layers "
                               "on the visible devices), or leave it out for --device")
@@ -361,6 +369,7 @@ def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
     check_block_size(model, request.block_size, teacher)
     sel, head = _selection(model, tokenizer, corpus, request, eos, teacher, input_device(model, load_on or device),
                            precision)
+    sel = with_layers(sel, model, request, teacher)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
     meta = meta if overwrite else resumed_record(out, meta)
     return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head)
@@ -432,8 +441,13 @@ class ShardRun:
     def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
         check_ids(rows.blocks, self.sel.vocab_size, self.teacher)
         index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
-        return shard_compute(self.sel)(self.model, rows.blocks, rows.lengths, index, self.sel,
-                                       self.request.batch_size, self.device, self.precision, shard_text(rows, self.sel))
+        with capturing_layers(self.model, self.sel) as captured:  # the support's own forwards, layers kept too
+            arrays = shard_compute(self.sel)(self.model, rows.blocks, rows.lengths, index, self.sel,
+                                             self.request.batch_size, self.device, self.precision,
+                                             shard_text(rows, self.sel))
+        if captured is not None:
+            arrays.update(captured.arrays(rows.lengths))
+        return arrays
 
 
 def teacher_line(model: Any) -> str:

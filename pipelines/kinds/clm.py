@@ -46,6 +46,14 @@ class ClmDumpOptions:
     sample_seed: int = flag(0, "--objective clm with sample:N: the draws of block r come from a generator seeded "
                             "(seed, r); with hidden: the rotation's seed.", section=LM)
     limit_tokens: int | None = flag(None, "--objective clm: dump only the first N tokens of the corpus.", section=LM)
+    hidden_layers: str | None = flag(None, "--objective clm: also keep the teacher's hidden states of these layers "
+                                     "(e.g. 4,8; 0 = the embeddings' output), at every --layer-stride-th position, "
+                                     "Hadamard-rotated, through --layer-codec: for clm-kd --set layer_weight.",
+                                     section=LM)
+    layer_stride: int = flag(1, "--objective clm with --hidden-layers: keep block positions 0, N, 2N, ... (1: all).",
+                             section=LM)
+    layer_codec: str = flag("float16", "--objective clm with --hidden-layers: the value codec of the layer states "
+                            "(float16, int8, int4, mxfp4, nf3, nf4).", section=LM)
     dtype: str = flag("auto", "--objective clm: the teacher's weights loaded as auto (the checkpoint's dtype), "
                       "float32, bfloat16 or float16; recorded in the store.", section=LM)
     device_map: str | None = flag(None, "--objective clm: auto spreads the teacher's layers over the visible devices "
@@ -60,11 +68,14 @@ class ClmDumpOptions:
         """The dump's request (pipelines.dump.clm.ClmRequest), checked before the teacher loads (`threads`: per dask
         worker with --workers/--scheduler)."""
         from hskstore.format.clm import Support, check_positions
+        from hskstore.format.clm_layers import parse_layers
         from pipelines.dump.clm import ClmRequest
 
         request = ClmRequest(Support.parse(self.support), self.logprobs, self.block_size, self.positions,
                              self.sample_seed, self.limit_tokens, self.batch_size, self.shard_rows, self.precision,
-                             self.dtype, self.device_map, self.limit, self.workers, self.scheduler, threads)
+                             self.dtype, self.device_map, self.limit, self.workers, self.scheduler, threads,
+                             layers=None if self.hidden_layers is None else parse_layers(self.hidden_layers),
+                             layer_stride=self.layer_stride, layer_codec=self.layer_codec)
         check_positions(request.positions)
         request.check()
         return request

@@ -11,7 +11,13 @@ pre-training; 0.5 here, the middle). KD is what the store's support allows:
 - `--set target=live`: the store's teacher runs beside the student and gives the full-vocabulary KL on the
   same blocks in the same order (the online reference arm: what the store's support is measured against).
 
-Its train-side pieces: the loss terms clm_ce / clm_topk_kl / clm_sampled_ce / clm_full_kl
+On a store dumped with `--hidden-layers`, `--set layer_weight=W` adds W x a hidden-state loss (`layer_loss`: mse,
+the mean squared error per element, or cosine, 1 - cosine similarity per position), summed over layer pairs, at
+the stored positions: student layer s against stored teacher layer j (`--set layer_map=s:j,...`; by default
+each stored j against student layer round(j * S / L)), through a learned Linear(d_S -> d_T) where the widths
+differ (pipelines/train/kinds/clm_layers.py).
+
+Its train-side pieces: the loss terms clm_ce / clm_topk_kl / clm_sampled_ce / clm_hidden_kl / clm_full_kl
 (pipelines/train/losses/terms.py, maths in lm.py) and the run in pipelines/train/kinds/clm.py.
 """
 
@@ -26,7 +32,8 @@ PAPER = ("Song et al., 'LightPAFF' (2020), GPT-2 distillation; Anshumann et al.,
          "(RS-KD, ACL 2025) for sampled supports")
 TARGETS = ("store", "live")
 # the KD term of each support kind (hskstore.format.clm.SUPPORTS)
-KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce", "hidden": "clm_full_kl"}
+KD_TERMS = {"topk": "clm_topk_kl", "sample": "clm_sampled_ce", "hidden": "clm_hidden_kl"}
+LAYER_LOSSES = {"mse": "clm_layer_mse", "cosine": "clm_layer_cos"}  # --set layer_loss -> the intermediate-layer term
 
 
 @dataclass
@@ -38,6 +45,9 @@ class ClmKDOptions:
     tail: bool = True
     target: str = "store"
     warmup_ratio: float = 0.05
+    layer_weight: float = 0.0  # the intermediate-layer term's weight (0: none); needs a store with --hidden-layers
+    layer_loss: str = "mse"
+    layer_map: str = ""  # STUDENT:TEACHER,... ("": stored teacher layer j <- student layer round(j * S / L))
 
     def __post_init__(self) -> None:
         check_between("--set lam", self.lam, 0.0, 1.0, error=MethodError)
@@ -47,12 +57,19 @@ class ClmKDOptions:
                               f"{self.temperature}")
         if self.target not in TARGETS:
             raise MethodError(f"--set target={self.target}: pass store (the stored support) or live (the teacher)")
+        if self.layer_weight < 0 or self.layer_loss not in LAYER_LOSSES:
+            raise MethodError(f"--set layer_weight={self.layer_weight} layer_loss={self.layer_loss}: pass a weight "
+                              f">= 0 and a loss of {', '.join(LAYER_LOSSES)}")
 
 
 def _kd_term(o: ClmKDOptions, ctx: Context) -> Term:
     support = ctx.meta.selection["support"]
-    if o.target == "live" or support == "hidden":  # the full distribution: the live teacher's, or the stored head's
+    # the full distribution: the live teacher's, or the stored head's (another term name: the run loads a live
+    # teacher for clm_full_kl alone)
+    if o.target == "live":
         return Term("kd", "clm_full_kl", o.lam, (("temperature", o.temperature),))
+    if support == "hidden":
+        return Term("kd", KD_TERMS[support], o.lam, (("temperature", o.temperature),))
     if support == "topk":
         return Term("kd", KD_TERMS[support], o.lam, (("tail", o.tail), ("temperature", o.temperature)))
     return Term("kd", KD_TERMS[support], o.lam)
@@ -64,14 +81,24 @@ def _build(o: ClmKDOptions, ctx: Context) -> list[Stage]:
         terms.append(Term("ce", "clm_ce", 1.0 - o.lam))
     if o.lam > 0.0:
         terms.append(_kd_term(o, ctx))
+    layers = o.layer_weight > 0.0
+    if layers:
+        terms.append(Term("layers", LAYER_LOSSES[o.layer_loss], o.layer_weight))
     return [Stage(name="clm", epochs=o.epochs, lr=o.lr, terms=tuple(terms), schedule="warmup-linear",
-                  warmup_ratio=o.warmup_ratio, reads=("clm",), head="clm")]
+                  warmup_ratio=o.warmup_ratio, reads=("clm",), head="clm",
+                  outputs=("logits", "hidden_states") if layers else ("logits",),
+                  trains=("student", "projection") if layers else ("student",))]
 
 
 def _check(o: ClmKDOptions, ctx: Context) -> str | None:
     if ctx.meta.objective != "clm":
         return "needs a causal-LM store (`hsk dump --objective clm`)"
     support = ctx.meta.selection["support"]
+    if o.layer_weight > 0 and not ctx.meta.selection.get("layer_states"):
+        return ("--set layer_weight needs a store with intermediate layers: dump one with `hsk dump --objective clm "
+                "--hidden-layers 4,8`")
+    if o.layer_weight > 0 and o.target == "live":
+        return "--set layer_weight reads the stored layers: use it with target=store"
     if o.temperature != 1.0 and o.target == "store" and support != "hidden" and (support != "topk" or o.tail):
         return ("a temperature other than 1 needs the ids' probabilities alone: --set tail=false on a top-K store, "
                 "or --set target=live (a tail bucket or sampled counts have no tempered form)")

@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 PANELS = {"test": "KJV test books", "test_wiki": "QNLI Wikipedia (second domain)"}
 LINE_STYLES = {"ce": ("tab:gray", "--"), "online": ("tab:red", "-")}
 NOTAIL_NUDGE = 1.08  # x factor of a no-tail point (drawn, not reported: the table has the bytes)
-FAMILY_COLOURS = (("notail", "tab:orange"), ("top", "tab:blue"), ("rs", "tab:green"), ("sel", "tab:purple"))
+FAMILY_COLOURS = (("notail", "tab:orange"), ("layer", "tab:cyan"), ("top", "tab:blue"), ("rs", "tab:green"),
+                  ("sel", "tab:purple"), ("hidden", "tab:brown"))
 
 
 def load(path: Path) -> dict:

@@ -11,7 +11,7 @@
 #   LM_SCALE   gpu (default) or toy: the whole script on a CPU, at a size that finishes in minutes
 #   SEEDS      seeds per arm [3]
 #   ARMS       comma-separated arms [the issue's: ce, online, top-128/32/8 + tail, RS-KD 112/28/6 draws, hidden
-#              int8 and nf4]
+#              int8 and nf4, and top32-layer (top-32 + tail + one intermediate teacher layer, run.py)]
 #   STEPS, BATCH, TRAIN_TOKENS   override the scale's (run.py --steps/--batch/--train-tokens)
 set -euo pipefail
 PARTS=$(realpath "${1:?usage: gpu.sh PARTS_DIR OUT_DIR}")
@@ -19,7 +19,7 @@ OUT=$(realpath -m "${2:?usage: gpu.sh PARTS_DIR OUT_DIR}")
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 SCALE=${LM_SCALE:-gpu}
 SEEDS=${SEEDS:-3}
-ARMS=${ARMS:-ce,online,top128,top32,top8,rs112,rs28,rs6,hidden-int8,hidden-nf4}
+ARMS=${ARMS:-ce,online,top128,top32,top8,rs112,rs28,rs6,hidden-int8,hidden-nf4,top32-layer}
 WORK=${WORK:-/tmp/lm_evidence_work}
 SITE=${SITE:-/tmp/lm_evidence_site}
 PY=${PYTHON:-python3}

@@ -87,18 +87,25 @@ class Scale:
     eval_tokens: int | None  # tokens per test file (None: the whole file)
     lr: float  # every arm's peak learning rate (warmup 5%, linear decay: clm-kd's schedule)
     student: str = "first2"  # every arm's student: the teacher's embeddings, first k layers and tied head
+    # the intermediate-layer arm: its student's last layer learns this teacher layer (a deeper one than the
+    # student's own last layer, which first<k> starts as)
+    teacher_layer: int = 8
 
 
 SCALES = {
     # 2e-3, not clm-kd's default 2e-4: at 2e-4 the first2 student is still at 12 nats after 16 steps
     "cpu": Scale(train_tokens=20_480, steps=20, batch=8, eval_tokens=3_072, lr=2e-3),
     # 50x the cpu scale's training tokens per arm (1.02M, ~1.1 epochs of the whole 0.94M-token train split) with
-    # an 8-layer student: what one 15-minute GPU window holds for the 10 arms x 3 seeds of gpu.sh (an estimate
+    # an 8-layer student: what one 15-minute GPU window holds for the 11 arms x 3 seeds of gpu.sh (an estimate
     # made without a GPU: benchmarks/evidence/lm/README.md says how; gpu.sh's STEPS/BATCH override it)
-    "gpu": Scale(train_tokens=None, steps=250, batch=32, eval_tokens=None, lr=1e-3, student="first8"),
+    "gpu": Scale(train_tokens=None, steps=250, batch=32, eval_tokens=None, lr=1e-3, student="first8",
+                 teacher_layer=16),
     "smoke": Scale(train_tokens=2_048, steps=2, batch=4, eval_tokens=512, lr=2e-3),  # end-to-end check only
 }
 HIDDEN_CODECS = ("int8", "nf4")  # the final hidden state's stores, derived from its float16 dump
+# the intermediate-layer store: top-32 + tail and one teacher layer (Scale.teacher_layer) at every LAYER_STRIDE-th
+# position through LAYER_CODEC; the arm adds LAYER_WEIGHT x the cosine layer loss to top32's KD
+LAYER_STRIDE, LAYER_CODEC, LAYER_WEIGHT = 4, "int8", 1.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ class Arm:
     has_bytes: bool = True  # False: no store knowledge is used (ce, online): a horizontal line in the figure
 
 
-def stores() -> dict[str, dict]:
+def stores(scale: Scale | None = None) -> dict[str, dict]:
     """Every store: how it is made (a dump, or a derive from another) and its support."""
     top, draws = TOPK[0], SAMPLE_DRAWS[0]
     out = {f"top{top}": {"dump": f"topk:{top}", "positions": 1.0}}
@@ -120,10 +127,14 @@ def stores() -> dict[str, dict]:
     out["sel25"] = {"dump": SELECTIVE[0], "positions": SELECTIVE[1]}
     out["hid16"] = {"dump": "hidden:float16", "positions": 1.0}
     out.update({f"hid-{c}": {"derive": "hid16", "support": f"hidden:{c}"} for c in HIDDEN_CODECS})
+    layer = (scale or SCALES["cpu"]).teacher_layer
+    out[f"top32-l{layer}"] = {"dump": "topk:32", "positions": 1.0,
+                              "extra": ("--hidden-layers", str(layer), "--layer-stride", str(LAYER_STRIDE),
+                                        "--layer-codec", LAYER_CODEC)}
     return out
 
 
-def arms() -> list[Arm]:
+def arms(scale: Scale | None = None) -> list[Arm]:
     kd = ("lam=0.5",)
     out = [Arm("ce", f"top{TOPK[0]}", ("lam=0",), "none (CE only)", False),
            Arm("online", f"top{TOPK[0]}", (*kd, "target=live"), "full vocabulary, live teacher", False)]
@@ -132,6 +143,13 @@ def arms() -> list[Arm]:
     out += [Arm(f"rs{n}", f"rs{n}", kd, f"RS-KD {n} draws") for n in SAMPLE_DRAWS]
     out.append(Arm("sel25", "sel25", (*kd, "tail=true"), f"{SELECTIVE[0]} + tail at {SELECTIVE[1]:.0%} positions"))
     out += [Arm(f"hidden-{c}", f"hid-{c}", kd, f"final hidden state ({c}) + head") for c in HIDDEN_CODECS]
+    scale = scale or SCALES["cpu"]
+    depth, layer = int(scale.student.removeprefix("first")), scale.teacher_layer
+    out.append(Arm("top32-layer", f"top32-l{layer}",
+                   (*kd, "tail=true", f"layer_weight={LAYER_WEIGHT:g}", "layer_loss=cosine",
+                    f"layer_map={depth}:{layer}"),
+                   f"top-32 + tail + teacher layer {layer} ({LAYER_CODEC}, every {LAYER_STRIDE}th position) -> "
+                   f"student layer {depth}"))
     return out
 
 
@@ -143,10 +161,10 @@ def hsk() -> list[str]:
 
 
 def dump_cmd(teacher: Path, text: Path, support: str, positions: float, tokens: int | None, out: Path,
-             threads: int) -> list[str]:
+             threads: int, extra: tuple[str, ...] = ()) -> list[str]:
     cmd = [*hsk(), "dump", "--objective", "clm", "--teacher", str(teacher), "--text-file", str(text),
            "--block-size", str(BLOCK), "--support", support, "--logprobs", "float16", "--positions", str(positions),
-           "--out", str(out), "--threads", str(threads), "--no-progress"]
+           "--out", str(out), "--threads", str(threads), "--no-progress", *extra]
     return cmd + (["--limit-tokens", str(tokens)] if tokens else [])
 
 
@@ -222,7 +240,7 @@ def make_store(name: str, spec: dict, paths: dict, args, scale: Scale) -> Path:
     if complete(out):
         return out
     if "derive" in spec:
-        source = make_store(spec["derive"], stores()[spec["derive"]], paths, args, scale)
+        source = make_store(spec["derive"], stores(scale)[spec["derive"]], paths, args, scale)
         derived = call(derive_cmd(source, spec["support"], out), paths["logs"] / f"derive-{name}.log", check=False)
         if derived is not None:
             return out
@@ -231,7 +249,7 @@ def make_store(name: str, spec: dict, paths: dict, args, scale: Scale) -> Path:
         print(f"run.py: hsk derive --support failed for {name} (see {paths['logs']}); dumping it", file=sys.stderr)
         spec = {"dump": spec["support"], "positions": 1.0}
     call(dump_cmd(args.teacher, paths["train"], spec["dump"], spec["positions"], scale.train_tokens, out,
-                  args.threads), paths["logs"] / f"dump-{name}.log")
+                  args.threads, spec.get("extra", ())), paths["logs"] / f"dump-{name}.log")
     return out
 
 
@@ -241,7 +259,7 @@ def store_info(store: Path, logs: Path) -> dict:
         storage = last_json(call(info_cmd(store), logs / f"info-{store.stem}.log"))["storage"]
         keep = ("support", "tokens", "kept_positions", "bytes_per_token", "bytes_per_kept_position",
                 "total_bytes_per_token", "head_bytes", "reconstruction_kl", "reconstruction_top1",
-                "reconstruction_reference")
+                "reconstruction_reference", "layers", "layer_bytes_per_token")
         cached.write_text(json.dumps({k: storage.get(k) for k in keep}, indent=1))
     return json.loads(cached.read_text())
 
@@ -353,11 +371,11 @@ def run_study(args) -> list[dict]:
     work = args.work.expanduser()
     text = prepare_text(args, scale, work)
     paths = {"train": text["train"], "stores": work / "stores", "runs": work / "runs", "logs": work / "logs"}
-    chosen = [a for a in arms() if not args.arms or a.name in args.arms]
-    unknown = set(args.arms or ()) - {a.name for a in arms()}
+    chosen = [a for a in arms(scale) if not args.arms or a.name in args.arms]
+    unknown = set(args.arms or ()) - {a.name for a in arms(scale)}
     if unknown:
-        sys.exit(f"run.py: unknown arms {sorted(unknown)}; known: {', '.join(a.name for a in arms())}")
-    specs, rows = stores(), []
+        sys.exit(f"run.py: unknown arms {sorted(unknown)}; known: {', '.join(a.name for a in arms(scale))}")
+    specs, rows = stores(scale), []
     teacher = teacher_reference(args, text, paths)
     for arm in chosen:  # arm-major: every seed of an arm before the next, so a partial study has whole arms
         store = make_store(arm.store, specs[arm.store], paths, args, scale)
@@ -378,6 +396,9 @@ def run_study(args) -> list[dict]:
 
 
 def write_results(rows: list[dict], teacher: dict, args, scale: Scale) -> None:
+    if args.keep_other_arms and args.results.is_file():  # the rows of arms this run did not train, as they were
+        ran = {r["arm"] for r in rows} | set(args.arms or ())
+        rows = [r for r in json.loads(args.results.read_text())["rows"] if r["arm"] not in ran] + rows
     doc = {"scale": args.scale, "scale_config": asdict(scale), "block_size": BLOCK, "teacher": str(args.teacher),
            "corpus": str(args.corpus), "teacher_eval": teacher, "rows": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
@@ -410,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], default=None,
                         help="a comma-separated subset (default: every arm)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--keep-other-arms", action="store_true",
+                        help="keep the rows of --results whose arms this run does not train (new arms added to a "
+                             "table made earlier)")
     parser.add_argument("--in-process", action="store_true",
                         help="run the hsk commands in this process (gpu.sh: no process start per run)")
     parser.add_argument("--steps", type=int, default=None, help="override the scale's steps per run")

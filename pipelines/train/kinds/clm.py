@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hskstore.format.clm import HIDDEN, TEXT_ARRAYS, ClmSelection, LMTargets, decode, require_text
+from hskstore.format.clm_layers import LAYER_ARRAYS
 from hskstore.format.config import ConfigError
 from hskstore.format.meta import StoreMeta
 from hskstore.io.clm_store import ClmStore
@@ -31,6 +32,7 @@ from pipelines.registry import Context, Stage
 from pipelines.train.data.sources import StoreSource
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.data.xtok import XtokMaker, check_fast, mined_table, student_eos
+from pipelines.train.kinds.clm_layers import LAYER_TERMS, LayerBatch, clm_layer_pairs, layer_projection
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.options import TrainOptions
 from pipelines.train.run.ddp import Ranks
@@ -138,11 +140,15 @@ def support_batch(targets: LMTargets, device: str, width: int | None = None) -> 
 
 
 class _Maker:
-    def __init__(self, sel: ClmSelection, device: str, live: nn.Module | None, head: TeacherHead | None = None):
-        self.sel, self.device, self.live, self.head = sel, device, live, head
+    def __init__(self, sel: ClmSelection, device: str, live: nn.Module | None, head: TeacherHead | None = None,
+                 layers: LayerBatch | None = None):
+        self.sel, self.device, self.live, self.head, self.layers = sel, device, live, head, layers
 
     def __call__(self, raw: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return lm_batch(raw, self.sel, self.device, self.live, self.head)
+        batch = lm_batch(raw, self.sel, self.device, self.live, self.head)
+        if self.layers is not None:  # the intermediate-layer term's targets (clm-kd --set layer_weight)
+            batch.update(self.layers(raw))
+        return batch
 
     def close(self) -> None:
         pass
@@ -160,6 +166,8 @@ class ClmFeed:
     def names(self, stage: Stage, kept: list[int]) -> list[str]:
         wanted = ("input_ids", "length") if self.live is not None else ("input_ids", "length", "clm/")
         skip = () if self.text is not None else TEXT_ARRAYS  # the text only for a student that re-tokenizes it
+        if not reads_layers(stage):  # the intermediate layers only for a stage with a layer term
+            skip = (*skip, *LAYER_ARRAYS)
         return [name for name in self.store.specs if name.startswith(wanted) and name not in skip]
 
     def maker(self, stage: Stage, kept: list[int], device: str, stream: StoreStream) -> _Maker | XtokMaker:
@@ -171,7 +179,14 @@ class ClmFeed:
             head = TeacherHead(torch.as_tensor(weight, device=device),
                                None if bias is None else torch.as_tensor(bias, device=device),
                                self.store.clm.logit_softcap)
-        return _Maker(self.store.clm, device, self.live, head)
+        layers = LayerBatch(self.store.clm.layer_states, self.store.clm.block_size, device) if reads_layers(stage) \
+            else None
+        return _Maker(self.store.clm, device, self.live, head, layers)
+
+
+def reads_layers(stage: Stage | None) -> bool:
+    """Whether the stage has an intermediate-layer term (None: a reader without stages, the HF Trainer's)."""
+    return stage is not None and any(term.loss in LAYER_TERMS for term in stage.terms)
 
 
 def clm_feed(store: ClmStore, method_options: object) -> ClmFeed:
@@ -252,6 +267,21 @@ def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks
     target = "live" if live else "store"
     log(f"{plan.method.name}: {init}; {len(source.store)} blocks of {source.store.clm.block_size} tokens, support "
         f"{source.store.clm.described}, target {target}")
+    pairs, projection = _layer_parts(plan, model, log)
     return plan.parts(student, plan.student_info(student, "causal_lm", init, teacher, model, tokenizer), model, "clm",
                       ClmFeed(source.store, source.teacher, text), device, 8,
-                      f"its perplexity: hsk eval OUT/best --text-file FILE --block-size {source.store.clm.block_size}")
+                      f"its perplexity: hsk eval OUT/best --text-file FILE --block-size {source.store.clm.block_size}",
+                      pairs=pairs, projection=projection)
+
+
+def _layer_parts(plan: Any, model: nn.Module, log: Callable[[str], Any]) -> tuple[list[list], nn.Module | None]:
+    """Each stage's layer pairs and the shared projection (None where the widths agree) of a run whose stages
+    have an intermediate-layer term (no pairs and no projection otherwise)."""
+    states, o = plan.store.clm.layer_states, plan.method_options
+    if not any(reads_layers(stage) for stage in plan.stages) or states is None:
+        return [[] for _ in plan.stages], None
+    projection = layer_projection(states, model.config.hidden_size)
+    pairs = [clm_layer_pairs(states, model.config.num_hidden_layers, o.layer_map,
+                             next(t.loss for t in stage.terms if t.loss in LAYER_TERMS), projection is not None, log)
+             if reads_layers(stage) else [] for stage in plan.stages]
+    return pairs, projection

@@ -53,11 +53,15 @@ class StorePlan:
                            run_options(self.options))
 
     def parts(self, student: str, info: StudentInfo, model: nn.Module, head: str, feed: Feed, device: str,
-              default_batch: int, done_note: str) -> RunParts:
+              default_batch: int, done_note: str, pairs: list[list] | None = None,
+              projection: nn.Module | None = None) -> RunParts:
+        """The loop's parts; `pairs` (per stage) and `projection` for a stage with a layer term (clm-kd)."""
         batch_size = self.options.batch_size or default_batch
+        projection = None if projection is None else projection.to(device)
         return RunParts(self.source, self.method, self.method_options, self.stages,
-                        Student(model.to(device), info, None, Heads(model, head)), [[] for _ in self.stages], feed,
-                        None, batch_size, self.identity(student, batch_size), done_note=done_note)
+                        Student(model.to(device), info, projection, Heads(model, head)),
+                        pairs or [[] for _ in self.stages], feed, None, batch_size, self.identity(student, batch_size),
+                        done_note=done_note)
 
 
 def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str, *,

@@ -397,6 +397,47 @@ def term_clm_full_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
     return _kd_mean(lm.full_kl(_kd_logprobs(x, temperature), teacher), x) * temperature ** 2
 
 
+@loss_term("clm_hidden_kl")
+def term_clm_hidden_kl(x: TermInputs, temperature: float = 1.0) -> torch.Tensor:
+    """clm_full_kl's maths on the logits the stored hidden states and head give (pipelines/train/kinds/clm.py,
+    hidden_batch): its own name, so that a run loads a live teacher for clm_full_kl alone."""
+    return term_clm_full_kl(x, temperature)
+
+
+def _layer_pairs(x: TermInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per pair: (the student's vectors at the stored positions, projected where the widths differ [B, P, d_T],
+    the stored teacher vectors [B, P, d_T]) of an intermediate-layer batch (pipelines/train/kinds/clm_layers.py)."""
+    b, out = x.batch, []
+    for pair in x.pairs:
+        picked = gather_positions(x.outputs.hidden_states[pair.student_layer], b["layer_positions"])
+        if pair.projection and x.projection is not None:
+            picked = x.projection(picked)
+        out.append((picked.float(), b["layer_states"][:, :, pair.kept].float()))
+    return out
+
+
+@loss_term("clm_layer_mse")
+def term_clm_layer_mse(x: TermInputs) -> torch.Tensor:
+    """Sum over the pairs of the mean squared error per element over the stored real positions."""
+    valid = x.batch["layer_valid"]
+    loss = x.batch["layer_states"].new_zeros(())
+    for student, teacher in _layer_pairs(x):
+        weight = valid.to(student.dtype)[..., None].expand_as(student)
+        loss = loss + ((student - teacher) ** 2 * weight).sum() / x.count(weight.sum())
+    return loss
+
+
+@loss_term("clm_layer_cos")
+def term_clm_layer_cos(x: TermInputs) -> torch.Tensor:
+    """Sum over the pairs of the mean of 1 - cosine(student, teacher) over the stored real positions."""
+    valid = x.batch["layer_valid"]
+    loss = x.batch["layer_states"].new_zeros(())
+    for student, teacher in _layer_pairs(x):
+        distance = 1.0 - F.cosine_similarity(student, teacher, dim=-1)
+        loss = loss + (distance * valid).sum() / x.count(valid.sum())
+    return loss
+
+
 # Cross-tokenizer KD (pipelines/methods/xtok.py; the batch from pipelines/train/data/xtok.py): outputs.logits is
 # the student's [B, W, V_student] over its own tokens; x_pos / m_pos are flat indices into B * W.
 # Each term is a sum over this rank's aligned positions (chunks) over `x.count` of them: the global count under
