@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -71,6 +71,10 @@ from pipelines.dump.streamed import STREAM_KEY, LocalShards, StreamedShards, res
 CLM_TEACHER_KEYS = ("name", "revision", "weights_hash", "architecture", "model_type", "num_layers", "hidden_size",
                     "vocab_size", "precision")
 CLM_TOKENIZER_KEYS = ("name", "vocab_hash", "vocab_size", "pad_id")
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel as Teacher
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ def teacher_dtype(teacher: str, dtype: str) -> torch.dtype:
     return recorded if isinstance(recorded, torch.dtype) and recorded.is_floating_point else torch.float32
 
 
-def load_clm_teacher(teacher: str, device: str, dtype: str = "float32", device_map: str | None = None) -> Any:
+def load_clm_teacher(teacher: str, device: str, dtype: str = "float32", device_map: str | None = None) -> Teacher:
     """Any AutoModelForCausalLM (GPT-2, Llama, Qwen2, SmolLM2, ...), its weights loaded in `dtype` (not float32
     under autocast), on `device` or spread by accelerate (`device_map="auto"`), in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -149,12 +153,12 @@ def load_clm_teacher(teacher: str, device: str, dtype: str = "float32", device_m
     return (model if device_map else model.to(device)).eval()
 
 
-def input_device(model: Any, device: str) -> str:
+def input_device(model: Teacher, device: str) -> str:
     """Where a batch's ids go: the device of the teacher's embeddings (its first layer under a device map)."""
     return str(model.get_input_embeddings().weight.device) if getattr(model, "hf_device_map", None) else device
 
 
-def check_block_size(model: Any, block_size: int, teacher: str) -> None:
+def check_block_size(model: Teacher, block_size: int, teacher: str) -> None:
     """A block longer than the teacher's positions is refused before any forward (it would run on, wrong)."""
     cfg = model.config
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
@@ -163,7 +167,7 @@ def check_block_size(model: Any, block_size: int, teacher: str) -> None:
                           "or less")
 
 
-def eos_of(tokenizer: Any, teacher: str) -> int:
+def eos_of(tokenizer: Tokenizer, teacher: str) -> int:
     if tokenizer.eos_token_id is None:
         from pipelines.core.models import load_config
 
@@ -175,14 +179,14 @@ def eos_of(tokenizer: Any, teacher: str) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def tokenize_corpus(tokenizer: Any, texts: list[str], block_size: int, eos_id: int,
+def tokenize_corpus(tokenizer: Tokenizer, texts: list[str], block_size: int, eos_id: int,
                     max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(blocks, lengths) of a list of documents: each tokenized without special tokens, then packed."""
     documents = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return pack_blocks(documents, block_size, eos_id, max_tokens)
 
 
-def text_bytes_bound(tokenizer: Any, block_size: int) -> int | None:
+def text_bytes_bound(tokenizer: Tokenizer, block_size: int) -> int | None:
     """The width of a block's text in the store (`clm/text`), known before the corpus is read: block_size x the
     UTF-8 bytes of the longest token of the vocabulary (at least a character's 4; the zero padding compresses
     away). None for a slow tokenizer, which gives no offsets: the store keeps no text arrays."""
@@ -242,7 +246,7 @@ def top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_support(model: Any, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
+def teacher_support(model: Teacher, input_ids: torch.Tensor, rows: np.ndarray, sel: ClmSelection,
                     precision: str) -> tuple[torch.Tensor, ...]:
     """(ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every position is kept, the log-prob
     of each position's next token [b, T]) of a batch of blocks, on the teacher's device: weights are float16
@@ -259,7 +263,7 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     return logits.gather(-1, following[..., None].long())[..., 0] - torch.logsumexp(logits, -1)
 
 
-def support_of(logits: torch.Tensor, rows: np.ndarray, sel: Any) -> tuple[torch.Tensor, torch.Tensor,
+def support_of(logits: torch.Tensor, rows: np.ndarray, sel: ClmSelection) -> tuple[torch.Tensor, torch.Tensor,
                                                                              torch.Tensor | None]:
     """A batch's [b, T, V] logits -> (ids [b, T, S] int32, weights [b, T, S], entropy [b, T] or None when every
     position is kept), on their device: the support `sel` names (causal-LM and seq2seq stores alike)."""
@@ -274,7 +278,7 @@ def support_of(logits: torch.Tensor, rows: np.ndarray, sel: Any) -> tuple[torch.
     return ids.to(torch.int32), weights, entropy
 
 
-def compute_clm_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
+def compute_clm_shard(model: Teacher, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
                       batch_size: int, device: str, precision: str,
                       text: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every array of one shard's rows. The supports stay on the device until the shard is done: one copy to
@@ -302,7 +306,7 @@ def shard_compute(sel: ClmSelection) -> Callable[..., dict[str, np.ndarray]]:
     return SHARD_COMPUTE.get(sel.support, compute_clm_shard)
 
 
-def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
+def lm_teacher_ref(teacher: str, model: Teacher, precision: str) -> TeacherRef:
     """An LM teacher's provenance (causal-LM and seq2seq stores): where it was found, its weights and shape; its
     forward's precision and its weights' dtype recorded only when not float32, as task stores record them."""
     cfg = model.config
@@ -316,13 +320,13 @@ def lm_teacher_ref(teacher: str, model: Any, precision: str) -> TeacherRef:
     )
 
 
-def lm_tokenizer_ref(teacher: str, tokenizer: Any, pad_id: int) -> TokenizerRef:
+def lm_tokenizer_ref(teacher: str, tokenizer: Tokenizer, pad_id: int) -> TokenizerRef:
     return TokenizerRef(teacher, vocab_hash=vocab_hash(tokenizer), vocab_size=len(tokenizer), pad_id=pad_id,
                         written=CLM_TOKENIZER_KEYS)
 
 
-def clm_metadata(corpus: CorpusSource, teacher: str, model: Any, tokenizer: Any, sel: ClmSelection, n_rows: int,
-                 shard_rows: int, precision: str) -> dict:
+def clm_metadata(corpus: CorpusSource, teacher: str, model: Teacher, tokenizer: Tokenizer, sel: ClmSelection,
+                 n_rows: int, shard_rows: int, precision: str) -> dict:
     """The store's record at creation: a streamed corpus's fingerprint and row count are known only at its end
     (`finalize`); until then the dataset records the corpus's signature, the layout the rows made room for."""
     return StoreMeta(
@@ -349,8 +353,8 @@ class ClmPlan:
     """A causal-LM dump made ready to run: the tokenizer, the teacher, the support and the store's record (and a
     hidden-state store's head, written once before its shards)."""
 
-    tokenizer: Any
-    model: Any
+    tokenizer: Tokenizer
+    model: Teacher
     sel: ClmSelection
     meta: StoreMeta
     head: TeacherHead | None = None
@@ -375,7 +379,7 @@ def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
     return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head)
 
 
-def _selection(model: Any, tokenizer: Any, corpus: CorpusSource, request: ClmRequest, eos: int, teacher: str,
+def _selection(model: Teacher, tokenizer: Tokenizer, corpus: CorpusSource, request: ClmRequest, eos: int, teacher: str,
                device: str, precision: str) -> tuple[ClmSelection, TeacherHead | None]:
     """The store's selection, and for the hidden support the head it stores once, with the reconstruction
     measured on the corpus's first block (a hidden-state store keeps no block text: text_bytes None)."""
@@ -393,7 +397,7 @@ def _selection(model: Any, tokenizer: Any, corpus: CorpusSource, request: ClmReq
     return measure_reconstruction(model, first.blocks, first.lengths, sel, head, device, precision), head
 
 
-def first_block(corpus: CorpusSource, tokenizer: Any, request: ClmRequest, eos: int) -> PackedRows:
+def first_block(corpus: CorpusSource, tokenizer: Tokenizer, request: ClmRequest, eos: int) -> PackedRows:
     """The corpus's first block (read from its start, as the dump packs it)."""
     documents = corpus.documents()
     if request.max_documents is not None:
@@ -431,7 +435,7 @@ def check_ids(blocks: np.ndarray, vocab: int, teacher: str) -> None:
 class ShardRun:
     """What computes a shard's arrays from its blocks: the teacher, the support, the batch, device, precision."""
 
-    model: Any
+    model: Teacher
     sel: ClmSelection
     request: ClmRequest
     device: str
@@ -450,13 +454,13 @@ class ShardRun:
         return arrays
 
 
-def teacher_line(model: Any) -> str:
+def teacher_line(model: Teacher) -> str:
     """The teacher's dtype and memory, for the progress bar."""
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return f"teacher {dtype} {model.get_memory_footprint() / 2**30:.2f} GiB"
 
 
-def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Any, run: ShardRun,
+def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer: Tokenizer, run: ShardRun,
                  progress: bool, log: Callable[[str], Any], sink: Any = None) -> dict:
     """Stream the corpus into the store's pending shards (`sink` computes and writes each: this process's
     LocalShards, or a cluster's), then finalize it with the corpus's fingerprint."""
@@ -485,7 +489,7 @@ def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer:
     return meta
 
 
-def _packed(corpus: CorpusSource, tokenizer: Any, request: ClmRequest, sel: ClmSelection, shard_rows: int,
+def _packed(corpus: CorpusSource, tokenizer: Tokenizer, request: ClmRequest, sel: ClmSelection, shard_rows: int,
             cursors: ShardCursors, first: int) -> Iterator[PackedRows]:
     """The rows of shard `first` on, read from where it starts in the corpus (the end the shard before it
     recorded), tokenized and packed by a thread a shard ahead of the teacher (with each block's text when the
