@@ -141,6 +141,8 @@ def builtin_kinds() -> list[RunKind]:
 FORWARD = "The teacher's forward and the writing"
 SHARING = "Sharing (recorded in the store's card and Croissant)"
 TOP = ""  # listed first, under "Options" (what the command is: task, teacher, out, data)
+# `hsk train --help`: where a kind's `method_flags` are listed (pipelines/train_flags.py has the other headings)
+METHOD = "Method options (each method takes its own: `hsk methods`)"
 
 
 @dataclass(frozen=True)

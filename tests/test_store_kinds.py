@@ -184,7 +184,8 @@ HOMES = {
                            "pipelines/dump/clm.py", "pipelines/dump/clm_distributed.py", "pipelines/train/kinds/clm.py",
                            "pipelines/methods/clm_kd.py", "pipelines/methods/xtok.py",
                            "pipelines/train/run/lm_eval.py", "pipelines/train/losses/lm.py",
-                           "pipelines/train/kinds/clm_teacher.py", "pipelines/kinds/clm.py"}),
+                           "pipelines/train/kinds/clm_teacher.py", "pipelines/kinds/clm.py",
+                           "pipelines/dump/clm_layers.py", "pipelines/train/kinds/clm_layers.py"}),
                 frozenset({_KINDS_PY, _RUNKINDS, _REGISTRY, "pipelines/train/losses/terms.py",
                            "pipelines/train/students/adapter.py",
                            # seq2seq runs train with the causal-LM loss terms (clm_ce, ...) on the target's positions

@@ -1,4 +1,4 @@
-"""`hsk train`'s flags as typed fields (pipelines/train/run/flags.py, the kinds' own in pipelines/kinds/): every
+"""`hsk train`'s flags as typed fields (pipelines/train_flags.py, the kinds' own in pipelines/kinds/): every
 flag is a declared field, each becomes the TrainOptions field its name says, and the names TrainOptions refuses
 with are the flags' own."""
 
@@ -13,7 +13,7 @@ from pipelines import runkinds
 from pipelines.cli.train_commands import TRAIN_TABLE
 from pipelines.core.flags import flag_fields, flag_name
 from pipelines.train.options import TrainOptions, cli_flag
-from pipelines.train.run.flags import MethodCommon, RunSource, TrainCommon
+from pipelines.train_flags import MethodCommon, RunSource, TrainCommon
 
 # TrainCommon fields that are not TrainOptions fields of the same name, and the TrainOptions field each fills
 RENAMED = {"read_threads": "workers", "shuffle_window": "buffer_shards", "compile_mode": "compile"}

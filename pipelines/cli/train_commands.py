@@ -8,12 +8,12 @@ import typer
 
 from hskstore.errors import UserError
 from pipelines import runkinds
+from pipelines import train_flags as flags
 from pipelines.cli.generated import FlagTable, common_options, kind_options
 from pipelines.cli.sections import sectioned
 from pipelines.core.flags import flag_fields
 from pipelines.core.threads import check_threads, use_threads
-from pipelines.train.run import flags
-from pipelines.train.run.flags import MethodCommon, TrainCommon
+from pipelines.train_flags import MethodCommon, TrainCommon
 
 if TYPE_CHECKING:  # what the driver returns (torch-side)
     from pipelines.train.run.summary import RunSummary
@@ -88,7 +88,7 @@ def method_options(values: dict, sets: list[str] | None) -> dict:
 
 
 def _train_table() -> FlagTable:
-    """`hsk train`'s options: the run's own and the shared method options (pipelines.train.run.flags), and each
+    """`hsk train`'s options: the run's own and the shared method options (pipelines.train_flags), and each
     built-in kind's (pipelines/kinds/<kind>.py: its methods' options, its own run flags)."""
     table = FlagTable()
     table.add(TrainCommon, None, flags.TOP)

@@ -1,5 +1,5 @@
 """The seq2seq dump on a dask.distributed cluster (`hsk dump --objective seq2seq --workers N | --scheduler
-ADDRESS`), as the causal-LM one (pipelines/dump/clm_distributed.py): the driver streams the pairs, tokenizes them
+ADDRESS`), as the causal-LM dump on dask: the driver streams the pairs, tokenizes them
 and records each shard's corpus cursors; a worker loads the teacher once (its weights hash checked against the
 store's), decodes and computes the supports of whole shards with the one-process dump's code and writes them. A
 killed worker's shard is given to another and rewritten whole: the bytes are a one-process dump's (on CPU, with

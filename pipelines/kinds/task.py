@@ -30,13 +30,12 @@ from hskstore.format.config import (
     HSKConfig,
 )
 from pipelines.core.flags import flag
+from pipelines.runkinds import FORWARD, METHOD, TOP, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon, warn
 
-if TYPE_CHECKING:  # what the dump reads (torch: imported when the dump runs)
+if TYPE_CHECKING:  # what the dump and train read (imported when they run: `hsk dump` imports no training code)
     from pipelines.dump.stage import DumpOptions
-
-from pipelines.runkinds import FORWARD, TOP, DumpCommon, EvalCommon, Log, RunKind, TeacherCommon, warn
-from pipelines.train.options import TrainOptions
-from pipelines.train.run.flags import METHOD, RunSource
+    from pipelines.train.options import TrainOptions
+    from pipelines.train_flags import RunSource
 
 HEADING = "The knowledge of a task store (--task --config)"
 

@@ -10,14 +10,17 @@ the command from all of them. Torch-free: the CLI reads these before torch is im
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipelines.core.flags import flag
 from pipelines.core.threads import THREADS_HELP
-from pipelines.train.options import TrainOptions
+from pipelines.runkinds import METHOD
+
+if TYPE_CHECKING:  # built when a run starts: `hsk dump` and `hsk --help` import no training code
+    from pipelines.train.options import TrainOptions
 
 # `hsk train --help` headings ("": listed first, under "Options": what the run is)
 TOP = ""
-METHOD = "Method options (each method takes its own: `hsk methods`)"
 STUDENTS = "Students"
 READING = "Reading the store"
 EVAL = "Evaluation, checkpoints and logs"
@@ -89,6 +92,8 @@ class TrainCommon:
 
     def options(self, method_options: dict[str, object], threads: int | None) -> TrainOptions:
         """The run's TrainOptions (`threads`: the torch CPU threads set for a CPU run, recorded; else None)."""
+        from pipelines.train.options import TrainOptions
+
         return TrainOptions(
             method=self.method, method_options=method_options, batch_size=self.batch_size, seed=self.seed,
             threads=threads, device=self.device, precision=self.precision,
