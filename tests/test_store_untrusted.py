@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import zarr
-from conftest import HSK, hsk, hsk_env, save_tiny_teacher, tree_hashes
+from conftest import HSK, hsk, hsk_env, one_error_line, save_tiny_teacher, tree_hashes
 from conftest import dump_args as shared_dump_args
 
 from hskstore.format.manifest import compute_manifest, list_arrays
@@ -35,19 +35,9 @@ PAYLOAD = "\x1b[2J\x07\"'><svg onload=alert(1)>\n\u202e"  # a terminal escape, a
 dump_args = functools.partial(shared_dump_args, rows=ROWS)
 
 
-def one_line(code: int, out: str, err: str, *words: str) -> str:
-    assert code == 2, out + err
-    assert "Traceback" not in out + err, err
-    lines = [ln for ln in (out + err).splitlines() if ln.startswith("hsk: error: ")]
-    assert len(lines) == 1, out + err
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
-
-
 def refused(capsys, code: int, *words: str) -> str:
     captured = capsys.readouterr()
-    return one_line(code, captured.out, captured.err, *words)
+    return one_error_line((code, captured.out, captured.err), *words)
 
 
 def reseal(store: Path, edit) -> None:
@@ -322,10 +312,10 @@ def test_a_fifo_in_a_store_is_refused_without_hanging(store, teacher, glue_dir, 
     chunk = store / "label" / "c" / "1"
     chunk.unlink()
     os.mkfifo(chunk)
-    one_line(*hsk("verify", str(store)), "FIFO", "label/c/1")
+    one_error_line(hsk("verify", str(store)), "FIFO", "label/c/1")
     lease = store / ".hsk-lease.json"
     os.mkfifo(lease)
-    one_line(*hsk(*dump_args(teacher, glue_dir, store)), "FIFO")
+    one_error_line(hsk(*dump_args(teacher, glue_dir, store)), "FIFO")
 
 
 def test_a_fifo_or_endless_zarr_json_is_listed_as_damaged(store, tmp_path):
@@ -342,8 +332,8 @@ def test_a_fifo_or_endless_zarr_json_is_listed_as_damaged(store, tmp_path):
     status = {Path(e["url"]).name: e["status"] for e in json.loads(out)}
     assert status["fifo.zarr"].startswith("damaged") and "FIFO" in status["fifo.zarr"]
     assert status["zero.zarr"].startswith("damaged") and "symbolic link" in status["zero.zarr"]
-    one_line(*hsk("info", str(zero)), "symbolic link")
-    one_line(*hsk("info", str(fifo)), "FIFO")
+    one_error_line(hsk("info", str(zero)), "symbolic link")
+    one_error_line(hsk("info", str(fifo)), "FIFO")
 
 
 # 7: duplicate bundle members -----------------------------------------------------------------------------------

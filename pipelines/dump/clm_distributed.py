@@ -44,6 +44,7 @@ from pipelines.dump.distributed import (
     check_cluster,
     cluster_client,
     cluster_compute,
+    shard_key,
     worker_path,
     worker_teacher,
     worker_threads,
@@ -99,7 +100,7 @@ class DaskShards(ShardFutures):
         job = ClmShardJob(self.url, self.writer.metadata, shard, rows.blocks, rows.lengths, first_row,
                           self.run.request.batch_size, self.run.precision, self.spec,
                           shard_text(rows, self.run.sel))
-        self.submit(dump_clm_shard, job, f"hsk-clm-shard-{shard}-{self.writer.metadata.identity[7:19]}")
+        self.submit(dump_clm_shard, job, shard_key("clm", shard, self.writer.metadata.identity))
 
 
 def dump_clm_distributed(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",

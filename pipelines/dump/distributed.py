@@ -265,6 +265,11 @@ def worker_url(url: str) -> str:
 IN_FLIGHT_PER_WORKER = 2
 
 
+def shard_key(kind: str, shard: int, identity: str) -> str:
+    """A shard task's dask key: the kind, the shard and the store's identity (two stores never share a key)."""
+    return f"hsk-{kind}-shard-{shard}-{identity[7:19]}"
+
+
 class ShardFutures:
     """Shard tasks sent to the cluster as the driver makes them, at most IN_FLIGHT_PER_WORKER per worker in flight
     (the driver's memory stays bounded); each finished task is released at once (never recomputed)."""
@@ -322,7 +327,7 @@ def _run_jobs(client, jobs: list[ShardJob], progress: bool, desc: str) -> None:
     from distributed.scheduler import KilledWorker
 
     identity = jobs[0].meta.identity if jobs else ""  # one store: one identity
-    futures = [client.submit(dump_shard, job, key=f"hsk-dump-shard-{job.shard}-{identity[7:19]}", pure=False)
+    futures = [client.submit(dump_shard, job, key=shard_key("dump", job.shard, identity), pure=False)
                for job in jobs]
     bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress or None)
     try:

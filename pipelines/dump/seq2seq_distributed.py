@@ -25,6 +25,7 @@ from pipelines.dump.distributed import (
     check_cluster,
     cluster_client,
     cluster_compute,
+    shard_key,
     worker_path,
     worker_teacher,
     worker_threads,
@@ -86,7 +87,7 @@ class DaskPairShards(ShardFutures):
         check_pair_ids(rows.arrays, self.run.sel.vocab_size, self.run.teacher)
         job = Seq2seqShardJob(self.url, self.writer.metadata, shard, rows.arrays, first_row,
                               self.run.request.batch_size, self.run.precision, self.spec)
-        self.submit(dump_seq2seq_shard, job, f"hsk-s2s-shard-{shard}-{self.writer.metadata.identity[7:19]}")
+        self.submit(dump_seq2seq_shard, job, shard_key("s2s", shard, self.writer.metadata.identity))
 
 
 def dump_seq2seq_distributed(teacher: str, out: str, source: Any, request: Seq2seqRequest, *, device: str = "cpu",
