@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import clm_dump_args, hsk
+from conftest import clm_dump_args, hsk, tree_hashes
 
 from hskstore import open_store
 from hskstore.format.clm import rotation
@@ -153,6 +153,24 @@ def test_a_forged_layer_vector_at_the_padding_is_refused(layer_stores, tmp_path)
     code, _, err = hsk("verify", str(copy), timeout=60)
     assert code != 0 and "Traceback" not in err, err
     assert "array clm/layers of shard " in err and "padding" in err and "forged or damaged" in err, err
+
+
+def test_train_on_forged_layer_scales_is_refused_and_leaves_no_run_folder(layer_stores, tmp_path):
+    """Every row's layer scales negative (whatever shard the run reads first): one line, no run folder, the store
+    untouched."""
+    from test_domain import reseal
+
+    from hskstore.format.clm_layers import LAYERS_SCALE
+
+    copy = Path(shutil.copytree(layer_stores["int8"], tmp_path / "forged.zarr"))
+    reseal(copy, {LAYERS_SCALE: lambda scales: -np.abs(scales) - 1})
+    kept, run = tree_hashes(copy), tmp_path / "run"
+    code, _, err = hsk("train", "--store", str(copy), "--student", "first2", "--method", "clm-kd", "--set",
+                       "layer_weight=0.5", "--max-steps", "2", "--batch-size", "4", "--device", "cpu", "--no-progress",
+                       "--out", str(run), timeout=300)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "clm/layers_scale" in err and "negative scale" in err, err
+    assert not run.exists() and tree_hashes(copy) == kept
 
 
 def test_a_forged_layer_selection_is_refused_in_one_line(layer_stores, tmp_path):
