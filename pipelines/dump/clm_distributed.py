@@ -100,7 +100,7 @@ class DaskShards(ShardFutures):
         job = ClmShardJob(self.url, self.writer.metadata, shard, rows.blocks, rows.lengths, first_row,
                           self.run.request.batch_size, self.run.precision, self.spec,
                           shard_text(rows, self.run.sel))
-        self.submit(dump_clm_shard, job, shard_key("clm", shard, self.writer.metadata.identity))
+        self.submit(dump_clm_shard, job, shard_key("hsk-clm", shard, self.writer.metadata.identity))
 
 
 def dump_clm_distributed(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",

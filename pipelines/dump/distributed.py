@@ -265,9 +265,9 @@ def worker_url(url: str) -> str:
 IN_FLIGHT_PER_WORKER = 2
 
 
-def shard_key(kind: str, shard: int, identity: str) -> str:
-    """A shard task's dask key: the kind, the shard and the store's identity (two stores never share a key)."""
-    return f"hsk-{kind}-shard-{shard}-{identity[7:19]}"
+def shard_key(prefix: str, shard: int, identity: str) -> str:
+    """A shard task's dask key: the dump's prefix, the shard and the store's identity (two stores never share one)."""
+    return f"{prefix}-shard-{shard}-{identity[7:19]}"
 
 
 class ShardFutures:
@@ -327,7 +327,7 @@ def _run_jobs(client, jobs: list[ShardJob], progress: bool, desc: str) -> None:
     from distributed.scheduler import KilledWorker
 
     identity = jobs[0].meta.identity if jobs else ""  # one store: one identity
-    futures = [client.submit(dump_shard, job, key=shard_key("dump", job.shard, identity), pure=False)
+    futures = [client.submit(dump_shard, job, key=shard_key("hsk-dump", job.shard, identity), pure=False)
                for job in jobs]
     bar = tqdm(total=len(futures), unit="shard", desc=desc, disable=not progress or None)
     try:

@@ -87,7 +87,7 @@ class DaskPairShards(ShardFutures):
         check_pair_ids(rows.arrays, self.run.sel.vocab_size, self.run.teacher)
         job = Seq2seqShardJob(self.url, self.writer.metadata, shard, rows.arrays, first_row,
                               self.run.request.batch_size, self.run.precision, self.spec)
-        self.submit(dump_seq2seq_shard, job, shard_key("s2s", shard, self.writer.metadata.identity))
+        self.submit(dump_seq2seq_shard, job, shard_key("hsk-s2s", shard, self.writer.metadata.identity))
 
 
 def dump_seq2seq_distributed(teacher: str, out: str, source: Any, request: Seq2seqRequest, *, device: str = "cpu",
