@@ -140,6 +140,10 @@ def derive_cmd(
                                 "hidden:CODEC (a hidden-state store's states in a smaller codec)."),
     logprobs: str = typer.Option(None, help="With --support topk:K: the log-probs' value codec [default: the "
                                  "source's]."),
+    hidden_kl: float = typer.Option(0.01, help="With --support hidden:fit: the mean KL(teacher || stored) the "
+                                    "fitted basis's steps are made for."),
+    hidden_fit_tokens: int = typer.Option(8192, help="With --support hidden:fit: how many kept positions of the "
+                                          "source's start the basis is fitted to."),
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -154,7 +158,7 @@ def derive_cmd(
         raise UserError("hsk derive needs --config ND,NL,W (a task store) or --support (a causal-LM store), one of "
                         "the two")
     if support is not None:
-        _derive_support(store, out, support, logprobs, overwrite, bar)
+        _derive_support(store, out, support, logprobs, overwrite, bar, hidden_kl, hidden_fit_tokens)
         return
     derive(store, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
@@ -170,7 +174,8 @@ def derive_cmd(
     )
 
 
-def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar) -> None:
+def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar, hidden_kl: float,
+                    hidden_fit_tokens: int) -> None:
     from hskstore.io.info import storage_report
     from hskstore.io.reader import open_store
     from hskstore.share.support_derive import derive_support
@@ -178,7 +183,7 @@ def _derive_support(store: str, out: str, support: str, logprobs: str | None, ov
     source = open_store(store)
     source.refuse_support_derive()  # a task or masked-LM store: derive it with --config
     derive_support(source, out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
-                   log=typer.echo)
+                   log=typer.echo, hidden_kl=hidden_kl, hidden_fit_tokens=hidden_fit_tokens)
     new = open_store(out)
     typer.echo(f"done: {out}  {new.size_summary(storage_report(new))}. See `hsk info {out}`.")
 
