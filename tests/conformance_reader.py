@@ -363,7 +363,7 @@ def decode(values: np.ndarray, scale: np.ndarray | None, value_dtype: str, n_wid
     if value_dtype == "nf4":  # nf3's scale byte, one per 64 values
         group = np.arange(n_width) // 64
         return NF4[(nibbles(values, n_width) + 7) % 16] * nf3_scale(scale)[..., group]
-    if value_dtype == "float16":
+    if value_dtype in ("float16", "int8u"):  # int8u: the integer codes themselves ("int8u: unscaled indices")
         return values.astype(np.float32)
     if value_dtype == "int8":
         return values.astype(np.float32) * scale.astype(np.float32)[..., None]
@@ -389,7 +389,7 @@ def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
 def clm_arrays(sel: dict) -> list[str]:
     """A causal-LM store's arrays in digest order, but the intermediate layers (which come last)."""
     if sel["support"] == "hidden":  # "The hidden-state support"
-        scaled = sel["hidden_codec"] != "float16"
+        scaled = sel["hidden_codec"] not in ("float16", "int8u")
         return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/hidden", *(["clm/hidden_scale"] * scaled)]
     text = ["clm/actual", "clm/token_bytes", "clm/text"] if sel.get("text_bytes") is not None else []
     return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(sel), *text]

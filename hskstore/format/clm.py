@@ -51,7 +51,7 @@ from .domain import (
     is_int,
     lengths_within,
 )
-from .hidden_fit import FIT_CODEC, FitEncoder, FitRecord, fit_problem
+from .hidden_fit import FIT_CODEC, FIT_ENCODER, FIT_MEAN, FitEncoder, FitRecord, fit_problem
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 CLM = "clm"
@@ -914,6 +914,10 @@ HEAD_DESCRIBED: dict[str, tuple[tuple[str, ...], str]] = {
     HEAD: (("vocab", "hidden"), "the teacher's LM head, rotated as the hidden states are: logits = hidden @ head.T "
                                 "(+ head_bias)"),
     HEAD_BIAS: (("vocab",), "the LM head's bias"),
+    FIT_MEAN: (("hidden",), "a fitted basis's mean mu of the rotated hidden states; with clm/fit_encoder, what the "
+                            "writer encodes more positions with (a reader needs clm/head and clm/head_bias only)"),
+    FIT_ENCODER: (("index", "hidden"), "a fitted basis's encoder E: the stored indices are clip(rint((h' - mu) @ "
+                                       "E.T), -127, 127)"),
 }
 
 

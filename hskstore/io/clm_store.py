@@ -39,7 +39,6 @@ from .location import zarr_location
 from .reader import HSKStore
 
 HEAD_CHUNK_ROWS = 4096
-FIT_SECTION = "docs/STORE_FORMAT.md#the-fitted-basis-support-hiddenfit"
 
 
 def head_specs(vocab_size: int, hidden_size: int, bias: bool) -> list[ArraySpec]:
@@ -61,22 +60,13 @@ def write_head(group, weight: np.ndarray, bias: np.ndarray | None) -> None:
         group[spec.name][...] = np.asarray(data, dtype=np.float32)
 
 
-FIT_DESCRIBED = {
-    FIT_MEAN: (("hidden",), "the fitted basis's mean mu of the rotated hidden states (the writer's encoder: "
-                            "readers need only clm/head and clm/head_bias)"),
-    FIT_ENCODER: (("index", "hidden"), "the fitted basis's encoder: indices = clip(rint((h' - mu) @ encoder.T), "
-                                       "-127, 127)"),
-}
-
-
 def write_fit(group, encoder: FitEncoder) -> None:
     """Write a fitted store's encoder (float64, one chunk each; covered by hidden_fit.encoder_sha256) into its zarr
     group, beside its head: what a resumed dump encodes the rest of the corpus with."""
     d = encoder.mean.shape[0]
     for name, data in ((FIT_MEAN, encoder.mean), (FIT_ENCODER, encoder.matrix)):
-        spec = ArraySpec(name, data.shape, "float64", d, d, dims=FIT_DESCRIBED[name][0],
-                         attributes={"description": FIT_DESCRIBED[name][1], "spec": FIT_SECTION,
-                                     "integrity": head_attributes(HEAD)["integrity"]})
+        spec = ArraySpec(name, data.shape, "float64", d, d, dims=HEAD_DESCRIBED[name][0],
+                         attributes=head_attributes(name))
         _create(spec, group)
         group[name][...] = np.asarray(data, dtype=np.float64)
 
