@@ -166,6 +166,24 @@ def test_derive_from_float16_fits_the_same_basis_and_writes_the_dumps_bytes(fit_
     assert hsk("verify", str(out))[0] == 0
 
 
+def test_the_kd_target_of_a_fitted_batch_is_near_the_teachers(fit_stores, clm_teacher):
+    """The training loader decodes the int8u indices on the device and applies the folded head and bias: the
+    teacher's log_softmax within the fit's KL (the stored indices are rounded), not exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.train.kinds.clm import ClmFeed
+    from pipelines.train.losses import lm
+
+    store = open_store(str(fit_stores["fit"]))
+    batch = ClmFeed(store).maker(None, [], "cpu", None)(store.read_shard(0))
+    teacher = AutoModelForCausalLM.from_pretrained(clm_teacher, dtype=torch.float32).eval()
+    with torch.no_grad():
+        full = torch.log_softmax(teacher(input_ids=batch["input_ids"]).logits, -1)[batch["kd_mask"]]
+    kl = float(lm.full_kl(torch.log_softmax(batch["teacher_logits"], -1), full).mean())
+    assert 0.002 < kl < 0.03, kl
+
+
 def test_a_killed_fitted_dump_resumes_with_its_stored_fit(fit_stores, clm_teacher, clm_corpus, tmp_path,
                                                           monkeypatch):
     """Killed after 3 of 17 shards; the resume reads the fit back (fitting again would fail here) and the store's

@@ -206,7 +206,8 @@ class ClmStore(HSKStore):
         sel = self.clm
         if sel.support != HIDDEN:
             return {}
-        head = sum(int(self.group[name].nbytes_stored()) for name in (HEAD, HEAD_BIAS)[: 1 + sel.head_bias])
+        once = (HEAD, HEAD_BIAS)[: 1 + sel.head_bias] + ((FIT_MEAN, FIT_ENCODER) if sel.hidden_fit else ())
+        head = sum(int(self.group[name].nbytes_stored()) for name in once)  # a fitted basis's encoder with it
         return {"head_bytes": head, "reconstruction_kl": sel.reconstruction_kl,
                 "reconstruction_top1": sel.reconstruction_top1, "reconstruction_tokens": sel.reconstruction_tokens,
                 "reconstruction_reference": sel.reconstruction_reference}
