@@ -40,6 +40,7 @@ position's draws thinned at random: exact in distribution):
   hsk derive corpus.zarr --support topk:32 --logprobs int8 --out corpus-top32-int8.zarr
   hsk derive corpus-s64.zarr --support sample:16 --out corpus-s16.zarr
   hsk derive corpus-hidden.zarr --support hidden:nf4 --out corpus-hidden-nf4.zarr
+  hsk derive corpus-hidden.zarr --support hidden:fit --hidden-kl 0.0086 --out corpus-hidden-fit.zarr
 """
 
 SWEEP_HELP = """From one source store, derive a grid of configs, distill students on each, record the results.
@@ -136,8 +137,9 @@ def derive_cmd(
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     support: str = typer.Option(None, help="A causal-LM store's smaller support instead of --config: topk:K "
-                                "(K no more than the source's), sample:N (N draws of the source's, thinned) or "
-                                "hidden:CODEC (a hidden-state store's states in a smaller codec)."),
+                                "(K no more than the source's), sample:N (N draws of the source's, thinned), "
+                                "hidden:CODEC (a hidden-state store's states in a smaller codec) or hidden:fit (a "
+                                "float16 hidden-state store's states in a fitted basis, as `hsk dump` fits it)."),
     logprobs: str = typer.Option(None, help="With --support topk:K: the log-probs' value codec [default: the "
                                  "source's]."),
     hidden_kl: float = typer.Option(0.01, help="With --support hidden:fit: the mean KL(teacher || stored) the "

@@ -435,6 +435,8 @@ def _selection(model: Teacher, tokenizer: Tokenizer, corpus: CorpusSource, reque
                                  limit_tokens=request.max_tokens)
     first = first_block(corpus, tokenizer, request, eos)
     check_ids(first.blocks, vocab, teacher)
+    if request.support.basis is not None:  # measured once fitted (_fitted)
+        return sel, head
     return measure_reconstruction(model, first.blocks, first.lengths, sel, head, device, precision), head
 
 
