@@ -2,14 +2,15 @@
 teacher (issue 55): per target KL, the measured mean KL(teacher || stored) and top-1 agreement of held-out
 positions, the bytes per token on disk through the store's compressor, raw, and the indices' entropy.
 
-    nice -n 15 python benchmarks/evidence/lm/hidden_fit.py --teacher ~/.cache/hsk/models/smollm2-135m \\
+    OMP_NUM_THREADS=1 nice -n 15 python benchmarks/evidence/lm/hidden_fit.py --teacher ~/.cache/hsk/models/smollm2-135m \\
         --text ../shared/data/glue/QNLI/dev.tsv --tokens 8192 --threads 1
 
 The first half of the positions is fitted (as `hsk dump` fits its corpus's first --hidden-fit-tokens), the second
 half measured. The states are those a store keeps: rotated by the seeded Hadamard rotation (seed 0), rounded to
 float16; the head is the stored (rotated) one. On disk: the indices of the measured half in the store's chunks
 (16 blocks of 256 positions, token-major, as `clm/hidden` of a dump with --shard-rows 64) through the store's
-compressor (Blosc zstd, the level and shuffle of hskstore.format.schema.ArraySpec).
+compressor (Blosc zstd, the level and shuffle of hskstore.format.schema.ArraySpec). The fit's and the encoding's
+wall time (the host's float64 numpy, its BLAS threads as OMP_NUM_THREADS sets them) are printed too.
 """
 
 from __future__ import annotations
@@ -81,16 +82,19 @@ def main() -> None:
         began = time.perf_counter()
         basis = fit_basis(stored[:half], weight, None, head.softcap, target)
         fitted = time.perf_counter() - began
+        began = time.perf_counter()
         q = basis.encoder.encode(stored[half:])
+        encoded = (time.perf_counter() - began) / len(q)
         folded, bias = basis.folded(weight, None)
         recon = torch.as_tensor(q, dtype=torch.float32) @ torch.as_tensor(folded).T + torch.as_tensor(bias)
         kl, top1 = kl_and_agreement(teacher[half:], recon)
         row = {"target_kl": target, "theta": basis.theta, "predicted_kl": basis.predicted_kl, "kl": kl, "top1": top1,
                "clipped": basis.encoder.clipped(stored[half:]), "on_disk": on_disk(q, 256), "raw": q.shape[1],
-               "entropy": entropy_bytes(q), "fit_seconds": fitted}
+               "entropy": entropy_bytes(q), "fit_seconds": fitted, "encode_us_per_token": 1e6 * encoded}
         rows.append(row)
         print(f"target {target:<7} KL {kl:.5f} top-1 {top1:.4f} clipped {row['clipped']:.2e} on disk "
-              f"{row['on_disk']:.1f} B/token (raw {row['raw']}, entropy {row['entropy']:.1f}) fit {fitted:.0f}s",
+              f"{row['on_disk']:.1f} B/token (raw {row['raw']}, entropy {row['entropy']:.1f}) fit {fitted:.0f}s, "
+              f"encode {1e6 * encoded:.1f} us/token",
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
