@@ -2,8 +2,8 @@
 teacher (issue 55): per target KL, the measured mean KL(teacher || stored) and top-1 agreement of held-out
 positions, the bytes per token on disk through the store's compressor, raw, and the indices' entropy.
 
-    OMP_NUM_THREADS=1 nice -n 15 python benchmarks/evidence/lm/hidden_fit.py --teacher ~/.cache/hsk/models/smollm2-135m \\
-        --text ../shared/data/glue/QNLI/dev.tsv --tokens 8192 --threads 1
+    OMP_NUM_THREADS=1 nice -n 15 python benchmarks/evidence/lm/hidden_fit.py \\
+        --teacher ~/.cache/hsk/models/smollm2-135m --text ../shared/data/glue/QNLI/dev.tsv --tokens 8192 --threads 1
 
 The first half of the positions is fitted (as `hsk dump` fits its corpus's first --hidden-fit-tokens), the second
 half measured. The states are those a store keeps: rotated by the seeded Hadamard rotation (seed 0), rounded to
