@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from pipelines.cli import main
 from pipelines.core.data import DataError
 from pipelines.dump import corpus as corpus_module
 from pipelines.dump.corpus import STATES
-from pipelines.dump.hf_corpus import SNAPSHOT_ROWS, dataset_rows
+from pipelines.dump.hf_corpus import SNAPSHOT_ROWS, dataset_rows, unversioned
 
 
 def _clm(teacher, *source: str) -> list[str]:
@@ -135,12 +136,15 @@ def _garbled(path: Path) -> None:
     path.write_bytes(b"\xff" * path.stat().st_size)
 
 
-def test_a_stream_taken_up_at_a_rows_state_gives_the_rows_after_it_without_the_files_before(tmp_path):
+def test_a_stream_taken_up_at_a_rows_state_gives_the_rows_after_it_without_the_files_before(tmp_path, capsys):
     folder = _data_files(tmp_path / "jsonl", 20, "jsonl")
     spec = f"hf:{folder}@train"
     rows = list(dataset_rows(spec, "hf-stream", ("text",), 0))
     assert [row for _, row, _ in rows] == list(range(120))
     assert rows[0][2] is None and rows[SNAPSHOT_ROWS][2].row == SNAPSHOT_ROWS  # a state every SNAPSHOT_ROWS rows
+    other = replace(rows[70][2], state={**rows[70][2].state, "shuffled": None})  # not this datasets' layout
+    assert [row for _, row, _ in dataset_rows(spec, "hf-stream", ("text",), 70, other)] == list(range(70, 120))
+    assert "WARNING: --data-file hf:" in capsys.readouterr().err  # and the stream read from its start
     _garbled(folder / "part-01.jsonl")  # rows 20-39: before the state of any row from 64 on
     for start in (64, 70, 99, 119):
         state = rows[start][2]
@@ -149,6 +153,8 @@ def test_a_stream_taken_up_at_a_rows_state_gives_the_rows_after_it_without_the_f
         assert [(values, row) for values, row, _ in again] == [(values, row) for values, row, _ in rows[start:]]
     with pytest.raises(DataError, match="cannot read row 20"):  # read from its first row, it meets the garbled file
         list(dataset_rows(spec, "hf-stream", ("text",), 70))
+    sha = "0123456789abcdef" * 2 + "01234567"  # a hub file's path names the commit (datasets' load.py); not compared
+    assert unversioned(f"hf://datasets/org/web@{sha}/data/00.parquet") == "hf://datasets/org/web/data/00.parquet"
 
 
 def _kept(store: Path) -> dict[str, str]:

@@ -3,20 +3,22 @@
 `datasets.load_dataset(NAME, CONFIG, split=SPLIT, streaming=True)` (a hub dataset, or a local folder of data
 files), its rows streamed as they download. A row's place is its index: a saved dataset seeks to it.
 
-A streamed dataset cannot seek to a row, so its iteration state (`IterableDataset.state_dict()`: the data file,
-its shard, and the example within it) is kept every SNAPSHOT_ROWS rows as a `StreamState`, and each shard records
-the last one at or before where the next shard starts (pipelines.dump.corpus.ShardCursors). A resume loads it
-(`load_state_dict`): the data files before it are not opened again; datasets reads the one it is in (or the end of
-the one before) from its start up to its row, and the dump reads at most SNAPSHOT_ROWS - 1 rows more to reach
-the resume point. A resume refuses data files other than those the state was taken on (added, removed, renamed,
-resized), as a text corpus's changed files are refused; a state this datasets release does not lay out the same
-way is warned of and the rows before the resume point read again."""
+A streamed dataset cannot seek to a row, so its iteration state (`IterableDataset.state_dict()`: which data
+file, and which example in it) is kept every SNAPSHOT_ROWS rows as a `StreamState`, and each shard records the
+last one at or before where the next shard starts (pipelines.dump.corpus.ShardCursors). A resume loads it
+(`load_state_dict`): the data files before it are not opened again; datasets reads the file it names from that
+file's start up to the example (a state at a file's end names that file), and the dump reads at most
+SNAPSHOT_ROWS - 1 rows more to reach the resume point. A resume refuses data files other than those the state was
+taken on (added, removed, renamed, resized; a hub dataset's compared by name, whatever its commit), as a text
+corpus's changed files are refused; a state the installed datasets lays out otherwise is warned of, and the rows
+before the resume point are read again."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,13 +128,20 @@ class StreamState:
         return cls(int(fields["row"]), fields["state"], int(fields["n_files"]), str(fields["files"]))
 
 
+def unversioned(path: str) -> str:
+    """A hub data file's path without the commit datasets resolved it at (`hf://datasets/NAME@SHA/...`): a new
+    commit that leaves the files' names (a card edited) does not make an interrupted dump's stream another."""
+    return re.sub(r"@[0-9a-f]{40}(?=/|$)", "", path, count=1) if path.startswith("hf://") else path
+
+
 def data_files(dataset) -> tuple[int, str]:
     """How many data files a streamed dataset reads, and a digest of their names, in order, and of each local
-    one's size. datasets keeps the list in its examples iterable's arguments (`original_files` of JSON and text
-    loaders, `files` of Parquet's); where it is elsewhere, the dataset's shard count alone is compared."""
+    one's size (a text corpus's files are compared so). datasets keeps the list in its examples iterable's
+    arguments (`original_files` of JSON and text loaders, `files` of Parquet's); where it is elsewhere, the
+    dataset's shard count alone is compared."""
     arguments = getattr(getattr(dataset, "_ex_iterable", None), "kwargs", None) or {}
     files = next((arguments[key] for key in ("original_files", "files") if isinstance(arguments.get(key), list)), [])
-    described = [[str(f), os.path.getsize(f) if os.path.isfile(str(f)) else -1] for f in files]
+    described = [[unversioned(str(f)), os.path.getsize(f) if os.path.isfile(str(f)) else -1] for f in files]
     text = json.dumps([dataset.num_shards, described])
     return len(files) or dataset.num_shards, hashlib.sha256(text.encode()).hexdigest()
 
