@@ -29,7 +29,7 @@ from pipelines.core.data import DataError
 PREFIX = "hf:"
 SAVED, STREAMED = "hf", "hf-stream"
 BATCH_ROWS = 1024  # rows per read of a saved dataset
-SNAPSHOT_ROWS = 32  # a streamed dataset's state is kept every this many rows (state_dict(): ~3.5 us a call)
+SNAPSHOT_ROWS = 32  # a stream's state is kept every this many rows (a state_dict() call: ~4.6 us, 0.15 us a row)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def open_dataset(data_file: str) -> FoundDataset:
 class StreamState:
     """A streamed dataset's iteration state before row `row` (`IterableDataset.state_dict()`: iterating after
     `load_state_dict(state)` yields row `row` first), and the data files it was taken on: how many, and a
-    digest of their names (a hub file's names its revision) and, where local, their sizes."""
+    digest of their names and, where local, their sizes (data_files)."""
 
     row: int
     state: dict
