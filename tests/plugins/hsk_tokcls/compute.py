@@ -34,6 +34,7 @@ from pipelines.core.tokenize import encode
 from pipelines.registry import Stage
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.losses.terms import Counter, TermInputs, local_count, loss_term
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import RunParts
 from pipelines.train.students.adapter import StudentOutputs, student_adapter
 
@@ -251,9 +252,10 @@ def token_outputs(model: torch.nn.Module, runner: torch.nn.Module | None, batch:
     return StudentOutputs(out.logits)
 
 
-def prepare(options: Any, *, student: str, store: str | None, ranks: Any, device: str, log: Log, **_: Any) -> RunParts:
+def prepare(request: RunRequest) -> RunParts:
     """The plan, student and feed of a run from a token-classification store, every check done first."""
-    plan = plan_store_run(options, store, ranks, "a token-classification store (`hsk dump --objective tokcls`)")
+    options, student, device, log = request.options, request.student, request.device, request.log
+    plan = plan_store_run(request, "a token-classification store (`hsk dump --objective tokcls`)")
     labels = plan.store.labelling.labels
     teacher = lambda: plan.source.teacher_path(options.teacher, load=load_token_classifier)  # noqa: E731
     model, tokenizer_source, init = token_student(student, teacher)
