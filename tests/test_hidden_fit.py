@@ -215,6 +215,14 @@ def test_what_a_fitted_basis_cannot_be_is_refused_in_one_line(fit_stores, clm_te
          ("--hidden-fit-tokens 40", "needs more than 64")),
         (["derive", str(fit_stores["fit"]), "--support", "hidden:int8", "--out", str(tmp_path / "c.zarr")],
          ("fitted basis", "float16 store")),
+        # int8u holds indices the fit has scaled: on its own it would keep the integer part of raw values
+        (_args(clm_teacher, clm_corpus, "--support", "hidden:int8u", "--out", str(tmp_path / "d.zarr")),
+         ("hidden:int8u", "fitted basis (fit)")),
+        (_args(clm_teacher, clm_corpus, "--support", "topk:4", "--logprobs", "int8u", "--out",
+               str(tmp_path / "e.zarr")),
+         ("--logprobs int8u", "choose one of float16")),
+        (["dump", "--task", "sst2", "--config", "2,4,0.5", "--values", "int8u", "--out", str(tmp_path / "f.zarr")],
+         ("--values 'int8u'", "nf4")),
     ]
     for args, words in cases:
         one_error_line(hsk(*args), *words)

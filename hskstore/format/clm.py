@@ -98,8 +98,8 @@ class Support:
     def _hidden(cls, text: str, codec: str) -> Support:
         if codec in FITTED_BASES:
             return cls(HIDDEN, 0, FITTED_BASES[codec], codec)
-        if codec not in codecs.names():
-            raise ConfigError(f"--support {text!r}: hidden:CODEC takes a value codec ({', '.join(codecs.names())}) "
+        if codec not in codecs.choices():
+            raise ConfigError(f"--support {text!r}: hidden:CODEC takes a value codec ({', '.join(codecs.choices())}) "
                               f"or a fitted basis ({', '.join(FITTED_BASES)})")
         return cls(HIDDEN, 0, codec)
 
@@ -162,7 +162,7 @@ class ClmSelection:
         if topk and not 1 <= support.size <= vocab_size:
             raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
         if topk:
-            codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
+            codecs.chosen(logprob_codec, "--logprobs")  # an unknown codec is refused before anything runs
         return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
                    float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens,

@@ -120,7 +120,7 @@ class ClmRequest:
             check_fit_request(self.hidden_kl, self.hidden_fit_tokens)
         if self.layers is not None:
             check_stride(self.layer_stride, self.block_size)
-            codecs.get(self.layer_codec)
+            codecs.chosen(self.layer_codec, "--layer-codec")
         if self.device_map not in (None, "auto"):
             raise ConfigError(f"--device-map {self.device_map!r}: pass auto (accelerate places the teacher's layers "
                               "on the visible devices), or leave it out for --device")
