@@ -24,6 +24,7 @@ import numpy as np
 
 from hskstore.format.clm import DocumentText, documents_owned, owned_of_ends
 from hskstore.format.config import ConfigError
+from hskstore.io.zarr_adapter import put_row
 from pipelines.core.data import DataError
 from pipelines.dump.byte_ends import ByteTable, byte_table, table_ends
 from pipelines.dump.hf_corpus import dataset_rows, is_dataset, open_dataset
@@ -444,9 +445,9 @@ class ShardCursors:
         if not record:
             return
         end = rows.end[0] if rows.end is not None else Cursor()
-        self.cursors[shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
-                               len(rows.marks)]
-        self.chains[shard] = list(self.chain)
+        put_row(self.cursors, shard, np.array([*rows.start[0].to_list(), rows.start_skip, *end.to_list(),
+                                               rows.end_skip, len(rows.marks)]))
+        put_row(self.chains, shard, np.frombuffer(self.chain, dtype=np.uint8))
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
         """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
