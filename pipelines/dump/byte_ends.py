@@ -155,13 +155,14 @@ def table_ends(table: ByteTable, ids: np.ndarray, counts: np.ndarray, texts: lis
 
 def _character_ends(ends: np.ndarray, joined: bytes) -> np.ndarray:
     """Each end moved to the end of the character holding the byte before it (an offset counts characters): an
-    end at a continuation byte (10xxxxxx) moves to the next character's start."""
+    end at a continuation byte (10xxxxxx) moves on to the next character's start, at most 3 bytes on."""
     codes = np.frombuffer(joined, dtype=np.uint8)
-    inside = np.flatnonzero(ends < len(codes))
-    split = inside[(codes[ends[inside]] & 0xC0) == 0x80]
-    if not len(split):
-        return ends
-    bounds = np.append(np.flatnonzero((codes & 0xC0) != 0x80), len(codes))
-    moved = ends.copy()
-    moved[split] = bounds[np.searchsorted(bounds, ends[split])]
+    moved, at = ends, np.flatnonzero(ends < len(codes))
+    for _ in range(3):
+        at = at[(codes[moved[at]] & 0xC0) == 0x80]
+        if not len(at):
+            break
+        moved = moved.copy() if moved is ends else moved
+        moved[at] += 1
+        at = at[moved[at] < len(codes)]
     return moved
