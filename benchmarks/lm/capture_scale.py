@@ -215,8 +215,12 @@ def null(tokens: float, work: Path, tokenizer_kind: str = "words", glue: Path | 
     else:
         write_corpus(text, int(tokens))
     fixed: dict = {}
+    calls: list[tuple[float, int]] = []  # (when each shard's compute began, tokens of the shards before it)
+    last = [0]
 
     def null_shard(model, blocks, lengths, rows, sel, batch_size, device, precision, text=None):
+        calls.append((time.perf_counter(), calls[-1][1] + last[0] if calls else 0))
+        last[0] = int(lengths.sum())
         key = blocks.shape
         if key not in fixed:  # what the device hands over: ids [n, T, K] int32, log-probs fp16
             rng = np.random.default_rng(0)
@@ -240,8 +244,12 @@ def null(tokens: float, work: Path, tokenizer_kind: str = "words", glue: Path | 
     import zarr
 
     real = int(zarr.open_group(str(work / "null.zarr"), mode="r")["length"][:].sum())
+    # setup: from the call to the first shard's compute (tokenizer, teacher, store); stream: from the first
+    # shard's compute to the last one's, per token of the shards between (the rate a long capture keeps)
+    stream = (calls[-1][0] - calls[0][0]) / max(calls[-1][1], 1)
     return {"tokens": real, "wall_s": round(wall, 2), "host_us_per_token": round(wall / real * 1e6, 3),
-            "cpu_us_per_token": round(cpu / real * 1e6, 3)}  # CPU time of every thread: less sensitive to load
+            "cpu_us_per_token": round(cpu / real * 1e6, 3),  # CPU time of every thread: less sensitive to load
+            "setup_s": round(calls[0][0] - started, 2), "stream_us_per_token": round(stream * 1e6, 3)}
 
 
 def compare(tokens: float, codes: list[str], rounds: int, work: Path, extra: list[str]) -> list[dict]:
@@ -252,8 +260,10 @@ def compare(tokens: float, codes: list[str], rounds: int, work: Path, extra: lis
         for code in codes:
             out = work / f"arm-{round_}-{len(runs)}.json"
             env = dict(os.environ, PYTHONPATH=str(Path(code).resolve()), HF_HUB_OFFLINE="1")
-            subprocess.run([sys.executable, __file__, "null", "--tokens", str(tokens), "--json-out", str(out), *extra],
-                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            done = subprocess.run([sys.executable, __file__, "null", "--tokens", str(tokens), "--json-out", str(out),
+                                   *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                raise SystemExit(f"null on {code} failed ({done.returncode}): {done.stderr[-2000:]}")
             result = json.loads(out.read_text())
             runs.append({"code": code, "round": round_, **result["result"], "load_avg": result["load_avg"]})
             print(json.dumps(runs[-1]), flush=True)
