@@ -5,6 +5,7 @@ grow with the corpus, what rate does capture reach, and what does the host cost 
     python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7 1e8 --cap 262144   # the same capture of each
     python benchmarks/lm/capture_scale.py null --tokens 1e7             # the host's share, µs per token
     python benchmarks/lm/capture_scale.py null --tokens 1e6 --code /tmp/base --code . --rounds 3   # A/B, alternating
+    python benchmarks/lm/capture_scale.py null --tokens 1e7 --tokenizer smollm2   # SmolLM2's tokenizer, GLUE text
     python benchmarks/lm/capture_scale.py limit --text big.txt --teacher T --limit-tokens 8192   # a big text, cut
 
 `scale` runs each capture as its own `hsk dump` process (peak RSS from /usr/bin/time) with a tiny random Llama
@@ -14,9 +15,12 @@ line: what grows with the corpus shows. With `--cap N` each captures only its co
 shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with
 the teacher's forward and its support choice replaced by fixed arrays of the same shape (the "null teacher",
 with the text arrays): what remains is the host's
-share (reading, tokenizing, packing, encoding, digests, writes), per token; with `--code` (a checkout of the
-repository, given once per arm) each run is its own process on that code, the arms alternating for `--rounds`
-rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
+share (reading, tokenizing, packing, encoding, digests, writes), per token, with the setup before the first shard
+and the rate between the first and last shards apart; `--tokenizer smollm2` measures it with SmolLM2's own
+tokenizer (byte-level BPE, 49,152 ids; the teacher a tiny random Llama over it) over documents of GLUE's
+Wikipedia and news sentences (`--data-dir`, default ../shared/data/glue), what users run; with `--code` (a
+checkout of the repository, given once per arm) each run is its own process on that code, the arms alternating
+for `--rounds` rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
 text file captured with --limit-tokens. Everything is written under a temporary folder, removed after.
 """
 
