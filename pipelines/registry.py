@@ -139,6 +139,12 @@ def declare_loss_term(name: str, description: str) -> str:
     return _declare(LOSS_TERMS, "loss term", name, description)
 
 
+def declare_head(name: str, description: str) -> str:
+    """Declare a head a stage may train (Stage.head), then say what the student's forward returns for it with
+    pipelines.train.students.adapter.student_adapter: a kind whose student needs its own forward."""
+    return _declare(HEADS, "head", name, description)
+
+
 def declare_store_read(name: str, description: str) -> str:
     """Declare what a stage of a kind of a package reads from its stores (Stage.reads), for that kind's feed
     (pipelines.train.run.loop.Feed) to stream: a run kind's own store read, as "mlm" or "clm" are hsk's."""

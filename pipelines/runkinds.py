@@ -4,7 +4,7 @@
     kind = runkinds.get("clm")                  # the name is the store kind's (meta["objective"])
     kind.dump_options                           # its `hsk dump` flags, a typed dataclass
     kind.load("dump")(options, common, log)     # its dump
-    kind.load("prepare")                        # its `hsk train` run plan (-> pipelines.train.run.loop.RunParts)
+    kind.load("prepare")                        # its `hsk train` run plan (RunRequest -> RunParts)
     kind.default_method                         # what `hsk train` runs on its stores without --method
 
 A `RunKind` declares, for one store kind: its dump (an entry point and the typed options it takes), its run plan
@@ -51,7 +51,7 @@ class RunKind:
     summary: str  # what its stores hold, in a few words ("a causal LM's next-token distributions")
     dump: str  # "module:function" (options, DumpCommon, log) -> None
     dump_options: type  # a dataclass: the kind's `hsk dump` flags (pipelines.core.flags)
-    prepare: str  # "module:function": `hsk train`'s run plan on its stores (pipelines.train.run.loop.RunParts)
+    prepare: str  # "module:function": `hsk train`'s run plan on its stores (driver.RunRequest -> loop.RunParts)
     default_method: str  # the method `hsk train` runs on its stores when none is named
     heading: str = ""  # the `hsk dump --help` heading of its flags [default: "<name> stores (--objective <name>)"]
     teacher: str | None = None  # "module:function" (options, TeacherCommon, log) -> None: `hsk teacher`

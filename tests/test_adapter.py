@@ -3,6 +3,7 @@ models."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import make_tiny_bert, tiny_bert_config
 from transformers import BertForMaskedLM
@@ -42,3 +43,27 @@ def test_the_mlm_head_gives_the_logits_of_the_masked_positions_only():
     want = torch.stack([full[0, 1], full[0, 3], full[1, 2]])
     assert out.logits.shape == (3, model.config.vocab_size)
     torch.testing.assert_close(out.logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_package_head_gets_its_own_forward_and_an_unknown_head_is_refused(monkeypatch):
+    from pipelines import registry
+    from pipelines.registry import MethodError, declare_head
+    from pipelines.train.students import adapter
+
+    monkeypatch.setattr(registry, "HEADS", dict(registry.HEADS))
+    monkeypatch.setattr(adapter, "ADAPTERS", dict(adapter.ADAPTERS))
+    with pytest.raises(ValueError, match="not declared"):
+        adapter.student_adapter("spans")(adapter.classifier_outputs)
+    head = declare_head("spans", "a span head (a test package's)")
+
+    @adapter.student_adapter(head)
+    def spans(model, runner, batch, outputs):
+        return StudentOutputs(logits=batch["input_ids"].float())
+
+    batch = _batch([7, 4])
+    assert adapter_for("spans") is spans
+    torch.testing.assert_close(adapter_for("spans")(None, None, batch, ("logits",)).logits, batch["input_ids"].float())
+    with pytest.raises(ValueError, match="already has an adapter"):
+        adapter.student_adapter(head)(adapter.classifier_outputs)
+    with pytest.raises(MethodError, match="head .spam. has no student adapter; known: task, ptp4, mlm, clm, s2s, sp"):
+        adapter_for("spam")

@@ -62,6 +62,14 @@ def test_card_describes_the_store(store, teacher_dir):
     assert fields["bytes"] == storage_report(open_store(str(store)))["total_bytes"] > chunks
     assert fields["created"] == meta["created"] and fields["hsk_version"] == meta["software_version"]
     assert "hskstore" in body and "zarr.open_group" in body
+    assert fields["metric"] == meta["task"]["metric"] and fields["regression"] is False
+
+
+def test_a_causal_lm_card_shows_no_labelled_task_fields(small_clm_store):
+    fields, _ = card_parts((small_clm_store / CARD_NAME).read_text())
+    assert fields["objective"] == "clm" and fields["task_categories"] == ["text-generation"]
+    assert not {"label_names", "regression", "metric"} & set(fields)
+    assert fields["rows"] == open_store(str(small_clm_store)).meta["layout"]["n_rows"] > 0
 
 
 def test_card_code_runs_as_written(store, monkeypatch):

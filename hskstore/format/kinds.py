@@ -54,6 +54,7 @@ class StoreKind:
     # croissant.json and catalogs `label()` -> (config, codec) and `kept()` -> what the store keeps, in one clause
     selection_type: type | None = None
     category: str = "other"  # its Hugging Face task category (the card's task_categories)
+    labelled: bool = False  # its task record holds a labelled task (the card shows label_names, regression, metric)
 
     def reader_class(self) -> type:
         module, _, name = self.reader.partition(":")

@@ -230,7 +230,7 @@ def task_array_specs(meta: dict) -> list[ArraySpec]:
 kinds.register(kinds.StoreKind(
     TASK, "a fine-tuned classifier's logits and hidden-state knowledge (`hsk dump --task`)", task_array_specs,
     described, frozenset({*TASK_ROW_ARRAYS, LAYERS_GROUP}), "hskstore.io.reader:TaskStore", trains=("task",),
-    selection_type=Selection, category="text-classification"))
+    selection_type=Selection, category="text-classification", labelled=True))
 
 
 def n_shards(meta: dict) -> int:

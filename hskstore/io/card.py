@@ -20,7 +20,7 @@ import re
 import zarr
 
 from ..format import kinds
-from ..format.meta import StoreMeta
+from ..format.meta import StoreMeta, TaskRef
 from ..format.schema import array_specs
 from .zarr_adapter import get_bytes, set_bytes
 
@@ -81,6 +81,13 @@ def selection_text(meta: dict) -> tuple[str | None, str | None, str]:
         return None, None, kind.summary
 
 
+def _labelling(task: TaskRef, recorded: dict) -> dict:
+    """A labelled task's fields of the card (a kind whose stores hold no labelled task shows none of them)."""
+    return {"label_names": task.labels,
+            "regression": recorded.get("regression"),  # as recorded: a store may lack it (TaskRef reads False)
+            "metric": task.metric}
+
+
 def front_matter(meta: dict, stored_bytes: int | None) -> dict:
     """The card's machine-readable fields, from a store's hsk metadata (its kind gives its category, its
     selection record the config the title names)."""
@@ -97,9 +104,7 @@ def front_matter(meta: dict, stored_bytes: int | None) -> dict:
         "task": task.name,
         "split": task.split,
         "rows": rows,
-        "label_names": task.labels,
-        "regression": meta["task"].get("regression"),  # as recorded: a store may lack it (TaskRef reads False)
-        "metric": task.metric,
+        **(_labelling(task, meta["task"]) if kinds.get(record.objective).labelled else {}),
         "dataset": {"source": record.dataset.source, "fingerprint": record.dataset.fingerprint},
         "teacher": {
             "id": teacher.name,

@@ -5,8 +5,9 @@ teacher consumes them, so that memory and the time to the first shard do not gro
 Sources: a UTF-8 text file (one document per non-empty line), a folder or glob of them, JSON lines or Parquet
 with a named text column (or two: a pair's source and target); local paths or fsspec URLs (s3://...); a
 Hugging Face dataset (pipelines.dump.hf_corpus); anything else `--data-file` reads (CSV, TSV) is read whole, a
-file at a time. Every row has a `Cursor` (file, byte offset or row, part of its line), so a resumed dump seeks
-to where its first pending shard starts instead of reading the corpus again.
+file at a time. Every row has a `Cursor` (file, byte offset or row, part of its line; for a streamed Hugging Face
+dataset also its iteration state at or before the row), so a resumed dump seeks to where its first pending shard
+starts instead of reading the corpus again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 
@@ -27,7 +28,7 @@ from hskstore.format.config import ConfigError
 from hskstore.io.zarr_adapter import put_row
 from pipelines.core.data import DataError
 from pipelines.dump.byte_ends import ByteTable, byte_table, table_ends
-from pipelines.dump.hf_corpus import dataset_rows, is_dataset, open_dataset
+from pipelines.dump.hf_corpus import StreamState, dataset_rows, is_dataset, open_dataset
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", "")
 TOKENIZE_DOCS = 512  # documents per tokenizer call: the fast tokenizer's batch API, off the teacher's thread
@@ -37,11 +38,13 @@ TOKENIZE_DOCS = 512  # documents per tokenizer call: the fast tokenizer's batch 
 class Cursor:
     """Where a document starts: the file's index in the source's sorted list, the byte offset of its line (text,
     JSON lines) or its row (tables), and which part of that line (str.splitlines parts, as the whole-file read
-    split it)."""
+    split it); a streamed dataset's row also carries the stream's state at or before it (`state`, not compared:
+    where a resume takes up the stream, reading only the rows between it and the row)."""
 
     file: int = 0
     offset: int = 0
     part: int = 0
+    state: StreamState | None = field(default=None, compare=False)
 
     def to_list(self) -> list[int]:
         return [self.file, self.offset, self.part]
@@ -254,8 +257,9 @@ def _table_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tup
 
 
 def _hf_rows(source: CorpusSource, index: int, start: Cursor) -> Iterator[tuple[tuple, Cursor]]:
-    for values, row in dataset_rows(source.files[index], source.kind, source.pair or (source.column,), start.offset):
-        yield values, Cursor(index, row)
+    names = source.pair or (source.column,)
+    for values, row, state in dataset_rows(source.files[index], source.kind, names, start.offset, start.state):
+        yield values, Cursor(index, row, 0, state)
 
 
 _ROWS = {"text": _text_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows, "table": _table_rows, "hf": _hf_rows,
@@ -398,6 +402,8 @@ def ahead(items: Iterator, depth: int = 2) -> Iterator:
 
 CURSORS = "_progress/stream"  # int64 [shards, 9]: start cursor, its skip, end cursor, its skip, documents
 CHAINS = "_progress/corpus"  # uint8 [shards, 32]: the corpus fingerprint's chain after the shard's documents
+STATES = "_progress/stream_state"  # uint8 [shards, STATE_BYTES]: a streamed dataset's state at its end cursor
+STATE_BYTES = 2048  # its JSON, zero-padded (datasets' state of a Parquet or JSON stream: ~400 bytes)
 STREAM_SEED = b"hsk-corpus-stream-v1\n"
 
 
@@ -421,9 +427,10 @@ def chained(chain: bytes, digests: list[bytes]) -> bytes:
 
 class ShardCursors:
     """Where each written shard's rows start and end in the corpus, and the corpus fingerprint's chain after its
-    documents (those whose first token it holds): a dump's own bookkeeping beside the writer's progress records,
-    removed when the store is finalized. The chain makes the fingerprint of the whole corpus, in order, without
-    reading again what a resumed dump has already written."""
+    documents (those whose first token it holds), and for a streamed dataset its state at the shard's end (created
+    with the first): a dump's own bookkeeping beside the writer's progress records, removed when the store is
+    finalized. The chain makes the fingerprint of the whole corpus, in order, without reading again what a resumed
+    dump has already written."""
 
     def __init__(self, group, n_shards: int):
         self.group = group
@@ -432,11 +439,14 @@ class ShardCursors:
             group.create_array(CHAINS, shape=(n_shards, 32), dtype="uint8", chunks=(1, 32), fill_value=0)
         # opened once: only the process that drives the dump writes and resizes them (opening reads their metadata)
         self.cursors, self.chains = group[CURSORS], group[CHAINS]
+        self.states = group[STATES] if STATES in group else None
         self.chain = hashlib.sha256(STREAM_SEED).digest()
 
     def resize(self, n_shards: int) -> None:
         self.cursors.resize((n_shards, 9))
         self.chains.resize((n_shards, 32))
+        if self.states is not None:
+            self.states.resize((n_shards, STATE_BYTES))
 
     def advance(self, shard: int, rows, record: bool) -> None:
         """The chain past the shard's documents; recorded (with its cursors) before the shard itself, whose done
@@ -445,9 +455,23 @@ class ShardCursors:
         if not record:
             return
         end = rows.end[0] if rows.end is not None else Cursor()
+        if end.state is not None or self.states is not None:
+            self._record_state(shard, end.state)
         put_row(self.cursors, shard, np.array([*rows.start[0].to_list(), rows.start_skip, *end.to_list(),
                                                rows.end_skip, len(rows.marks)]))
         put_row(self.chains, shard, np.frombuffer(self.chain, dtype=np.uint8))
+
+    def _record_state(self, shard: int, state: StreamState | None) -> None:
+        """The stream's state at the shard's end cursor (zeros where there is none, or it outgrows its row: a
+        resume then reads the stream from its start)."""
+        if self.states is None:
+            self.states = self.group.create_array(STATES, shape=(self.cursors.shape[0], STATE_BYTES), dtype="uint8",
+                                                  chunks=(1, STATE_BYTES), fill_value=0)
+        data = state.to_json() if state is not None else b""
+        row = np.zeros(STATE_BYTES, dtype=np.uint8)
+        if len(data) <= STATE_BYTES:
+            row[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self.states[shard] = row
 
     def resume_point(self, shard: int) -> tuple[Cursor, int]:
         """Where shard `shard` starts: the end of the one before it (the corpus's start for the first); the chain
@@ -456,7 +480,16 @@ class ShardCursors:
             return Cursor(), 0
         row = [int(v) for v in self.cursors[shard - 1]]
         self.chain = bytes(self.chains[shard - 1])
-        return Cursor(*row[4:7]), row[7]
+        return Cursor(*row[4:7], self._state(shard - 1)), row[7]
+
+    def _state(self, shard: int) -> StreamState | None:
+        if self.states is None:
+            return None
+        data = bytes(self.states[shard]).rstrip(b"\0")  # JSON holds no NUL byte
+        try:
+            return StreamState.from_json(data) if data else None
+        except (ValueError, KeyError, TypeError):  # unreadable: the stream is read from its start, as without one
+            return None
 
     def documents_before(self, shard: int) -> int:
         """Documents whose first token is in the shards before `shard`."""
@@ -467,5 +500,6 @@ class ShardCursors:
         return bytes(self.chains[self.cursors.shape[0] - 1]).hex(), int(self.cursors[:, 8].sum())
 
     def remove(self) -> None:
-        for name in (CURSORS, CHAINS):
-            del self.group[name]
+        for name in (CURSORS, CHAINS, STATES):
+            if name in self.group:
+                del self.group[name]

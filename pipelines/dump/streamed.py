@@ -84,8 +84,10 @@ class StreamedShards:
         self.start: tuple[Cursor, int] = self.cursors.resume_point(self.first)
         self.written = 0
         if self.first:
+            state = self.start[0].state
             log(f"resuming {out}: {self.first} shards already written; the corpus is read from file "
-                f"{self.start[0].file} at {self.start[0].offset}")
+                f"{self.start[0].file} at {self.start[0].offset}"
+                + (f" (its stream taken up at row {state.row})" if state is not None else ""))
 
     def run(self, shards: Iterator, sink: Any, n_rows: Callable[[Any], int], update: Callable[[Any], Any],
             empty: str) -> None:

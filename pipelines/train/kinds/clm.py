@@ -34,8 +34,7 @@ from pipelines.train.data.stream import StoreStream
 from pipelines.train.data.xtok import XtokMaker, check_fast, mined_table, student_eos
 from pipelines.train.kinds.clm_layers import LAYER_TERMS, LayerBatch, clm_layer_pairs, layer_projection
 from pipelines.train.kinds.store_run import plan_store_run
-from pipelines.train.options import TrainOptions
-from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import RunParts
 
 _FIRST = re.compile(r"first(\d+)")
@@ -244,11 +243,11 @@ def _has_term(stages: list[Stage], loss: str) -> bool:
     return any(term.loss == loss for stage in stages for term in stage.terms)
 
 
-def prepare_clm(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
+def prepare_clm(request: RunRequest) -> RunParts:
     """The plan, student and feed of a causal-LM run, every check done before anything is written."""
-    plan = plan_store_run(options, store, ranks, "a causal-LM store (with --set target=live its teacher runs "
-                          "beside the student)", data_parallel=True, task=task)
+    options, student, device, log = request.options, request.student, request.device, request.log
+    plan = plan_store_run(request, "a causal-LM store (with --set target=live its teacher runs beside the student)",
+                          data_parallel=True)
     source = plan.source
     live = _has_term(plan.stages, LIVE_TERM)
     # MinED maps ids through the teacher's tokenizer: it needs the teacher as a first<k> student or a live one does

@@ -42,7 +42,7 @@ from pipelines.train.losses.pairs import PKD_RULES, LayerPair, layer_pairs
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.run.checkpoints import RunIdentity
 from pipelines.train.run.ddp import Ranks
-from pipelines.train.run.driver import Notes
+from pipelines.train.run.driver import Notes, RunRequest
 from pipelines.train.run.loop import Evaluator, RunParts, Student, TaskFeed
 from pipelines.train.students.build import StudentInfo, build_student, student_depth
 from pipelines.train.students.heads import Heads
@@ -171,23 +171,22 @@ def _identity(options: TrainOptions, student: str, source: TaskSource, batch_siz
                        source.metadata.inputs, source.metadata.selection)
 
 
-def _open_source(options: TrainOptions, store: str | None, teacher: str | None, task: str | None,
-                 config: str | None, data_dir: str | None, log: Callable[[str], object]) -> TaskSource:
+def _open_source(r: RunRequest) -> TaskSource:
     """The store to train from (checked against --expect-store), or the live teacher (online)."""
-    if store is None:
-        return open_online(teacher, task, config, options, data_dir, log)
-    source = open_offline(store, task)
-    check_expected_store(source, options.expect_store)
+    if r.teacher is not None and r.task is None:
+        raise ConfigError("online training (--teacher) needs --task")
+    if r.store is None:
+        return open_online(r.teacher, r.task, r.config, r.options, r.data_dir, r.log)
+    source = open_offline(r.store, r.task)
+    check_expected_store(source, r.options.expect_store)
     return source
 
 
-def prepare_task(options: TrainOptions, *, student: str, store: str | None, teacher: str | None, task: str | None,
-                  config: str | None, data_dir: str | None, ranks: Ranks, device: str, log: Callable[[str], object],
-                  notes: Notes) -> RunParts:
+def prepare_task(request: RunRequest) -> RunParts:
     """A run from a task store (or a live teacher): the method's plan, the student, its layer pairs, dev data."""
-    if teacher is not None and task is None:
-        raise ConfigError("online training (--teacher) needs --task")
-    source = _open_source(options, store, teacher, task, config, data_dir, log)
+    options, student, data_dir, device, log, notes = (request.options, request.student, request.data_dir,
+                                                      request.device, request.log, request.notes)
+    source = _open_source(request)
     _check_run(student, options, source)
     method, method_options, stages = _plan(options, source, notes, student)
     dev = find_dev(source.task, source.metadata, data_dir, options.eval_limit, evaluate=options.evaluate, warn=notes)
@@ -195,10 +194,10 @@ def prepare_task(options: TrainOptions, *, student: str, store: str | None, teac
     pairs = _pairs(stages, source, info, log)
     student_inputs = _student_inputs(source, info, pairs, data_dir, notes, log)
     batch_size = options.batch_size or source.task.batch_size
-    _check_ranks(ranks, batch_size, source)
+    _check_ranks(request.ranks, batch_size, source)
     projection = info.projection.to(device) if info.projection is not None else None
     evaluator = Evaluator(source.task, dev.examples, info.tokenizer, source.metadata.max_length,
-                          options.eval_batch_size, device, progress=options.progress and ranks.main)
+                          options.eval_batch_size, device, progress=options.progress and request.ranks.main)
     return RunParts(source, method, method_options, stages, Student(model.to(device), info, projection, Heads(model)),
                     pairs, TaskFeed(source, options.pad_to_max_length, student_inputs), evaluator, batch_size,
                     _identity(options, student, source, batch_size, method, method_options), dev)

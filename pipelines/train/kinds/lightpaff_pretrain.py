@@ -14,9 +14,8 @@ the student (`mlm_student`). There is no task, dev set or classifier: OUT/best i
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,8 +26,7 @@ from hskstore.format.meta import StoreMeta
 from pipelines.registry import Stage
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.store_run import plan_store_run
-from pipelines.train.options import TrainOptions
-from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import RunParts
 from pipelines.train.students.adapter import masked_lm_batch
 
@@ -120,10 +118,10 @@ class MaskedLMFeed:
         return _Maker(device)
 
 
-def prepare_pretraining(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                        log: Callable[[str], object], **_: Any) -> RunParts:
+def prepare_pretraining(request: RunRequest) -> RunParts:
     """The plan, student and feed of a pre-training run, every check done before anything is written."""
-    plan = plan_store_run(options, store, ranks, "a masked-LM store")
+    options, student, device, log = request.options, request.student, request.device, request.log
+    plan = plan_store_run(request, "a masked-LM store")
     from pipelines.dump.mlm import load_mlm_teacher
 
     teacher = plan.source.teacher_path(options.teacher, load=lambda name: load_mlm_teacher(name, "cpu"))

@@ -12,7 +12,6 @@ model; `hsk eval OUT/best --pairs-file F` gives its BLEU, chrF and target perple
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,7 @@ from pipelines.registry import Stage
 from pipelines.train.data.stream import StoreStream
 from pipelines.train.kinds.clm import check_vocabulary, support_batch
 from pipelines.train.kinds.store_run import plan_store_run
-from pipelines.train.options import TrainOptions
-from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import RunParts
 
 if TYPE_CHECKING:
@@ -101,10 +99,10 @@ def seq2seq_feed(store: Seq2seqStore, method_options: Any) -> Seq2seqFeed:
     return Seq2seqFeed(store, sequence_of(method_options, store.metadata.selection))
 
 
-def prepare_seq2seq(options: TrainOptions, *, student: str, store: str | None, ranks: Ranks, device: str,
-                    log: Callable[[str], object], task: str | None = None, **_: Any) -> RunParts:
+def prepare_seq2seq(request: RunRequest) -> RunParts:
     """The plan, student and feed of a seq2seq run, every check done before anything is written."""
-    plan = plan_store_run(options, store, ranks, "a seq2seq store", data_parallel=True, task=task)
+    options, student, device, log = request.options, request.student, request.device, request.log
+    plan = plan_store_run(request, "a seq2seq store", data_parallel=True)
     sel = plan.store.s2s
     on = sequence_of(plan.method_options, plan.source.metadata.selection)
     arch = pair_model(sel.architecture)

@@ -17,7 +17,7 @@ from pipelines.registry import Method, Stage
 from pipelines.train.data.sources import StoreSource, check_expected_store
 from pipelines.train.options import TrainOptions, run_options
 from pipelines.train.run.checkpoints import RunIdentity
-from pipelines.train.run.ddp import Ranks
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import Feed, RunParts, Student
 from pipelines.train.students.build import StudentInfo
 from pipelines.train.students.heads import Heads
@@ -64,10 +64,10 @@ class StorePlan:
                         done_note=done_note)
 
 
-def plan_store_run(options: TrainOptions, store: str | None, ranks: Ranks, needs: str, *,
-                   data_parallel: bool = False, task: str | None = None) -> StorePlan:
-    """Open the store and plan the method's stages on it; `needs` says what --store must be, for the error.
-    `data_parallel`: the kind runs under torchrun (its terms average over the global batch: losses.Counter)."""
+def plan_store_run(request: RunRequest, needs: str, *, data_parallel: bool = False) -> StorePlan:
+    """Open the request's store and plan the method's stages on it; `needs` says what --store must be, for the
+    error. `data_parallel`: the kind runs under torchrun (its terms average over the global batch: losses.Counter)."""
+    options, store, ranks, task = request.options, request.store, request.ranks, request.task
     if store is None:
         raise ConfigError(f"--method {options.method} distils from {needs}: give --store")
     if ranks.distributed and not data_parallel:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -44,7 +44,7 @@ from pipelines.train.run.summary import RunSummary
 
 logger = logging.getLogger("hsk.train")
 
-__all__ = ["RUN_KIND", "Notes", "RunSummary", "TrainOptions", "train"]
+__all__ = ["RUN_KIND", "Notes", "RunRequest", "RunSummary", "TrainOptions", "train"]
 
 RUN_KIND = RUN.name  # the output kind of a run folder (pipelines.core.output_kinds)
 
@@ -59,6 +59,24 @@ class Notes:
         logger.warning(msg)
         self.log(f"WARNING: {msg}")
         self.items.append(msg)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What `hsk train` asks of a store kind's run plan (its RunKind's `prepare(request) -> RunParts`), every
+    option already checked: the run's options, the student, where its targets come from, its ranks and device."""
+
+    options: TrainOptions
+    student: str
+    store: str | None
+    ranks: Ranks
+    device: str
+    log: Callable[[str], object]
+    notes: Notes
+    teacher: str | None = None  # online training (the task kind's --teacher)
+    task: str | None = None
+    config: str | None = None
+    data_dir: str | None = None
 
 
 def train(
@@ -231,8 +249,8 @@ def _train(
     notes = Notes(log)
     device = ranks.device(run_device(options))
     precision = StepPrecision.resolve(options.precision, device)  # refused here, before anything loads
-    parts = prepare(options, student=student, store=store, teacher=teacher, task=task, config=config,
-                    data_dir=data_dir or options.data_dir, ranks=ranks, device=device, log=log, notes=notes)
+    parts = prepare(RunRequest(options, student, store, ranks, device, log, notes, teacher, task, config,
+                               data_dir or options.data_dir))
     if implied:  # said once everything is checked: a refusal stays one line
         log(f"method: {options.method} (what a {kind} store trains with unless --method says otherwise; `hsk methods` "
             "lists them)")

@@ -4,7 +4,8 @@ Loss terms read `StudentOutputs` only: `logits` (the task head's [B, C], or the 
 at the batch's masked positions), `hidden_states` (embeddings first, one entry per effective layer:
 an SPS student's repeated pass adds its own), `attentions` and `attention_scores` (the pre-softmax
 (q, k, heads) of every self-attention call, pipelines.train.losses.attention.ScoreRecorder). A stage names
-what it needs (Stage.outputs); the head it trains picks the adapter (`adapter_for`). Models whose
+what it needs (Stage.outputs); the head it trains picks the adapter (`adapter_for`), registered by head name
+with `student_adapter` (a package's kind declares its head with pipelines.registry.declare_head). Models whose
 forward takes no token_type_ids (or has no type vocabulary, as a pruned ROSITA student may not, or a
 single type, as RoBERTa) are called without them.
 """
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from pipelines import registry
+from pipelines.registry import MethodError
 
 
 @dataclass
@@ -29,6 +34,26 @@ class StudentOutputs:
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     attention_scores: list[Any] | None = None  # (q, k, n_heads) per self-attention call
+
+
+# (model, runner or None, batch, outputs asked for) -> the outputs
+Adapter = Callable[[nn.Module, nn.Module | None, dict, tuple[str, ...]], StudentOutputs]
+ADAPTERS: dict[str, Adapter] = {}  # head (pipelines.registry.HEADS) -> what the student's forward returns
+
+
+def student_adapter(*heads: str) -> Callable[[Adapter], Adapter]:
+    """Register `fn` as the student's forward for each of `heads`, declared in pipelines.registry.HEADS."""
+
+    def add(fn: Adapter) -> Adapter:
+        for head in heads:
+            if head not in registry.HEADS:
+                raise ValueError(f"head {head!r} is not declared: call pipelines.registry.declare_head first")
+            if head in ADAPTERS:
+                raise ValueError(f"head {head!r} already has an adapter ({ADAPTERS[head].__name__})")
+            ADAPTERS[head] = fn
+        return fn
+
+    return add
 
 
 @functools.cache
@@ -59,6 +84,7 @@ def _call(fn: Any, model: nn.Module, kwargs: dict, outputs: tuple[str, ...]) -> 
     return out, list(calls)
 
 
+@student_adapter("task", "ptp4")
 def classifier_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
                        outputs: tuple[str, ...]) -> StudentOutputs:
     """A sequence classifier (task or PEA-KD's ptp4 head): logits [B, C]."""
@@ -66,6 +92,7 @@ def classifier_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
     return StudentOutputs(out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
 
 
+@student_adapter("mlm")
 def masked_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
                       outputs: tuple[str, ...]) -> StudentOutputs:
     """A BertForMaskedLM: the MLM head's logits at the used masked positions only, [N masked, V]
@@ -91,6 +118,7 @@ def masked_lm_batch(input_ids: np.ndarray, token_type_ids: np.ndarray, length: n
             "mlm_labels": torch.as_tensor(labels.astype(np.int64), device=device)[used]}
 
 
+@student_adapter("clm")
 def causal_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
                       outputs: tuple[str, ...]) -> StudentOutputs:
     """An AutoModelForCausalLM: its LM head's logits at every position, [B, T, V] (the terms pick positions)."""
@@ -99,6 +127,7 @@ def causal_lm_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
     return StudentOutputs(out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None), scores)
 
 
+@student_adapter("s2s")
 def seq2seq_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
                     outputs: tuple[str, ...]) -> StudentOutputs:
     """A seq2seq student (encoder-decoder, or decoder-only on prompt + target): its LM head's logits at the
@@ -109,9 +138,10 @@ def seq2seq_outputs(model: nn.Module, runner: nn.Module | None, batch: dict,
                           getattr(out, "attentions", None), scores)
 
 
-# head -> adapter; every other is a classifier's
-ADAPTERS = {"mlm": masked_lm_outputs, "clm": causal_lm_outputs, "s2s": seq2seq_outputs}
-
-
-def adapter_for(head: str):
-    return ADAPTERS.get(head, classifier_outputs)
+def adapter_for(head: str) -> Adapter:
+    """The student's forward for a stage training `head`; a one-line MethodError for a head none registered."""
+    try:
+        return ADAPTERS[head]
+    except KeyError:
+        raise MethodError(f"head {head!r} has no student adapter; known: {', '.join(ADAPTERS)} (a package's kind "
+                          "registers its own with pipelines.train.students.adapter.student_adapter)") from None

@@ -34,9 +34,11 @@ from pipelines.core.tokenize import encode
 from pipelines.registry import Stage
 from pipelines.train.kinds.store_run import plan_store_run
 from pipelines.train.losses.terms import Counter, TermInputs, local_count, loss_term
+from pipelines.train.run.driver import RunRequest
 from pipelines.train.run.loop import RunParts
+from pipelines.train.students.adapter import StudentOutputs, student_adapter
 
-from .method import LOSS
+from .method import HEAD, LOSS
 from .reader import TokClsStore
 from .store_kind import GROUP, NAME, TokClsSelection
 
@@ -241,9 +243,19 @@ def token_student(student: str, teacher: Callable[[], str]) -> tuple[Any, str, s
     return model.train(), source, f"first {match.group(1)} layers + classifier of {source}"
 
 
-def prepare(options: Any, *, student: str, store: str | None, ranks: Any, device: str, log: Log, **_: Any) -> RunParts:
+@student_adapter(HEAD)
+def token_outputs(model: torch.nn.Module, runner: torch.nn.Module | None, batch: dict,
+                  outputs: tuple[str, ...]) -> StudentOutputs:
+    """A token classifier's student forward: its logits at every word-piece, [B, T, labels] (the loss keeps the
+    real ones); no segments, whatever the model's type vocabulary."""
+    out = (runner or model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return StudentOutputs(out.logits)
+
+
+def prepare(request: RunRequest) -> RunParts:
     """The plan, student and feed of a run from a token-classification store, every check done first."""
-    plan = plan_store_run(options, store, ranks, "a token-classification store (`hsk dump --objective tokcls`)")
+    options, student, device, log = request.options, request.student, request.device, request.log
+    plan = plan_store_run(request, "a token-classification store (`hsk dump --objective tokcls`)")
     labels = plan.store.labelling.labels
     teacher = lambda: plan.source.teacher_path(options.teacher, load=load_token_classifier)  # noqa: E731
     model, tokenizer_source, init = token_student(student, teacher)
@@ -256,7 +268,7 @@ def prepare(options: Any, *, student: str, store: str | None, ranks: Any, device
                         "word-pieces (use the teacher's tokenizer)")
     log(f"tokcls-kd: {init}; {len(plan.store)} rows")
     info = plan.student_info(student, "hf", init, student, model, tokenizer)
-    return plan.parts(student, info, model, "task", TokenFeed(plan.store), device, 16,
+    return plan.parts(student, info, model, HEAD, TokenFeed(plan.store), device, 16,
                       f"evaluate it: hsk eval OUT/best --objective {NAME} --set store=HELD_OUT.zarr")
 
 

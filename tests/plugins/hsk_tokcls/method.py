@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.registry import Context, Method, MethodError, Stage, Term, declare_loss_term, declare_store_read
+from pipelines.registry import (
+    Context,
+    Method,
+    MethodError,
+    Stage,
+    Term,
+    declare_head,
+    declare_loss_term,
+    declare_store_read,
+)
 
 from .store_kind import NAME
 
 LOSS = declare_loss_term("tokcls_kl", "per word-piece KL to a token-classification store's label distribution, the "
                          "labels outside its top-k as one bucket (tokcls-kd, hsk-tokcls)")
+HEAD = declare_head(NAME, "a token classifier's label logits at every word-piece (tokcls-kd, hsk-tokcls)")
 READ = declare_store_read(NAME, "a token-classification store's word-pieces and per-token label log-probs "
                           "(`hsk dump --objective tokcls`, hsk-tokcls)")
 
@@ -34,7 +44,7 @@ class TokClsKDOptions:
 
 def _build(o: TokClsKDOptions, ctx: Context) -> list[Stage]:
     return [Stage(name=NAME, epochs=o.epochs, lr=o.lr, terms=(Term("kd", LOSS),), schedule="warmup-linear",
-                  warmup_ratio=o.warmup_ratio, reads=(READ,))]
+                  warmup_ratio=o.warmup_ratio, reads=(READ,), head=HEAD)]
 
 
 TOKCLS_KD = Method(
