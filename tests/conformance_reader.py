@@ -284,6 +284,9 @@ def blosc_decode(frame: bytes) -> bytes:
 
 
 # --- digests -----------------------------------------------------------------------------------------
+UNSCALED = ("float16", "int8u")  # the value codecs without a scale array ("Codecs")
+
+
 def data_arrays(meta: dict) -> list[str]:
     """The data arrays in digest order (section "Digest order")."""
     if meta.get("objective") == "mlm":
@@ -295,7 +298,7 @@ def data_arrays(meta: dict) -> list[str]:
         return seq2seq_arrays(meta["selection"])
     names = ["row", "text_hash", "label", "logits", "input_ids", "token_type_ids", "length"]
     sel = meta["selection"]
-    quantised = sel["value_dtype"] != "float16"
+    quantised = sel["value_dtype"] not in UNSCALED
     for i in range(len(sel["teacher_layers"])):
         names += [f"layers/{i}/{a}" for a in ("positions", "scores", "values", "masks")]
         names += [f"layers/{i}/scale"] if quantised else []
@@ -363,7 +366,7 @@ def decode(values: np.ndarray, scale: np.ndarray | None, value_dtype: str, n_wid
     if value_dtype == "nf4":  # nf3's scale byte, one per 64 values
         group = np.arange(n_width) // 64
         return NF4[(nibbles(values, n_width) + 7) % 16] * nf3_scale(scale)[..., group]
-    if value_dtype == "float16":
+    if value_dtype in ("float16", "int8u"):  # int8u: the integer codes themselves ("int8u: unscaled indices")
         return values.astype(np.float32)
     if value_dtype == "int8":
         return values.astype(np.float32) * scale.astype(np.float32)[..., None]
@@ -389,7 +392,7 @@ def dense(values: np.ndarray, masks: np.ndarray, d: int) -> np.ndarray:
 def clm_arrays(sel: dict) -> list[str]:
     """A causal-LM store's arrays in digest order, but the intermediate layers (which come last)."""
     if sel["support"] == "hidden":  # "The hidden-state support"
-        scaled = sel["hidden_codec"] != "float16"
+        scaled = sel["hidden_codec"] not in UNSCALED
         return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/hidden", *(["clm/hidden_scale"] * scaled)]
     text = ["clm/actual", "clm/token_bytes", "clm/text"] if sel.get("text_bytes") is not None else []
     return ["row", "text_hash", "input_ids", "length", "clm/kept", "clm/ids", *clm_weight_arrays(sel), *text]
@@ -401,7 +404,7 @@ def layer_arrays(sel: dict) -> list[str]:
     layers = sel.get("layer_states")
     if layers is None:
         return []
-    return ["clm/layers"] + ([] if layers["codec"] == "float16" else ["clm/layers_scale"])
+    return ["clm/layers"] + ([] if layers["codec"] in UNSCALED else ["clm/layers_scale"])
 
 
 def clm_layers(arrays: dict[str, np.ndarray], sel: dict) -> np.ndarray:
@@ -432,7 +435,7 @@ def clm_weight_arrays(sel: dict, group: str = "clm") -> list[str]:
     (causal-LM stores: group clm; sequence-to-sequence stores: s2s)."""
     if sel["support"] == "sample":
         return [f"{group}/counts"]
-    return [f"{group}/values"] + ([] if sel["logprob_codec"] == "float16" else [f"{group}/scale"])
+    return [f"{group}/values"] + ([] if sel["logprob_codec"] in UNSCALED else [f"{group}/scale"])
 
 
 def unpack_ids(packed: np.ndarray, bits: int, slots: int) -> np.ndarray:

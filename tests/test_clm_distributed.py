@@ -48,11 +48,13 @@ def test_two_local_workers_write_the_bytes_of_one_process(one_process, clm_teach
 
 
 @pytest.mark.slow
-def test_a_hidden_state_dump_on_the_cluster_writes_the_bytes_and_head_of_one_process(clm_teacher, clm_corpus,
+@pytest.mark.parametrize("support", [("hidden:int8",), ("hidden:fit", "--hidden-fit-tokens", "96")])
+def test_a_hidden_state_dump_on_the_cluster_writes_the_bytes_and_head_of_one_process(support, clm_teacher, clm_corpus,
                                                                                         tmp_path, dask_cluster):
-    """--support hidden: the driver measures the reconstruction and writes the head once, the workers compute
-    hidden shards: the selection, head and chunks of a one-process dump."""
-    hidden = ["--support", "hidden:int8", "--limit-tokens", "320", "--threads", str(torch.get_num_threads())]
+    """--support hidden: the driver measures the reconstruction and writes the head once (a fitted basis: fits it
+    and writes its encoder, which the workers' jobs carry), the workers compute hidden shards: the selection, head
+    and chunks of a one-process dump."""
+    hidden = ["--support", *support, "--limit-tokens", "320", "--threads", str(torch.get_num_threads())]
     one, spread = tmp_path / "one.zarr", tmp_path / "spread.zarr"
     assert main([*_args(clm_teacher, clm_corpus, one), *hidden]) == 0
     assert main([*_args(clm_teacher, clm_corpus, spread), *hidden, "--scheduler",

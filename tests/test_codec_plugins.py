@@ -84,7 +84,7 @@ def test_an_installed_codec_dumps_derives_and_decodes_alike(teacher_and_store, t
     (tmp_path / "check.py").write_text(CHECK)
     checked = _python(str(tmp_path / "check.py"), str(dumped), str(derived), path=site, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.split() == ["float16", "int8", "int4", "mxfp4", "nf3", "nf4", "example-int3"]
+    assert checked.stdout.split() == ["float16", "int8", "int4", "mxfp4", "nf3", "nf4", "int8u", "example-int3"]
     # without the package on the path the name is unknown again
     gone = _hsk("info", str(derived), path=tmp_path / "empty", cwd=tmp_path)
     assert gone.returncode == 2 and "value codec 'example-int3', which no installed package provides" in gone.stderr

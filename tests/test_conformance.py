@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "docs" / "conformance"
 # a vector per value codec, then one per other case
 NAMES = [*codecs.names(), "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "clm-layers",
-         "seq2seq"]
+         "clm-fit", "seq2seq"]
 CLM_NAMES = ("clm", "clm-sample")
 LM_KINDS = ("mlm", "clm", "seq2seq")  # the objectives of stores without layers of kept values
 DOC = (ROOT / "docs" / "STORE_FORMAT.md").read_text(encoding="utf-8")
@@ -62,8 +62,9 @@ def test_vectors_regenerate_byte_identically(tmp_path):
     # the two causal-LM vectors 72 kB, nearly all of it what every bundle has whatever its data (croissant.json,
     # the card, a zarr.json per array: ~28 kB a bundle); the seq2seq vector 48 kB (954 kB in all), its bundle 42 kB
     # for 11 data arrays, each with its zarr.json; nf4 (one vector per codec) 80 kB and clm-hidden (the final
-    # hidden state and its head) 68 kB: 1,127 kB in all; clm-layers (top-3 and two layers' int8 vectors) 80 kB
-    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_250_000
+    # hidden state and its head) 68 kB: 1,127 kB in all; clm-layers (top-3 and two layers' int8 vectors) 80 kB;
+    # int8u (one vector per codec) 83 kB and clm-fit (indices, the folded head, the encoder) 80 kB: 1,364 kB
+    assert sum((VECTORS / name).stat().st_size for name in committed) < 1_400_000
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -346,6 +347,30 @@ def test_hidden_vector_decodes_from_the_doc():
     assert sel["rotation_seed"] == 3 and sel["reconstruction_reference"] == "teacher"
     assert 0 <= sel["reconstruction_kl"] < 0.05 and 0 < sel["reconstruction_top1"] <= 1
     check_blocks(arrays, meta, vector["source_tokens"])
+
+
+def test_fit_vector_decodes_from_the_doc():
+    """"The fitted basis": int8u indices (integers, zero where not kept) read by the folded head and bias as any
+    hidden-state store's; hidden_fit.encoder_sha256 covers the writer's encoder as the doc says."""
+    import hashlib
+
+    bundle, vector = load("clm-fit")
+    arrays, meta = reader.read_verified(bundle), bundle.meta
+    sel = meta["selection"]
+    kept = reader.kept_mask(arrays["clm/kept"], sel["block_size"])
+    hidden = reader.clm_hidden(arrays, sel)
+    np.testing.assert_array_equal(hidden, np.array(vector["decoded"]["hidden"], dtype=np.float32))
+    assert sel["hidden_codec"] == "int8u" and "clm/hidden_scale" not in arrays
+    assert (hidden == np.rint(hidden)).all() and np.abs(hidden).max() <= 127 and (hidden[~kept] == 0).all()
+    weight, bias = reader.clm_head(bundle, sel)
+    assert weight.shape == (sel["vocab_size"], sel["hidden_size"]) and bias.shape == (sel["vocab_size"],)
+    assert np.isfinite(reader.hidden_logits(hidden[kept], weight, bias, sel["logit_softcap"])).all()
+    fit = sel["hidden_fit"]
+    assert fit["tokens"] == 96 and fit["kl"] == 0.02 and fit["theta"] == 24 * 0.02 / sel["hidden_size"]
+    digest = hashlib.sha256(np.ascontiguousarray(bundle.group["clm/fit_mean"][:], dtype="<f8").tobytes())
+    digest.update(np.ascontiguousarray(bundle.group["clm/fit_encoder"][:], dtype="<f8").tobytes())
+    assert "sha256:" + digest.hexdigest() == fit["encoder_sha256"]
+    assert sel["reconstruction_reference"] == "teacher" and 0 <= sel["reconstruction_kl"] < 0.2
 
 
 def test_layers_vector_decodes_from_the_doc():

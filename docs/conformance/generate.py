@@ -103,6 +103,12 @@ CLM_SAMPLE = ["--support", "sample:5", "--block-size", "12", "--sample-seed", "7
 # The final hidden state (`clm-hidden`): int8 codes and a scale per position of the Llama's 32-wide state, rotated
 # (seed 3), and the rotated head once (clm/head [38, 32] float32); blocks of 16 as the top-K vector.
 CLM_HIDDEN = ["--support", "hidden:int8", "--block-size", "16", "--sample-seed", "3"]
+# The fitted basis (`clm-fit`): int8u indices of the 32-wide state in a basis fitted to its first 96 positions for a
+# mean KL of 0.02, the folded head and bias (clm/head [38, 32], clm/head_bias [38]) and the writer's encoder
+# (clm/fit_mean, clm/fit_encoder, float64). A fit needs more than 2 d positions: the corpus three times over
+# (105 tokens), in blocks of 16.
+CLM_FIT = ["--support", "hidden:fit", "--block-size", "16", "--sample-seed", "3", "--hidden-fit-tokens", "96",
+           "--hidden-kl", "0.02", "--text-file", "clm-fit-corpus.txt"]
 # The intermediate layers (`clm-layers`): top-3 (float16, every position) and the Llama's layers 0 and 2 (the
 # embeddings' output and its last layer's) at positions 0, 3, ..., 15 of blocks of 16, int8, rotated (seed 5).
 CLM_LAYERS = ["--support", "topk:3", "--logprobs", "float16", "--block-size", "16", "--hidden-layers", "0,2",
@@ -229,6 +235,7 @@ def dump_stores(work: Path) -> list[str]:
     (work / DATA_FILE).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in ROWS), encoding="utf-8")
     (work / "corpus.txt").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     (work / "clm-corpus.txt").write_text("\n".join(CLM_CORPUS) + "\n", encoding="utf-8")
+    (work / "clm-fit-corpus.txt").write_text("\n".join(CLM_CORPUS * 3) + "\n", encoding="utf-8")
     (work / "s2s-pairs.tsv").write_text("source\ttarget\n" + "".join(f"{a}\t{b}\n" for a, b in S2S_PAIRS),
                                         encoding="utf-8")
     from hskstore import codecs
@@ -258,6 +265,8 @@ def dump_stores(work: Path) -> list[str]:
         _hsk(*CLM_COMMON, *CLM_SAMPLE, "--out", "clm-sample.zarr")
         _hsk(*CLM_COMMON, *CLM_HIDDEN, "--out", "clm-hidden.zarr")
         _hsk(*CLM_COMMON, *CLM_LAYERS, "--out", "clm-layers.zarr")
+        _hsk(*CLM_COMMON, *CLM_FIT, "--out", "clm-fit.zarr")
+        pin("clm-fit.zarr")
         pin("clm.zarr")
         pin("clm-sample.zarr")
         pin("clm-hidden.zarr")
@@ -265,7 +274,7 @@ def dump_stores(work: Path) -> list[str]:
         _hsk(*S2S_DUMP, "--out", "seq2seq.zarr")
         pin("seq2seq.zarr")
     return [*values_vectors, "attention", "derived", "mlm", "edges", "clm", "clm-sample", "clm-hidden", "clm-layers",
-            "seq2seq"]
+            "clm-fit", "seq2seq"]
 
 
 # What a new store takes from a store it is rewritten from: all but what its writer records itself.
@@ -329,6 +338,8 @@ def source_texts(name: str) -> list:
     a causal-LM store's rows are blocks of these documents; a seq2seq store's rows are [source, target] pairs)."""
     if name == "seq2seq":
         return [list(pair) for pair in S2S_PAIRS]
+    if name == "clm-fit":
+        return list(CLM_CORPUS * 3)
     if name.startswith("clm"):
         return list(CLM_CORPUS)
     return list(CORPUS) if name == "mlm" else [text for text, _ in ROWS]

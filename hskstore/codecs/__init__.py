@@ -19,6 +19,8 @@ from .base import (
     ValueCodec,
     can_convert,
     chained,
+    choices,
+    chosen,
     declare,
     declared,
     get,
@@ -32,6 +34,7 @@ declare("int4", "int4", "4-bit codes, an fp16 scale per group of 32 kept values"
 declare("mxfp4", "mxfp4", "OCP MXFP4: e2m1 codes, a power-of-two scale per 32")
 declare("nf3", "nf3", "3-bit NormalFloat codes, a one-byte log scale per 32")
 declare("nf4", "nf4", "4-bit NormalFloat codes, a one-byte log scale per 64")
+declare("int8u", "int8u", "int8 codes, no scale: values already scaled (hidden:fit's indices)", alone=False)
 
-__all__ = ["FULL", "Declared", "UnknownCodecError", "ValueCodec", "can_convert", "chained", "declare", "declared",
-           "get", "names", "register"]
+__all__ = ["FULL", "Declared", "UnknownCodecError", "ValueCodec", "can_convert", "chained", "choices", "chosen",
+           "declare", "declared", "get", "names", "register"]

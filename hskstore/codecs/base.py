@@ -83,6 +83,7 @@ class Declared:
     name: str
     module: str  # the module (under hskstore.codecs, or absolute) whose CODEC is the instance
     help: str  # what `--values` says of it ("" when the name says it)
+    alone: bool = True  # a user may choose it on its own; False: only a basis writes it (int8u: hidden:fit's indices)
 
 
 _DECLARED: dict[str, Declared] = {}
@@ -92,9 +93,10 @@ _CLASHES: dict[str, Plugin] = {}  # names an installed package declares that hsk
 _PLUGINS_FOUND = False
 
 
-def declare(name: str, module: str, help: str = "") -> None:
-    """Register a codec by name; its module is imported (and its CODEC checked) on first `get`."""
-    _DECLARED[name] = Declared(name, module, help)
+def declare(name: str, module: str, help: str = "", alone: bool = True) -> None:
+    """Register a codec by name; its module is imported (and its CODEC checked) on first `get`. `alone=False`:
+    a codec of values another step scales first (no --values, hidden:CODEC or --layer-codec offers it)."""
+    _DECLARED[name] = Declared(name, module, help, alone)
 
 
 def register(codec: ValueCodec, help: str = "") -> None:
@@ -126,6 +128,20 @@ def names() -> tuple[str, ...]:
     """Registered codec names, in registration order (float16 first: the default), installed ones last."""
     find_plugins()
     return tuple(_DECLARED)
+
+
+def choices() -> tuple[str, ...]:
+    """The codecs a user may choose on their own (`--values`, `hidden:CODEC`, `--layer-codec`, `--logprobs`)."""
+    return tuple(d.name for d in declared() if d.alone)
+
+
+def chosen(name: str, flag: str) -> ValueCodec:
+    """The codec a user chose with `flag`; a one-line UnknownCodecError for one that only a basis writes."""
+    codec = get(name)
+    if not _DECLARED[name].alone:
+        raise UnknownCodecError(name, f"{flag} {name}: {name} stores values another step has scaled "
+                                f"({_DECLARED[name].help}); choose one of {', '.join(choices())}")
+    return codec
 
 
 def declared() -> tuple[Declared, ...]:

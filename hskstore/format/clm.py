@@ -51,6 +51,7 @@ from .domain import (
     is_int,
     lengths_within,
 )
+from .hidden_fit import FIT_CODEC, FIT_ENCODER, FIT_MEAN, FitEncoder, FitRecord, fit_problem
 from .schema import INTEGRITY, ROWS, SPEC_DOC, ArraySpec, ids_dtype
 
 CLM = "clm"
@@ -60,7 +61,10 @@ SUPPORTS = ("topk", "sample", "hidden")
 HIDDEN = "hidden"  # the support that keeps the teacher's final hidden state (and its head once per store)
 HEAD, HEAD_BIAS = f"{GROUP}/head", f"{GROUP}/head_bias"  # a hidden store's head: not row arrays
 HIDDEN_FIELDS = ("hidden_size", "hidden_codec", "rotation_seed", "head_sha256", "head_bias", "logit_softcap",
-                 "reconstruction_kl", "reconstruction_top1", "reconstruction_tokens", "reconstruction_reference")
+                 "reconstruction_kl", "reconstruction_top1", "reconstruction_tokens", "reconstruction_reference",
+                 "hidden_fit")
+# `hidden:NAME` that fits a basis to the teacher (hskstore.format.hidden_fit) -> the value codec of its indices
+FITTED_BASES = {"fit": FIT_CODEC}
 MAX_DRAWS = 255  # counts are one byte
 _SECTION = SPEC_DOC + "#causal-lm-stores-objective-clm"
 _UNIT = ("per position t: the teacher's distribution over token t+1 at temperature 1, on the support; "
@@ -75,6 +79,7 @@ class Support:
     kind: str  # "topk" | "sample" | "hidden"
     size: int  # k, or draws (0: hidden)
     codec: str | None = None  # hidden: the value codec of the hidden state
+    basis: str | None = None  # hidden: a fitted basis (FITTED_BASES) before the codec; None: the rotation alone
 
     @classmethod
     def parse(cls, text: str) -> Support:
@@ -91,12 +96,15 @@ class Support:
 
     @classmethod
     def _hidden(cls, text: str, codec: str) -> Support:
-        if codec not in codecs.names():
-            raise ConfigError(f"--support {text!r}: hidden:CODEC takes a value codec ({', '.join(codecs.names())})")
+        if codec in FITTED_BASES:
+            return cls(HIDDEN, 0, FITTED_BASES[codec], codec)
+        if codec not in codecs.choices():
+            raise ConfigError(f"--support {text!r}: hidden:CODEC takes a value codec ({', '.join(codecs.choices())}) "
+                              f"or a fitted basis ({', '.join(FITTED_BASES)})")
         return cls(HIDDEN, 0, codec)
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.codec if self.kind == HIDDEN else self.size}"
+        return f"{self.kind}:{(self.basis or self.codec) if self.kind == HIDDEN else self.size}"
 
     @property
     def slots(self) -> int:
@@ -137,6 +145,8 @@ class ClmSelection:
     reconstruction_top1: float | None = None
     reconstruction_tokens: int | None = None
     reconstruction_reference: str | None = None  # "teacher", or "source store" for a derived codec
+    # hidden:fit: the fitted basis's record (hskstore.format.hidden_fit; None: not fitted, and no hidden_fit key)
+    hidden_fit: FitRecord | None = None
     # `--hidden-layers`: the teacher's intermediate hidden states kept beside the support (hskstore.format.clm_layers;
     # None: none, and the record has no layer_states key)
     layer_states: LayerStates | None = None
@@ -152,7 +162,7 @@ class ClmSelection:
         if topk and not 1 <= support.size <= vocab_size:
             raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
         if topk:
-            codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
+            codecs.chosen(logprob_codec, "--logprobs")  # an unknown codec is refused before anything runs
         return cls(support.kind, support.size if topk else None, None if topk else support.size, support.slots,
                    logprob_codec if topk else None, id_bits(vocab_size), vocab_size, block_size, eos_id,
                    float(positions), "entropy", None if topk else sample_seed, limit_tokens=limit_tokens,
@@ -171,6 +181,10 @@ class ClmSelection:
                    rotation_seed=rotation_seed, head_sha256=head_sha256, head_bias=head_bias,
                    logit_softcap=logit_softcap)
 
+    def fitted(self, record: FitRecord, head_sha256: str) -> ClmSelection:
+        """With a fitted basis: its indices in FIT_CODEC, the head and bias that fold it (head_sha256)."""
+        return replace(self, hidden_codec=FIT_CODEC, hidden_fit=record, head_sha256=head_sha256, head_bias=True)
+
     def measured(self, kl: float, top1: float, tokens: int, reference: str) -> ClmSelection:
         """With the reconstruction's mean KL(reference || stored) per token and top-1 agreement recorded."""
         return replace(self, reconstruction_kl=round(float(kl), 8), reconstruction_top1=round(float(top1), 6),
@@ -181,6 +195,8 @@ class ClmSelection:
         sel = cls(**{key: d[key] for key in cls.__dataclass_fields__ if key in d})
         if isinstance(sel.layer_states, Mapping):
             sel = replace(sel, layer_states=LayerStates.from_dict(sel.layer_states))
+        if isinstance(sel.hidden_fit, Mapping):
+            sel = replace(sel, hidden_fit=FitRecord.from_dict(sel.hidden_fit))
         problem = first_problem((vocabulary_problem(sel.vocab_size, sel.id_bits),
                                  int_within("block_size", sel.block_size, 1, MAX_WIDTH),
                                  int_within("eos_id", sel.eos_id, 0, sel.vocab_size - 1),
@@ -202,12 +218,15 @@ class ClmSelection:
         if self.support != HIDDEN:  # the other supports' records stay as they were written
             for key in HIDDEN_FIELDS:
                 out.pop(key)
+        elif self.hidden_fit is None:  # nor do the hidden stores' written before fitted bases
+            out.pop("hidden_fit")
         return out
 
     @property
     def described(self) -> Support:
         if self.support == HIDDEN:
-            return Support(HIDDEN, 0, self.hidden_codec)
+            basis = next((name for name, codec in FITTED_BASES.items() if codec == self.hidden_codec), None)
+            return Support(HIDDEN, 0, self.hidden_codec, basis if self.hidden_fit is not None else None)
         return Support(self.support, self.k if self.support == "topk" else self.draws)
 
     def label(self) -> tuple[str, str | None]:
@@ -222,7 +241,8 @@ class ClmSelection:
 
     def _kept(self) -> str:
         if self.support == HIDDEN:
-            return (f"the teacher's final hidden state per position ({self.hidden_codec}, rotated) and its LM head "
+            how = "rotated" if self.hidden_fit is None else f"rotated, indices in a {self.hidden_fit.described()}"
+            return (f"the teacher's final hidden state per position ({self.hidden_codec}, {how}) and its LM head "
                     "once per store: the full next-token distribution")
         if self.support == "topk":
             return (f"top-{self.k} next-token ids and log-probs ({self.logprob_codec}) per position, the tail mass "
@@ -253,6 +273,12 @@ class ClmSelection:
         if logprob_codec:
             raise ConfigError("--logprobs: a hidden-state store holds hidden states; name the codec as "
                               "--support hidden:CODEC")
+        if self.hidden_fit is not None:
+            raise ConfigError(f"--support {support}: a store of support {self.described} holds indices in its "
+                              "fitted basis, which give no other codec; derive from the float16 store it came from")
+        if support.basis is not None and self.hidden_codec != codecs.FULL:
+            raise ConfigError(f"--support {support}: a basis is fitted to float16 states, and this store's are "
+                              f"{self.hidden_codec}; derive from a float16 store (`--support hidden:float16`)")
         if not codecs.can_convert(self.hidden_codec, support.codec):
             raise ConfigError(f"--support {support}: {support.codec} cannot be made from {self.hidden_codec} "
                               f"(precision only goes down: {support.codec} is quantised through "
@@ -294,7 +320,8 @@ def _hidden_problem(sel: Any) -> str | None:
                           None if isinstance(getattr(sel, "hidden_codec", None), str) else
                           f"hidden_codec {getattr(sel, 'hidden_codec', None)!r} is not a codec name",
                           None if isinstance(getattr(sel, "head_sha256", None), str) else
-                          "head_sha256 is not a digest"))
+                          "head_sha256 is not a digest",
+                          fit_problem(getattr(sel, "hidden_fit", None), width)))
 
 
 def fraction_problem(field: str, value: object) -> str | None:
@@ -579,10 +606,16 @@ def decode_hidden(data: Mapping[str, np.ndarray], sel: ClmSelection) -> HiddenTa
     return HiddenTargets(data["input_ids"], data["length"], kept, hidden)
 
 
-def encode_hidden(hidden: np.ndarray, kept: np.ndarray, sel: ClmSelection) -> dict[str, np.ndarray]:
-    """The clm/ arrays of a hidden-state store's rows: hidden [n, T, d] (already rotated), kept [n, T]."""
+def encode_hidden(hidden: np.ndarray, kept: np.ndarray, sel: ClmSelection, encoder: FitEncoder | None = None
+                  ) -> dict[str, np.ndarray]:
+    """The clm/ arrays of a hidden-state store's rows: hidden [n, T, d] (already rotated), kept [n, T]; with a
+    fitted basis's `encoder`, its indices (zeros where not kept) through the codec."""
     hidden = np.where(kept[..., None], hidden, 0).astype(np.float16)
-    values, scale = codecs.get(sel.hidden_codec).encode(hidden)
+    codec = codecs.get(sel.hidden_codec)
+    if encoder is None:
+        values, scale = codec.encode(hidden)
+    else:
+        values, scale = codec.quantize(np.where(kept[..., None], encoder.coordinates(hidden), 0.0))
     out = {f"{GROUP}/kept": np.packbits(kept, axis=-1), f"{GROUP}/hidden": values}
     if scale is not None:
         out[f"{GROUP}/hidden_scale"] = scale
@@ -881,6 +914,10 @@ HEAD_DESCRIBED: dict[str, tuple[tuple[str, ...], str]] = {
     HEAD: (("vocab", "hidden"), "the teacher's LM head, rotated as the hidden states are: logits = hidden @ head.T "
                                 "(+ head_bias)"),
     HEAD_BIAS: (("vocab",), "the LM head's bias"),
+    FIT_MEAN: (("hidden",), "a fitted basis's mean mu of the rotated hidden states; with clm/fit_encoder, what the "
+                            "writer encodes more positions with (a reader needs clm/head and clm/head_bias only)"),
+    FIT_ENCODER: (("index", "hidden"), "a fitted basis's encoder E: the stored indices are clip(rint((h' - mu) @ "
+                                       "E.T), -127, 127)"),
 }
 
 

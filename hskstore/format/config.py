@@ -49,7 +49,7 @@ SCORES = Choice("--scores", "attention_scores", "attention scores", "Ranking sco
 RANKING = Choice("--ranking", "ranking_map", "ranking map", "Attention ranking the tokens", (
     ("ltop12", "L_top=L map"), ("own", "each kept layer's own attention")))
 VALUES = Choice("--values", "value_dtype", "value dtype", "Value encoding",  # the registered codecs
-                tuple((c.name, c.help) for c in codecs.declared()))
+                tuple((c.name, c.help) for c in codecs.declared() if c.alone))
 ENGINE = Choice("--selection-engine", "selection_engine", "selection engine",
                 "Where tokens are ranked, masked and encoded", (
                     ("torch", "on the teacher's device; only the selected bytes leave it"),

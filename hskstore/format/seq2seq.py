@@ -227,7 +227,7 @@ def _support_fields(support: Support | None, vocab_size: int, logprob_codec: str
                 "sample_seed": sample_seed}
     if not 1 <= support.size <= vocab_size:
         raise ConfigError(f"--support {support}: K must be in 1..{vocab_size} (the teacher's vocabulary)")
-    codecs.get(logprob_codec)  # an unknown codec is refused before anything runs
+    codecs.chosen(logprob_codec, "--logprobs")  # an unknown codec is refused before anything runs
     return {"support": "topk", "k": support.size, "draws": None, "slots": support.slots,
             "logprob_codec": logprob_codec}
 

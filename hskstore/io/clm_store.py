@@ -32,8 +32,10 @@ from ..format.clm import (
 from ..format.clm_layers import LAYER_ARRAYS
 from ..format.config import ConfigError
 from ..format.domain import DomainCheck
-from ..format.schema import ArraySpec
+from ..format.hidden_fit import FIT_ENCODER, FIT_MEAN, Fit, FitEncoder
+from ..format.schema import META_KEY, ArraySpec
 from . import info
+from .location import zarr_location
 from .reader import HSKStore
 
 HEAD_CHUNK_ROWS = 4096
@@ -56,6 +58,38 @@ def write_head(group, weight: np.ndarray, bias: np.ndarray | None) -> None:
     for spec, data in zip(head_specs(*weight.shape, bias is not None), (weight, bias)):
         _create(spec, group)
         group[spec.name][...] = np.asarray(data, dtype=np.float32)
+
+
+def write_fit(group, encoder: FitEncoder) -> None:
+    """Write a fitted store's encoder (float64, one chunk each; covered by hidden_fit.encoder_sha256) into its zarr
+    group, beside its head: what a resumed dump encodes the rest of the corpus with."""
+    d = encoder.mean.shape[0]
+    for name, data in ((FIT_MEAN, encoder.mean), (FIT_ENCODER, encoder.matrix)):
+        spec = ArraySpec(name, data.shape, "float64", d, d, dims=HEAD_DESCRIBED[name][0],
+                         attributes=head_attributes(name))
+        _create(spec, group)
+        group[name][...] = np.asarray(data, dtype=np.float64)
+
+
+def stored_fit(url: str, kl: float) -> Fit | None:
+    """The fit that the (complete or not) causal-LM store at `url` keeps for a target KL of `kl`, its head and
+    encoder matching their digests: what a resumed dump encodes the rest of the corpus with. None when there is no
+    such store or fit (the dump then fits, and the writer refuses a store made with other options)."""
+    import zarr
+
+    try:
+        group = zarr.open_group(zarr_location(url), mode="r", zarr_format=3)
+        sel = ClmSelection.from_dict(group.attrs.asdict()[META_KEY]["selection"])
+        fit = sel.hidden_fit
+        if fit is None or fit.kl != kl:
+            return None
+        weight, bias = group[HEAD][...], group[HEAD_BIAS][...]
+        encoder = FitEncoder(group[FIT_MEAN][...], group[FIT_ENCODER][...])
+    except Exception:  # no store there, another kind, or one stopped before its head was written
+        return None
+    if head_digest(weight, bias) != sel.head_sha256 or encoder.digest() != fit.encoder_sha256:
+        return None
+    return Fit(fit, weight, bias, encoder)
 
 
 def _create(spec: ArraySpec, group) -> None:
@@ -106,11 +140,29 @@ class ClmStore(HSKStore):
                                     "the store is damaged; re-copy it or dump again")
         return weight, bias
 
+    def fit_encoder(self) -> FitEncoder:
+        """The encoder of a store with a fitted basis, checked against hidden_fit.encoder_sha256."""
+        fit = self.clm.hidden_fit
+        if fit is None:
+            raise ConfigError(f"{self.url} keeps support {self.clm.described}: it has no fitted basis")
+        try:
+            encoder = FitEncoder(self.group[FIT_MEAN][...], self.group[FIT_ENCODER][...])
+        except Exception as exc:
+            raise CorruptStoreError(f"{self.url}: its fitted basis ({FIT_ENCODER}) cannot be read "
+                                    f"({exc.__class__.__name__}): the store is damaged; re-copy it or dump again"
+                                    ) from None
+        if encoder.digest() != fit.encoder_sha256:
+            raise CorruptStoreError(f"{self.url}: its fitted basis ({FIT_MEAN}, {FIT_ENCODER}) does not match "
+                                    "hidden_fit.encoder_sha256 in its selection: the store is damaged; re-copy it "
+                                    "or dump again")
+        return encoder
+
     def verify(self, progress=None) -> list[str]:
         problems = super().verify(progress)
-        if self.clm.support == HIDDEN:
+        checks = (self.head, *((self.fit_encoder,) if self.clm.hidden_fit is not None else ()))
+        for check in checks if self.clm.support == HIDDEN else ():
             try:
-                self.head()
+                check()
             except CorruptStoreError as exc:
                 problems.append(str(exc))
         return problems
@@ -154,7 +206,8 @@ class ClmStore(HSKStore):
         sel = self.clm
         if sel.support != HIDDEN:
             return {}
-        head = sum(int(self.group[name].nbytes_stored()) for name in (HEAD, HEAD_BIAS)[: 1 + sel.head_bias])
+        once = (HEAD, HEAD_BIAS)[: 1 + sel.head_bias] + ((FIT_MEAN, FIT_ENCODER) if sel.hidden_fit else ())
+        head = sum(int(self.group[name].nbytes_stored()) for name in once)  # a fitted basis's encoder with it
         return {"head_bytes": head, "reconstruction_kl": sel.reconstruction_kl,
                 "reconstruction_top1": sel.reconstruction_top1, "reconstruction_tokens": sel.reconstruction_tokens,
                 "reconstruction_reference": sel.reconstruction_reference}
@@ -194,6 +247,8 @@ class ClmStore(HSKStore):
     def _what(sel: ClmSelection) -> str:
         if sel.support == HIDDEN:
             rotated = "not rotated" if sel.rotation_seed is None else f"Hadamard-rotated, seed {sel.rotation_seed}"
+            if sel.hidden_fit is not None:
+                rotated += f", indices in a {sel.hidden_fit.described()}"
             return (f"the final hidden state (d {sel.hidden_size}, {sel.hidden_codec}, {rotated}) + the LM head "
                     "once per store: the full distribution")
         if sel.support == "topk":

@@ -28,13 +28,16 @@ from ..format.clm import (
     Support,
     decode_hidden,
     decode_support,
+    encode_hidden,
     encode_support,
+    head_digest,
     head_logits,
 )
 from ..format.clm_layers import LAYER_ARRAYS
 from ..format.config import ConfigError
+from ..format.hidden_fit import Fit, FitEncoder, check_fit_request, fit_head
 from ..format.meta import StoreMeta
-from ..io.clm_store import write_head
+from ..io.clm_store import write_fit, write_head
 from ..io.writer import writing
 from .derive import _check_source_checksums, _same_location
 
@@ -71,14 +74,17 @@ def _compact(ids: np.ndarray, counts: np.ndarray, slots: int) -> tuple[np.ndarra
 
 
 def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelection, rows: np.ndarray, group: str,
-                 width: int) -> dict:
-    """A shard's arrays with the support of `group` (over `width` positions) made smaller; the rest as it is."""
+                 width: int, encoder: FitEncoder | None = None) -> dict:
+    """A shard's arrays with the support of `group` (over `width` positions) made smaller; the rest as it is (a
+    fitted basis's `encoder` encodes a float16 source's states as the dump does)."""
     if new.support == HIDDEN:  # the same states through a smaller codec, as the dump's `via` chain encodes them
         decoded = decode_hidden(data, src)
-        values, scale = codecs.get(new.hidden_codec).requantize(src.hidden_codec, decoded.hidden)
-        arrays = {f"{group}/kept": data[f"{group}/kept"], f"{group}/hidden": values}
-        if scale is not None:
-            arrays[f"{group}/hidden_scale"] = scale
+        if encoder is not None:
+            arrays = encode_hidden(decoded.hidden, decoded.kept, new, encoder)
+        else:
+            values, scale = codecs.get(new.hidden_codec).requantize(src.hidden_codec, decoded.hidden)
+            arrays = {f"{group}/kept": data[f"{group}/kept"], f"{group}/hidden": values,
+                      **({f"{group}/hidden_scale": scale} if scale is not None else {})}
         arrays.update({name: array for name, array in data.items()
                        if not name.startswith(f"{group}/") or name in LAYER_ARRAYS})
         return arrays
@@ -101,15 +107,17 @@ def derive_shard(data: dict[str, np.ndarray], src: ClmSelection, new: ClmSelecti
 MEASURED_POSITIONS = 1024  # the positions of the first shard a derived codec's reconstruction is measured on
 
 
-def _measured(source, src: ClmSelection, new: ClmSelection, head: tuple) -> ClmSelection:
+def _measured(source, src: ClmSelection, new: ClmSelection, head: tuple, fit: Fit | None) -> ClmSelection:
     """The derived selection with its reconstruction measured against the source store's (the teacher does not
     run): mean KL(source || derived) and top-1 agreement over the first shard's first kept positions."""
     data = source.read_shard(0, verify=True)
-    rows = derive_shard(data, src, new, np.arange(*source.shard_bounds(0)), "clm", src.block_size)
+    rows = derive_shard(data, src, new, np.arange(*source.shard_bounds(0)), "clm", src.block_size,
+                        None if fit is None else fit.encoder)
     before, after = decode_hidden(data, src), decode_hidden(rows, new)
     kept = before.kept
     a = head_logits(before.hidden[kept][:MEASURED_POSITIONS], *head, src.logit_softcap)
-    b = head_logits(after.hidden[kept][:MEASURED_POSITIONS], *head, src.logit_softcap)
+    b = head_logits(after.hidden[kept][:MEASURED_POSITIONS], *(head if fit is None else (fit.weight, fit.bias)),
+                    src.logit_softcap)
     p, q = _log_softmax(a), _log_softmax(b)
     kl = float((np.exp(p) * (p - q)).sum(-1).clip(min=0).mean()) if len(p) else 0.0
     top1 = float((p.argmax(-1) == q.argmax(-1)).mean()) if len(p) else 1.0
@@ -122,20 +130,47 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def fit_positions(source, src: ClmSelection, tokens: int) -> np.ndarray:
+    """float16 [N, d]: the first `tokens` kept positions' states of a float16 hidden-state store (all it has when
+    fewer), in row order: what the dump fitted its basis to."""
+    found, count = [], 0
+    for shard in range(source.n_shards):
+        targets = decode_hidden(source.read_shard(shard, verify=True), src)
+        found.append(targets.hidden[targets.kept].astype(np.float16))
+        count += len(found[-1])
+        if count >= tokens:
+            break
+    return np.concatenate(found)[:tokens] if found else np.zeros((0, src.hidden_size), dtype=np.float16)
+
+
+def _fitted(source, src: ClmSelection, new: ClmSelection, head: tuple, kl: float, tokens: int
+            ) -> tuple[ClmSelection, Fit]:
+    """A fitted basis's selection and fit, from the float16 source's first kept positions and its head."""
+    check_fit_request(kl, tokens)
+    fit = fit_head(fit_positions(source, src, tokens), *head, src.logit_softcap, kl, tokens)
+    return new.fitted(fit.record, head_digest(fit.weight, fit.bias)), fit
+
+
 def derive_support(source, out: str, *, support: str, logprob_codec: str | None = None, overwrite: bool = False,
-               progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
-               log: Callable[[str], object] | None = None) -> dict:
+                   progress: Callable[[Iterable[int]], Iterable[int]] | None = None,
+                   log: Callable[[str], object] | None = None, hidden_kl: float = 0.01,
+                   hidden_fit_tokens: int = 8192) -> dict:
     """Write at `out` the store of `support` derived from `source`, an opened store with a sparse support
-    (ClmStore, Seq2seqStore: `source.support()` gives its selection, group and positions)."""
+    (ClmStore, Seq2seqStore: `source.support()` gives its selection, group and positions); `hidden_kl` and
+    `hidden_fit_tokens` are a fitted basis's (`--support hidden:fit`), as the dump's."""
     if _same_location(str(source.url), str(out)):
         raise StoreExistsError(f"--out {out} is the source store itself: choose another output")
     src, group, width = source.support()
-    new = src.derived(Support.parse(support), logprob_codec)
+    wanted = Support.parse(support)
+    new = src.derived(wanted, logprob_codec)
     _check_codec(src, new)
     _check_source_checksums(source)
     head = source.head() if new.support == HIDDEN else None
+    fit = None
+    if wanted.basis is not None:
+        new, fit = _fitted(source, src, new, head, hidden_kl, hidden_fit_tokens)
     if head is not None:
-        new = _measured(source, src, new, head)
+        new = _measured(source, src, new, head, fit)
     recorded = source.metadata
     meta = {k: v for k, v in source.meta.items() if k not in _SOURCE_ONLY}
     meta["selection"] = new.to_dict()
@@ -144,7 +179,9 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
                             "config": str(src.described), "logprob_codec": src.logprob_codec,
                             "created": recorded.created, "checksums": dict(recorded.checksums),
                             "content_address": source.content_address,
-                            "options": {"support": support, "logprob_codec": logprob_codec}}
+                            "options": {"support": support, "logprob_codec": logprob_codec,
+                                        **({} if fit is None else {"hidden_kl": hidden_kl,
+                                                                   "hidden_fit_tokens": hidden_fit_tokens})}}
     if recorded.derived_from:
         meta["derived_from"]["derived_from"] = recorded.derived_from  # the chain back to the dump
     with writing(out, StoreMeta.parse(meta), overwrite=overwrite, software_version=__version__, log=log) as writer:
@@ -153,10 +190,13 @@ def derive_support(source, out: str, *, support: str, logprob_codec: str | None 
                 log(f"{out} is already complete, nothing to do")
             return writer.meta
         if head is not None:
-            write_head(writer.group, *head)
+            write_head(writer.group, *(head if fit is None else (fit.weight, fit.bias)))
+        if fit is not None:
+            write_fit(writer.group, fit.encoder)
+        encoder = None if fit is None else fit.encoder
         pending = writer.pending_shards()
         for shard in progress(pending) if progress is not None else pending:
             data = source.read_shard(shard, verify=True)
             rows = np.arange(*source.shard_bounds(shard), dtype=np.int64)
-            writer.write_shard(shard, derive_shard(data, src, new, rows, group, width))
+            writer.write_shard(shard, derive_shard(data, src, new, rows, group, width, encoder))
         return writer.finalize().to_dict()

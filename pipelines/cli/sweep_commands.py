@@ -40,6 +40,7 @@ position's draws thinned at random: exact in distribution):
   hsk derive corpus.zarr --support topk:32 --logprobs int8 --out corpus-top32-int8.zarr
   hsk derive corpus-s64.zarr --support sample:16 --out corpus-s16.zarr
   hsk derive corpus-hidden.zarr --support hidden:nf4 --out corpus-hidden-nf4.zarr
+  hsk derive corpus-hidden.zarr --support hidden:fit --hidden-kl 0.0086 --out corpus-hidden-fit.zarr
 """
 
 SWEEP_HELP = """From one source store, derive a grid of configs, distill students on each, record the results.
@@ -136,10 +137,15 @@ def derive_cmd(
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     support: str = typer.Option(None, help="A causal-LM store's smaller support instead of --config: topk:K "
-                                "(K no more than the source's), sample:N (N draws of the source's, thinned) or "
-                                "hidden:CODEC (a hidden-state store's states in a smaller codec)."),
+                                "(K no more than the source's), sample:N (N draws of the source's, thinned), "
+                                "hidden:CODEC (a hidden-state store's states in a smaller codec) or hidden:fit (a "
+                                "float16 hidden-state store's states in a fitted basis, as `hsk dump` fits it)."),
     logprobs: str = typer.Option(None, help="With --support topk:K: the log-probs' value codec [default: the "
                                  "source's]."),
+    hidden_kl: float = typer.Option(0.01, help="With --support hidden:fit: the mean KL(teacher || stored) the "
+                                    "fitted basis's steps are made for."),
+    hidden_fit_tokens: int = typer.Option(8192, help="With --support hidden:fit: how many kept positions of the "
+                                          "source's start the basis is fitted to."),
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -154,7 +160,7 @@ def derive_cmd(
         raise UserError("hsk derive needs --config ND,NL,W (a task store) or --support (a causal-LM store), one of "
                         "the two")
     if support is not None:
-        _derive_support(store, out, support, logprobs, overwrite, bar)
+        _derive_support(store, out, support, logprobs, overwrite, bar, hidden_kl, hidden_fit_tokens)
         return
     derive(store, config, out, value_dtype=values, overwrite=overwrite, progress=bar, log=typer.echo,
            attention_rows=attention_rows)
@@ -170,7 +176,8 @@ def derive_cmd(
     )
 
 
-def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar) -> None:
+def _derive_support(store: str, out: str, support: str, logprobs: str | None, overwrite: bool, bar, hidden_kl: float,
+                    hidden_fit_tokens: int) -> None:
     from hskstore.io.info import storage_report
     from hskstore.io.reader import open_store
     from hskstore.share.support_derive import derive_support
@@ -178,7 +185,7 @@ def _derive_support(store: str, out: str, support: str, logprobs: str | None, ov
     source = open_store(store)
     source.refuse_support_derive()  # a task or masked-LM store: derive it with --config
     derive_support(source, out, support=support, logprob_codec=logprobs, overwrite=overwrite, progress=bar,
-                   log=typer.echo)
+                   log=typer.echo, hidden_kl=hidden_kl, hidden_fit_tokens=hidden_fit_tokens)
     new = open_store(out)
     typer.echo(f"done: {out}  {new.size_summary(storage_report(new))}. See `hsk info {out}`.")
 

@@ -101,6 +101,16 @@ class Int8(TorchCodec):
         return values.float() * scale.float().unsqueeze(-1)
 
 
+class Int8u(TorchCodec):
+    name = "int8u"
+
+    def quantize(self, values: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.clamp(torch.round(values.float()), -127, 127).to(torch.int8), None
+
+    def decode(self, values: torch.Tensor, scale: None, n_width: int | None = None) -> torch.Tensor:
+        return values.float()
+
+
 def _power_of_two(exp: torch.Tensor) -> torch.Tensor:
     """2^exp as float32 for integer exp in [-127, 127], from its bits (2^-127 is subnormal)."""
     bits = torch.where(exp >= -126, (exp + 127) << 23, torch.full_like(exp, 1 << 22))
@@ -231,5 +241,5 @@ def get(name: str, *, chained: bool = False) -> TorchCodec:
     return _TWINS[name]
 
 
-for _twin in (Float16(), Int8()):
+for _twin in (Float16(), Int8(), Int8u()):
     register(_twin)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from hskstore.format.clm import (
     actual_logprobs,
     block_hashes,
     encode_support,
+    head_digest,
     kept_positions,
     pack_blocks,
     pack_stream,
@@ -43,8 +45,9 @@ from hskstore.format.clm import (
 )
 from hskstore.format.clm_layers import check_stride
 from hskstore.format.config import ConfigError
+from hskstore.format.hidden_fit import FitEncoder, check_fit_request
 from hskstore.format.meta import DataRef, Layout, StoreMeta, TaskRef, TeacherRef, TokenizerRef
-from hskstore.io.clm_store import write_head
+from hskstore.io.clm_store import stored_fit, write_fit, write_head
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.data import DataError
 from pipelines.core.models import (
@@ -59,6 +62,8 @@ from pipelines.core.precision import FP32, forward_precision, resolve_forward
 from pipelines.dump.clm_hidden import (
     TeacherHead,
     compute_hidden_shard,
+    fit_hidden,
+    folded_head,
     head_arrays,
     hidden_selection,
     measure_reconstruction,
@@ -99,6 +104,8 @@ class ClmRequest:
     layers: tuple[int, ...] | None = None  # --hidden-layers: teacher layers kept beside the support
     layer_stride: int = 1
     layer_codec: str = "float16"
+    hidden_kl: float = 0.01  # --support hidden:fit: the target mean KL of the fitted basis's steps
+    hidden_fit_tokens: int = 8192  # --support hidden:fit: the corpus's first kept positions the fit reads
 
     def check(self) -> None:
         for name, value in (("--block-size", self.block_size), ("--batch-size", self.batch_size),
@@ -109,9 +116,11 @@ class ClmRequest:
             raise ConfigError(f"--limit-tokens {self.max_tokens}: pass a positive number of tokens")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r}: pass one of {', '.join(DTYPES)}")
+        if self.support.basis is not None:
+            check_fit_request(self.hidden_kl, self.hidden_fit_tokens)
         if self.layers is not None:
             check_stride(self.layer_stride, self.block_size)
-            codecs.get(self.layer_codec)
+            codecs.chosen(self.layer_codec, "--layer-codec")
         if self.device_map not in (None, "auto"):
             raise ConfigError(f"--device-map {self.device_map!r}: pass auto (accelerate places the teacher's layers "
                               "on the visible devices), or leave it out for --device")
@@ -301,9 +310,11 @@ def compute_clm_shard(model: Teacher, blocks: np.ndarray, lengths: np.ndarray, r
 SHARD_COMPUTE: dict[str, Callable[..., dict[str, np.ndarray]]] = {HIDDEN: compute_hidden_shard}
 
 
-def shard_compute(sel: ClmSelection) -> Callable[..., dict[str, np.ndarray]]:
-    """What computes a shard's arrays for the store's support (compute_clm_shard's arguments)."""
-    return SHARD_COMPUTE.get(sel.support, compute_clm_shard)
+def shard_compute(sel: ClmSelection, encoder: FitEncoder | None = None) -> Callable[..., dict[str, np.ndarray]]:
+    """What computes a shard's arrays for the store's support (compute_clm_shard's arguments), with a fitted
+    basis's encoder where the store has one."""
+    compute = SHARD_COMPUTE.get(sel.support, compute_clm_shard)
+    return compute if encoder is None else partial(compute, encoder=encoder)
 
 
 def lm_teacher_ref(teacher: str, model: Teacher, precision: str) -> TeacherRef:
@@ -358,6 +369,14 @@ class ClmPlan:
     sel: ClmSelection
     meta: StoreMeta
     head: TeacherHead | None = None
+    encoder: FitEncoder | None = None  # a fitted basis's (--support hidden:fit)
+
+    def write_head(self, group: Any) -> None:
+        """A hidden-state store's head (and a fitted basis's encoder), written once before its shards."""
+        if self.head is not None:
+            write_head(group, *head_arrays(self.head))
+        if self.encoder is not None:
+            write_fit(group, self.encoder)
 
 
 def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str, overwrite: bool,
@@ -371,12 +390,34 @@ def plan_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
     eos = eos_of(tokenizer, teacher)
     model = load_clm_teacher(teacher, load_on or device, request.dtype, device_map)
     check_block_size(model, request.block_size, teacher)
-    sel, head = _selection(model, tokenizer, corpus, request, eos, teacher, input_device(model, load_on or device),
-                           precision)
+    where = input_device(model, load_on or device)
+    sel, head = _selection(model, tokenizer, corpus, request, eos, teacher, where, precision)
+    encoder = None
+    if request.support.basis is not None:
+        sel, head, encoder = _fitted(model, tokenizer, corpus, request, eos, sel, head, where, precision,
+                                     None if overwrite else out)
     sel = with_layers(sel, model, request, teacher)
     meta = clm_metadata(corpus, teacher, model, tokenizer, sel, initial_rows(request), request.shard_rows, precision)
     meta = meta if overwrite else resumed_record(out, meta)
-    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head)
+    return ClmPlan(tokenizer, model, sel, StoreMeta.parse({**meta, **(extra_meta or {}), "compute": compute}), head,
+                   encoder)
+
+
+def _fitted(model: Teacher, tokenizer: Tokenizer, corpus: CorpusSource, request: ClmRequest, eos: int,
+            sel: ClmSelection, head: TeacherHead, device: str, precision: str, resume: str | None
+            ) -> tuple[ClmSelection, TeacherHead, FitEncoder]:
+    """A fitted basis's selection, folded head and encoder: the store's own when a dump of it is resumed (never
+    refitted), else fitted to the corpus's first shards; the reconstruction measured through it."""
+    found = stored_fit(resume, request.hidden_kl) if resume else None
+    if found is None:
+        shards = corpus_rows(corpus, tokenizer, request, eos, request.shard_rows)
+        found = fit_hidden(model, shards, sel, head, request.hidden_kl, request.hidden_fit_tokens,
+                           request.batch_size, device, precision)
+    sel = sel.fitted(found.record, head_digest(found.weight, found.bias))
+    head = folded_head(found, head.softcap, device)
+    first = first_block(corpus, tokenizer, request, eos)
+    return (measure_reconstruction(model, first.blocks, first.lengths, sel, head, device, precision, found.encoder),
+            head, found.encoder)
 
 
 def _selection(model: Teacher, tokenizer: Tokenizer, corpus: CorpusSource, request: ClmRequest, eos: int, teacher: str,
@@ -394,17 +435,25 @@ def _selection(model: Teacher, tokenizer: Tokenizer, corpus: CorpusSource, reque
                                  limit_tokens=request.max_tokens)
     first = first_block(corpus, tokenizer, request, eos)
     check_ids(first.blocks, vocab, teacher)
+    if request.support.basis is not None:  # measured once fitted (_fitted)
+        return sel, head
     return measure_reconstruction(model, first.blocks, first.lengths, sel, head, device, precision), head
 
 
 def first_block(corpus: CorpusSource, tokenizer: Tokenizer, request: ClmRequest, eos: int) -> PackedRows:
     """The corpus's first block (read from its start, as the dump packs it)."""
+    for rows in corpus_rows(corpus, tokenizer, request, eos, 1):
+        return rows
+    raise DataError(f"{corpus.described} holds no text")
+
+
+def corpus_rows(corpus: CorpusSource, tokenizer: Tokenizer, request: ClmRequest, eos: int, rows: int
+                ) -> Iterator[PackedRows]:
+    """The corpus's blocks from its start, `rows` at a time, as the dump packs them."""
     documents = corpus.documents()
     if request.max_documents is not None:
         documents = islice(documents, request.max_documents)
-    for rows in pack_stream(tokenized(documents, tokenizer), request.block_size, eos, 1, request.max_tokens):
-        return rows
-    raise DataError(f"{corpus.described} holds no text")
+    return pack_stream(tokenized(documents, tokenizer), request.block_size, eos, rows, request.max_tokens)
 
 
 def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, *, device: str = "cpu",
@@ -418,10 +467,9 @@ def dump_clm(teacher: str, out: str, corpus: CorpusSource, request: ClmRequest, 
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        if plan.head is not None:
-            write_head(writer.group, *head_arrays(plan.head))
+        plan.write_head(writer.group)
         run = ShardRun(plan.model, plan.sel, request, input_device(plan.model, device),
-                       resolve_forward(request.precision, device), teacher)
+                       resolve_forward(request.precision, device), teacher, plan.encoder)
         return write_stream(writer, out, corpus, plan.tokenizer, run, progress, log)
 
 
@@ -441,12 +489,13 @@ class ShardRun:
     device: str
     precision: str
     teacher: str
+    encoder: FitEncoder | None = None  # a fitted basis's (--support hidden:fit)
 
     def arrays(self, rows: PackedRows, first_row: int) -> dict[str, np.ndarray]:
         check_ids(rows.blocks, self.sel.vocab_size, self.teacher)
         index = np.arange(first_row, first_row + len(rows.blocks), dtype=np.int64)
         with capturing_layers(self.model, self.sel) as captured:  # the support's own forwards, layers kept too
-            arrays = shard_compute(self.sel)(self.model, rows.blocks, rows.lengths, index, self.sel,
+            arrays = shard_compute(self.sel, self.encoder)(self.model, rows.blocks, rows.lengths, index, self.sel,
                                              self.request.batch_size, self.device, self.precision,
                                              shard_text(rows, self.sel))
         if captured is not None:

@@ -22,8 +22,8 @@ import numpy as np
 
 from hskstore import __version__
 from hskstore.format.clm import ClmSelection, PackedRows
+from hskstore.format.hidden_fit import FitEncoder
 from hskstore.format.meta import StoreMeta
-from hskstore.io.clm_store import write_head
 from hskstore.io.writer import StoreWriter, writing
 from pipelines.core.precision import resolve_forward
 from pipelines.dump.clm import (
@@ -36,7 +36,6 @@ from pipelines.dump.clm import (
     shard_text,
     write_stream,
 )
-from pipelines.dump.clm_hidden import head_arrays
 from pipelines.dump.corpus import CorpusSource
 from pipelines.dump.distributed import (
     ShardFutures,
@@ -74,6 +73,7 @@ class ClmShardJob:
     precision: str
     teacher: ClmTeacherSpec
     text: tuple[np.ndarray, np.ndarray] | None = None  # the rows' (token_bytes, text) when the store keeps them
+    encoder: FitEncoder | None = None  # a fitted basis's (--support hidden:fit)
 
 
 def dump_clm_shard(job: ClmShardJob) -> int:
@@ -82,8 +82,8 @@ def dump_clm_shard(job: ClmShardJob) -> int:
     model, device = worker_teacher(spec, lambda on: load_clm_teacher(spec.name, on, spec.dtype))
     sel = ClmSelection.from_dict(job.meta.selection)
     rows = np.arange(job.first_row, job.first_row + len(job.blocks), dtype=np.int64)
-    arrays = shard_compute(sel)(model, job.blocks, job.lengths, rows, sel, job.batch_size, device, job.precision,
-                                job.text)
+    compute = shard_compute(sel, job.encoder)
+    arrays = compute(model, job.blocks, job.lengths, rows, sel, job.batch_size, device, job.precision, job.text)
     worker_writer(job.url, job.meta).write_shard(job.shard, arrays)
     return job.shard
 
@@ -99,7 +99,7 @@ class DaskShards(ShardFutures):
         check_ids(rows.blocks, self.run.sel.vocab_size, self.run.teacher)
         job = ClmShardJob(self.url, self.writer.metadata, shard, rows.blocks, rows.lengths, first_row,
                           self.run.request.batch_size, self.run.precision, self.spec,
-                          shard_text(rows, self.run.sel))
+                          shard_text(rows, self.run.sel), self.run.encoder)
         self.submit(dump_clm_shard, job, shard_key("hsk-clm", shard, self.writer.metadata.identity))
 
 
@@ -118,9 +118,9 @@ def dump_clm_distributed(teacher: str, out: str, corpus: CorpusSource, request: 
         if writer.complete:
             log(f"{out} is already complete, nothing to do")
             return writer.meta
-        if plan.head is not None:  # a hidden-state store's head: written once, by the driver
-            write_head(writer.group, *head_arrays(plan.head))
-        run = ShardRun(plan.model, plan.sel, request, device, resolve_forward(request.precision, device), teacher)
+        plan.write_head(writer.group)  # a hidden-state store's head (and encoder): written once, by the driver
+        run = ShardRun(plan.model, plan.sel, request, device, resolve_forward(request.precision, device), teacher,
+                       plan.encoder)
         with cluster_client(request.workers, request.scheduler, device, log=log) as client:
             return write_stream(writer, out, corpus, plan.tokenizer, run, progress, log,
                                 DaskShards(client, writer, worker_url(writer.url), run, spec))

@@ -15,6 +15,7 @@ as the top-K support's do.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +25,14 @@ import torch
 from hskstore import codecs
 from hskstore.format.clm import (
     ClmSelection,
+    PackedRows,
     block_hashes,
     encode_hidden,
     head_digest,
     kept_positions,
     rotation,
 )
+from hskstore.format.hidden_fit import Fit, FitEncoder, fit_head
 from pipelines.core.precision import forward_precision
 
 
@@ -93,11 +96,12 @@ def kl_and_agreement(teacher_logits: torch.Tensor, logits: torch.Tensor, chunk: 
     return kl / max(len(logits), 1), agree / max(len(logits), 1)
 
 
-def round_trip(h: torch.Tensor, codec: str) -> torch.Tensor:
+def round_trip(h: torch.Tensor, codec: str, encoder: FitEncoder | None = None) -> torch.Tensor:
     """h [..., d] through a value codec's stored bytes and back (numpy, as the dump encodes and a reader
-    decodes), on h's device."""
+    decodes), on h's device; with a fitted basis's encoder, the indices it stores (the folded head reads them)."""
     c = codecs.get(codec)
-    values, scale = c.encode(h.detach().cpu().numpy().astype(np.float16))
+    h16 = h.detach().cpu().numpy().astype(np.float16)
+    values, scale = c.encode(h16) if encoder is None else c.quantize(encoder.coordinates(h16))
     return torch.as_tensor(c.decode(values, scale, h.shape[-1]), device=h.device)
 
 
@@ -121,23 +125,35 @@ def head_arrays(head: TeacherHead) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def measure_reconstruction(model: Any, blocks: np.ndarray, lengths: np.ndarray, sel: ClmSelection, head: TeacherHead,
-                           device: str, precision: str) -> ClmSelection:
+                           device: str, precision: str, encoder: FitEncoder | None = None) -> ClmSelection:
     """The selection with the reconstruction's mean KL(teacher || stored) and top-1 agreement recorded, measured
     on the first block of the corpus (its real positions) as a reader decodes it."""
     h, logits = teacher_hidden(model, torch.as_tensor(blocks[:1], device=device), precision)
     real = int(lengths[0])
     r = rotation_matrix(sel.hidden_size, sel.rotation_seed, h.device)
-    stored = round_trip(h[0, :real] if r is None else h[0, :real] @ r.T, sel.hidden_codec)
+    stored = round_trip(h[0, :real] if r is None else h[0, :real] @ r.T, sel.hidden_codec, encoder)
     kl, top1 = kl_and_agreement(logits[0, :real], head.logits(stored))
     return sel.measured(kl, top1, real, "teacher")
 
 
 @torch.no_grad()
 def compute_hidden_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, rows: np.ndarray, sel: ClmSelection,
-                         batch_size: int, device: str, precision: str, text: None = None) -> dict[str, np.ndarray]:
+                         batch_size: int, device: str, precision: str, text: None = None,
+                         encoder: FitEncoder | None = None) -> dict[str, np.ndarray]:
     """Every array of one shard's rows of a hidden-state store: the rotated hidden states leave the device once
-    per shard, as float16 (what every codec encodes from). `text` is None: a hidden-state store keeps no block
-    text (its selection's text_bytes is None): the argument is there for the one signature of shard computes."""
+    per shard, as float16 (what every codec encodes from; a fitted basis's `encoder` encodes them on the host).
+    `text` is None: a hidden-state store keeps no block text (its selection's text_bytes is None): the argument
+    is there for the one signature of shard computes."""
+    hidden, kept = hidden_states(model, blocks, lengths, sel, batch_size, device, precision)
+    arrays = encode_hidden(hidden, kept, sel, encoder)
+    arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
+    return arrays
+
+
+@torch.no_grad()
+def hidden_states(model: Any, blocks: np.ndarray, lengths: np.ndarray, sel: ClmSelection, batch_size: int,
+                  device: str, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(hidden [n, T, d] float16, rotated; kept [n, T]) of a shard's blocks, batched as the dump batches them."""
     r = rotation_matrix(sel.hidden_size, sel.rotation_seed, device)
     parts, entropies = [], []
     for start in range(0, len(blocks), batch_size):
@@ -148,6 +164,24 @@ def compute_hidden_shard(model: Any, blocks: np.ndarray, lengths: np.ndarray, ro
             entropies.append(-(logprobs.exp() * logprobs).sum(-1))
     hidden = torch.cat(parts).cpu().numpy()
     entropy = torch.cat(entropies).cpu().numpy() if entropies else np.zeros(hidden.shape[:2])
-    arrays = encode_hidden(hidden, kept_positions(entropy, lengths, sel.positions), sel)
-    arrays.update(row=rows, text_hash=block_hashes(blocks), input_ids=blocks, length=lengths)
-    return arrays
+    return hidden, kept_positions(entropy, lengths, sel.positions)
+
+
+def fit_hidden(model: Any, shards: Iterable[PackedRows], sel: ClmSelection, head: TeacherHead, kl: float,
+               tokens: int, batch_size: int, device: str, precision: str) -> Fit:
+    """The fitted basis of a dump: its first `tokens` kept positions (the corpus's first shards, computed as the
+    dump computes them, so that a float16 dump of the corpus keeps these very states) under the stored head."""
+    found, count = [], 0
+    for rows in shards:
+        hidden, kept = hidden_states(model, rows.blocks, rows.lengths, sel, batch_size, device, precision)
+        found.append(hidden[kept])
+        count += len(found[-1])
+        if count >= tokens:
+            break
+    h = np.concatenate(found)[:tokens] if found else np.zeros((0, sel.hidden_size), dtype=np.float16)
+    return fit_head(h, *head_arrays(head), head.softcap, kl, tokens)
+
+
+def folded_head(fit: Fit, softcap: float | None, device: Any) -> TeacherHead:
+    """The head of a fitted store's indices, on the device."""
+    return TeacherHead(torch.as_tensor(fit.weight, device=device), torch.as_tensor(fit.bias, device=device), softcap)

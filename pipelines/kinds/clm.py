@@ -36,8 +36,9 @@ class ClmDumpOptions:
     support: str = flag("topk:64", "--objective clm/seq2seq: per position, topk:K (the K most probable ids and their "
                         "log-probs; the tail mass is 1 - their sum) or sample:N (N draws from the teacher, RS-KD: "
                         "distinct ids and counts); clm also takes hidden[:CODEC] (the final hidden state through a "
-                        "value codec, Hadamard-rotated, and the LM head once: the full distribution); seq2seq also "
-                        "takes none (the teacher's output alone).", section=LM)
+                        "value codec, Hadamard-rotated, and the LM head once: the full distribution; hidden:fit: int8 "
+                        "indices in a basis fitted to the head, see --hidden-kl); seq2seq also takes none (the "
+                        "teacher's output alone).", section=LM)
     logprobs: str = flag("float16", "--objective clm with topk: the value codec of the log-probs (float16, int8, "
                          "int4, mxfp4, nf3, nf4).", section=LM)
     block_size: int = flag(256, "--objective clm: tokens per block (documents packed, EOS between).", section=LM)
@@ -54,6 +55,10 @@ class ClmDumpOptions:
                              section=LM)
     layer_codec: str = flag("float16", "--objective clm with --hidden-layers: the value codec of the layer states "
                             "(float16, int8, int4, mxfp4, nf3, nf4).", section=LM)
+    hidden_kl: float = flag(0.01, "--objective clm with --support hidden:fit: the mean KL(teacher || stored) in "
+                            "nats per token the fitted basis's steps are made for (smaller: more bytes).", section=LM)
+    hidden_fit_tokens: int = flag(8192, "--objective clm with --support hidden:fit: how many positions of the "
+                                  "corpus's start the basis is fitted to.", section=LM)
     dtype: str = flag("auto", "--objective clm: the teacher's weights loaded as auto (the checkpoint's dtype), "
                       "float32, bfloat16 or float16; recorded in the store.", section=LM)
     device_map: str | None = flag(None, "--objective clm: auto spreads the teacher's layers over the visible devices "
@@ -75,7 +80,8 @@ class ClmDumpOptions:
                              self.sample_seed, self.limit_tokens, self.batch_size, self.shard_rows, self.precision,
                              self.dtype, self.device_map, self.limit, self.workers, self.scheduler, threads,
                              layers=None if self.hidden_layers is None else parse_layers(self.hidden_layers),
-                             layer_stride=self.layer_stride, layer_codec=self.layer_codec)
+                             layer_stride=self.layer_stride, layer_codec=self.layer_codec,
+                             hidden_kl=self.hidden_kl, hidden_fit_tokens=self.hidden_fit_tokens)
         check_positions(request.positions)
         request.check()
         return request

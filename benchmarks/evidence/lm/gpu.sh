@@ -12,7 +12,7 @@
 #   LM_SCALE   gpu (default) or toy: the whole script on a CPU, at a size that finishes in minutes
 #   SEEDS      seeds per arm [3]
 #   ARMS       comma-separated arms [the issue's: ce, online, top-128/32/8 + tail, RS-KD 112/28/6 draws, hidden
-#              int8 and nf4, and top32-layer (top-32 + tail + one intermediate teacher layer, run.py)];
+#              int8, nf4 and fit, and top32-layer (top-32 + tail + one intermediate teacher layer, run.py)];
 #              none: skip the LM study (to run or rehearse the cross-tokenizer study alone)
 #   XTOK_ARMS  the cross-tokenizer study's arms, run after the LM study [all 8 of benchmarks/evidence/xtok/run.py:
 #              bpe8k-ce,bpe8k-uld,bpe8k-alm,minilm-ce,minilm-uld,minilm-alm,smollm2-ce,smollm2-clm-kd]; none: skip it
@@ -24,7 +24,7 @@ OUT=$(realpath -m "${2:?usage: gpu.sh PARTS_DIR OUT_DIR}")
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)
 SCALE=${LM_SCALE:-gpu}
 SEEDS=${SEEDS:-3}
-ARMS=${ARMS:-ce,online,top128,top32,top8,rs112,rs28,rs6,hidden-int8,hidden-nf4,top32-layer}
+ARMS=${ARMS:-ce,online,top128,top32,top8,rs112,rs28,rs6,hidden-int8,hidden-nf4,hidden-fit,top32-layer}
 XTOK_ARMS=${XTOK_ARMS:-bpe8k-ce,bpe8k-uld,bpe8k-alm,minilm-ce,minilm-uld,minilm-alm,smollm2-ce,smollm2-clm-kd}
 WORK=${WORK:-/tmp/lm_evidence_work}
 SITE=${SITE:-/tmp/lm_evidence_site}
