@@ -192,3 +192,25 @@ def test_fp16_on_a_cpu_is_warned_as_the_encoder_dump_warns(clm_teacher, clm_corp
     rc, _, err = hsk(*_args(clm_teacher, clm_corpus, "--precision", "fp16", "--limit-tokens", "64", "--out",
                             str(tmp_path / "h.zarr")))
     assert rc == 0 and "WARNING: --precision fp16 on cpu" in err
+
+
+def test_the_byte_table_writes_the_offsets_store(clm_teacher, tmp_path, monkeypatch):
+    """A byte-level BPE's text arrays from its ids' byte lengths (pipelines/dump/byte_ends.py) are the ones its
+    offsets give: the same chunks and content address as with the table turned off, on a corpus of accents,
+    emojis, combining characters, CJK, special tokens and runs of spaces."""
+    from pipelines.core.models import load_tokenizer
+
+    assert corpus_module.text_table(load_tokenizer(str(clm_teacher))) is not None
+    lines = ["naïve café 😀 👩\u200d👩\u200d👧 e\u0301 a\u0308\u0323", "日本語 中文 مرحبا", "<eos> inside",
+             "tabs\tand  spaces\u00a0nbsp", "x" * 70, "🇫🇷 1234 3.14"] * 6
+    corpus = tmp_path / "tricky.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    stores = []
+    for table in (True, False):
+        if not table:
+            monkeypatch.setattr(corpus_module, "text_table", lambda tokenizer: None)
+        stores.append(tmp_path / f"table-{table}.zarr")
+        assert main(_args(clm_teacher, corpus, "--out", str(stores[-1]))) == 0
+    assert chunk_bytes(stores[0]) == chunk_bytes(stores[1])
+    addresses = [zarr.open_group(str(s), mode="r").attrs["hsk"]["manifest"] for s in stores]
+    assert addresses[0] == addresses[1]

@@ -87,3 +87,37 @@ def test_read_many_reads_what_zarrs_own_indexing_reads_and_returns_each_arrays_e
     short = group.create_array("short", shape=(10,), chunks=(10,), dtype="i4")
     got = zarr_adapter.read_many([a, short], 50)  # row 50 exists in a, not in short: short's error comes back
     assert np.array_equal(got[0], a[50]) and isinstance(got[1], IndexError)
+
+
+def test_put_row_and_put_shard_write_the_bytes_zarr_writes(tmp_path):
+    """A progress record's row set by put_row (encoded here, written by zarr's file writer in this thread) is
+    the object zarr's setitem writes, byte for byte: int64 and uint8 rows, a row of zeros stored as no object
+    (removing an earlier one); an array of other codecs is set through zarr. put_shard to a local folder writes
+    the payload as zarr's store would."""
+    ours = zarr.open_group(str(tmp_path / "ours.zarr"), mode="w")
+    theirs = zarr.open_group(str(tmp_path / "theirs.zarr"), mode="w")
+    shapes = {"cursors": ((6, 9), "int64"), "digests": ((6, 10, 16), "uint8"), "done": ((6,), "uint8")}
+    rng = np.random.default_rng(0)
+    for name, (shape, dtype) in shapes.items():
+        for group in (ours, theirs):
+            group.create_array(name, shape=shape, dtype=dtype, chunks=(1, *shape[1:]), fill_value=0)
+        for row in (0, 3, 3, 5):
+            value = rng.integers(-9 if dtype == "int64" else 0, 200, shape[1:]).astype(dtype) if row != 5 else \
+                np.zeros(shape[1:], dtype)
+            if row == 3 and (tmp_path / "ours.zarr" / name / "c" / "3").exists():
+                value = np.zeros(shape[1:], dtype)  # the second write of row 3: zeros remove its object
+            zarr_adapter.put_row(ours[name], row, value)
+            theirs[name][row] = value
+        assert zarr_adapter._row_zstd(ours[name]) is not None
+    mine = {str(p.relative_to(tmp_path / "ours.zarr")): p.read_bytes() for p in (tmp_path / "ours.zarr").rglob("c/**/*")
+            if p.is_file()}
+    zarrs = {str(p.relative_to(tmp_path / "theirs.zarr")): p.read_bytes()
+             for p in (tmp_path / "theirs.zarr").rglob("c/**/*") if p.is_file()}
+    assert mine == zarrs and any("digests/c/0" in key for key in mine) and not any("/c/3" in key for key in mine)
+    blosc = ours.create_array("blosc", shape=(4, 3), dtype="int32", chunks=(1, 3),
+                              compressors=zarr.codecs.BloscCodec(cname="zstd", clevel=3))
+    assert zarr_adapter._row_zstd(blosc) is None
+    zarr_adapter.put_row(blosc, 2, np.array([1, 2, 3]))
+    assert blosc[2].tolist() == [1, 2, 3]
+    zarr_adapter.put_shard(ours["done"], "c/9", b"payload")
+    assert (tmp_path / "ours.zarr" / "done" / "c" / "9").read_bytes() == b"payload"

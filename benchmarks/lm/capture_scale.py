@@ -5,6 +5,7 @@ grow with the corpus, what rate does capture reach, and what does the host cost 
     python benchmarks/lm/capture_scale.py scale --tokens 1e6 1e7 1e8 --cap 262144   # the same capture of each
     python benchmarks/lm/capture_scale.py null --tokens 1e7             # the host's share, µs per token
     python benchmarks/lm/capture_scale.py null --tokens 1e6 --code /tmp/base --code . --rounds 3   # A/B, alternating
+    python benchmarks/lm/capture_scale.py null --tokens 1e7 --tokenizer smollm2   # SmolLM2's tokenizer, GLUE text
     python benchmarks/lm/capture_scale.py limit --text big.txt --teacher T --limit-tokens 8192   # a big text, cut
 
 `scale` runs each capture as its own `hsk dump` process (peak RSS from /usr/bin/time) with a tiny random Llama
@@ -14,9 +15,12 @@ line: what grows with the corpus shows. With `--cap N` each captures only its co
 shows whether memory or the time to the first shard grow with it. `null` runs the dump in this process with
 the teacher's forward and its support choice replaced by fixed arrays of the same shape (the "null teacher",
 with the text arrays): what remains is the host's
-share (reading, tokenizing, packing, encoding, digests, writes), per token; with `--code` (a checkout of the
-repository, given once per arm) each run is its own process on that code, the arms alternating for `--rounds`
-rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
+share (reading, tokenizing, packing, encoding, digests, writes), per token, with the setup before the first shard
+and the rate between the first and last shards apart; `--tokenizer smollm2` measures it with SmolLM2's own
+tokenizer (byte-level BPE, 49,152 ids; the teacher a tiny random Llama over it) over documents of GLUE's
+Wikipedia and news sentences (`--data-dir`, default ../shared/data/glue), what users run; with `--code` (a
+checkout of the repository, given once per arm) each run is its own process on that code, the arms alternating
+for `--rounds` rounds, so that a shared machine's load falls on both alike. `limit` is the issue's case: a large
 text file captured with --limit-tokens. Everything is written under a temporary folder, removed after.
 """
 
@@ -39,23 +43,73 @@ WORDS = 510  # + EOS and UNK: a vocabulary of 512
 BLOCK = 256
 
 
-def build_teacher(out: Path) -> Path:
-    """A tiny random Llama over a word-level tokenizer (w0 ... w509, EOS): negligible compute per token."""
+def build_teacher(out: Path, tokenizer_kind: str = "words") -> Path:
+    """A tiny random Llama (negligible compute per token) over a word-level tokenizer (w0 ... w509, EOS) or, with
+    `tokenizer_kind` "smollm2", over SmolLM2's own tokenizer (byte-level BPE, 49,152 ids)."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    vocab = {f"w{i}": i for i in range(WORDS)} | {"<unk>": WORDS, "</s>": WORDS + 1}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", unk_token="<unk>")
-    config = LlamaConfig(vocab_size=WORDS + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    tokenizer = _smollm2_tokenizer() if tokenizer_kind == "smollm2" else _word_tokenizer()
+    eos = tokenizer.eos_token_id
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=BLOCK,
-                         eos_token_id=WORDS + 1, bos_token_id=WORDS + 1, pad_token_id=WORDS + 1)
+                         eos_token_id=eos, bos_token_id=eos, pad_token_id=eos)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(WORDS)} | {"<unk>": WORDS, "</s>": WORDS + 1}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", unk_token="<unk>")
+
+
+def _smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from pipelines.core.models import smollm2_path
+
+    return AutoTokenizer.from_pretrained(smollm2_path())
+
+
+def glue_documents(glue: Path) -> list[str]:
+    """Real-ish English documents: the sentences of GLUE's QNLI (Wikipedia: names, numbers, accents, Greek, IPA),
+    MRPC (news) and STS-B, in file order, 1-16 consecutive sentences to a document (fixed seed)."""
+    import csv
+
+    sentences = []
+    for name, columns in (("QNLI/dev.tsv", (1, 2)), ("MRPC/train.tsv", (3, 4)), ("STS-B/train.tsv", (7, 8))):
+        with open(glue / name, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+        sentences += [row[c].strip() for row in rows for c in columns if len(row) > max(columns) and row[c].strip()]
+    rng = np.random.default_rng(0)
+    bounds = np.cumsum(rng.integers(1, 17, len(sentences)))
+    bounds = np.concatenate([[0], bounds[bounds < len(sentences)], [len(sentences)]])
+    return [" ".join(sentences[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def write_text_corpus(path: Path, tokens: int, teacher: Path, glue: Path) -> int:
+    """GLUE's documents (glue_documents), repeated in order until `tokens` tokens of the teacher's tokenizer (its
+    ids + one EOS each); returns the bytes."""
+    from transformers import AutoTokenizer
+
+    documents = glue_documents(glue)
+    counts = [len(ids) + 1 for ids in AutoTokenizer.from_pretrained(teacher)(documents)["input_ids"]]
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < tokens:
+            for document, count in zip(documents, counts, strict=True):
+                f.write(document + "\n")
+                written += count
+                if written >= tokens:
+                    break
+    return path.stat().st_size
 
 
 def write_corpus(path: Path, tokens: int, seed: int = 0) -> int:
@@ -139,8 +193,9 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def null(tokens: float, work: Path) -> dict:
-    """The dump in this process with a null teacher: the host's share per token."""
+def null(tokens: float, work: Path, tokenizer_kind: str = "words", glue: Path | None = None) -> dict:
+    """The dump in this process with a null teacher: the host's share per token (over the word-level
+    tokenizer's generated corpus, or with "smollm2" SmolLM2's tokenizer over GLUE's documents)."""
     import torch
 
     import pipelines.dump.clm as clm
@@ -157,12 +212,19 @@ def null(tokens: float, work: Path) -> dict:
     from pipelines.dump.corpus import open_corpus
 
     torch.set_num_threads(1)
-    teacher = build_teacher(work / "teacher")
+    teacher = build_teacher(work / "teacher", tokenizer_kind)
     text = work / "null.txt"
-    write_corpus(text, int(tokens))
+    if tokenizer_kind == "smollm2":
+        write_text_corpus(text, int(tokens), teacher, glue)
+    else:
+        write_corpus(text, int(tokens))
     fixed: dict = {}
+    calls: list[tuple[float, int]] = []  # (when each shard's compute began, tokens of the shards before it)
+    last = [0]
 
     def null_shard(model, blocks, lengths, rows, sel, batch_size, device, precision, text=None):
+        calls.append((time.perf_counter(), calls[-1][1] + last[0] if calls else 0))
+        last[0] = int(lengths.sum())
         key = blocks.shape
         if key not in fixed:  # what the device hands over: ids [n, T, K] int32, log-probs fp16
             rng = np.random.default_rng(0)
@@ -186,19 +248,26 @@ def null(tokens: float, work: Path) -> dict:
     import zarr
 
     real = int(zarr.open_group(str(work / "null.zarr"), mode="r")["length"][:].sum())
+    # setup: from the call to the first shard's compute (tokenizer, teacher, store); stream: from the first
+    # shard's compute to the last one's, per token of the shards between (the rate a long capture keeps)
+    stream = (calls[-1][0] - calls[0][0]) / max(calls[-1][1], 1)
     return {"tokens": real, "wall_s": round(wall, 2), "host_us_per_token": round(wall / real * 1e6, 3),
-            "cpu_us_per_token": round(cpu / real * 1e6, 3)}  # CPU time of every thread: less sensitive to load
+            "cpu_us_per_token": round(cpu / real * 1e6, 3),  # CPU time of every thread: less sensitive to load
+            "setup_s": round(calls[0][0] - started, 2), "stream_us_per_token": round(stream * 1e6, 3)}
 
 
-def compare(tokens: float, codes: list[str], rounds: int, work: Path) -> list[dict]:
-    """null() on each checkout in turn, `rounds` times, each in its own process: alternating arms."""
+def compare(tokens: float, codes: list[str], rounds: int, work: Path, extra: list[str]) -> list[dict]:
+    """null() on each checkout in turn, `rounds` times, each in its own process: alternating arms (`extra`: the
+    null run's own options)."""
     runs = []
     for round_ in range(rounds):
         for code in codes:
             out = work / f"arm-{round_}-{len(runs)}.json"
             env = dict(os.environ, PYTHONPATH=str(Path(code).resolve()), HF_HUB_OFFLINE="1")
-            subprocess.run([sys.executable, __file__, "null", "--tokens", str(tokens), "--json-out", str(out)],
-                           env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            done = subprocess.run([sys.executable, __file__, "null", "--tokens", str(tokens), "--json-out", str(out),
+                                   *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                raise SystemExit(f"null on {code} failed ({done.returncode}): {done.stderr[-2000:]}")
             result = json.loads(out.read_text())
             runs.append({"code": code, "round": round_, **result["result"], "load_avg": result["load_avg"]})
             print(json.dumps(runs[-1]), flush=True)
@@ -223,15 +292,20 @@ def main() -> None:
     parser.add_argument("--code", action="append", help="null: a checkout to run (once per arm)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json-out")
+    parser.add_argument("--tokenizer", choices=("words", "smollm2"), default="words",
+                        help="null: the generated corpus over a 512-word tokenizer, or GLUE's text over SmolLM2's")
+    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "glue"),
+                        help="null --tokenizer smollm2: the GLUE folder whose sentences make the documents")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hsk-capture-") as tmp:
         work = Path(tmp)
         if args.what == "scale":
             result = scale(args.tokens, work, int(args.cap) if args.cap else None)
         elif args.what == "null" and args.code:
-            result = compare(args.tokens[0], args.code, args.rounds, work)
+            result = compare(args.tokens[0], args.code, args.rounds, work,
+                             ["--tokenizer", args.tokenizer, "--data-dir", args.data_dir])
         elif args.what == "null":
-            result = null(args.tokens[0], work)
+            result = null(args.tokens[0], work, args.tokenizer, Path(args.data_dir))
         else:
             result = limit(args.text, args.teacher, args.limit_tokens, work)
     result = {"what": args.what, "result": result, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}

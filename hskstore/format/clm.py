@@ -968,11 +968,18 @@ def documents_owned(char_ends: np.ndarray, counts: np.ndarray, texts: Sequence[s
     starts = char_byte_starts("".join(texts))
     doc = np.repeat(np.arange(len(texts)), counts)
     ends = np.maximum.accumulate(starts[char_base[doc] + np.clip(char_ends, 0, chars[doc])])
+    return owned_of_ends(ends, counts, starts[char_base[1:]])
+
+
+def owned_of_ends(ends: np.ndarray, counts: np.ndarray, doc_ends: np.ndarray) -> list[np.ndarray]:
+    """Each document's owned bytes (its tokens' then its EOS's, ConfigError as owned_bytes) from its tokens' byte
+    ends in the documents' joined bytes (`ends`, non-decreasing, `counts` per document) and where each document
+    ends there (`doc_ends`)."""
     eos = np.cumsum(counts + 1) - 1  # each document's EOS owns the rest of its bytes
-    marks = np.empty(len(ends) + len(texts), dtype=np.int64)
+    marks = np.empty(len(ends) + len(counts), dtype=np.int64)
     is_eos = np.zeros(len(marks), dtype=bool)
     is_eos[eos] = True
-    marks[is_eos] = starts[char_base[1:]]
+    marks[is_eos] = doc_ends
     marks[~is_eos] = ends
     return np.split(_within_token_bytes(np.diff(marks, prepend=0)), eos[:-1] + 1)
 

@@ -66,7 +66,7 @@ from .outputs import (
     store_entries,
 )
 from .reader import HSKStore, render_card
-from .zarr_adapter import put_shard
+from .zarr_adapter import put_row, put_shard
 
 FAULT_POINTS = ("after-lease", "after-group-created", "after-array-created", "after-shard-written", "before-swap",
                 "between-swap-renames", "upgrade-after-metadata")
@@ -298,6 +298,7 @@ class StoreWriter:
         # started at the first shard written (a complete store opened for its card starts none).
         self._io_threads = io_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._records: dict[str, zarr.Array] = {}
         self.lease: Lease | None = None  # set by `writing`
 
     def __enter__(self) -> StoreWriter:
@@ -316,6 +317,12 @@ class StoreWriter:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+    def _progress(self, name: str) -> zarr.Array:
+        """A progress record, opened once (its rows are set by key: a resize leaves them where they are)."""
+        if name not in self._records:
+            self._records[name] = self.group[name]
+        return self._records[name]
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -430,8 +437,8 @@ class StoreWriter:
             return shard_digest(data[name])
 
         digests = np.stack([np.frombuffer(d, dtype=np.uint8) for d in self._executor().map(write, list(data))])
-        self.group[PROGRESS_DIGESTS][shard] = digests
-        self.group[PROGRESS_DONE][shard] = 1
+        put_row(self._progress(PROGRESS_DIGESTS), shard, digests)
+        put_row(self._progress(PROGRESS_DONE), shard, np.uint8(1))  # the commit: after the digests
         _fault("after-shard-written")
 
     def resize_rows(self, n_rows: int) -> None:

@@ -18,13 +18,16 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import chain
 
 import numpy as np
 
-from hskstore.format.clm import DocumentText, documents_owned
+from hskstore.format.clm import DocumentText, documents_owned, owned_of_ends
 from hskstore.format.config import ConfigError
+from hskstore.io.zarr_adapter import put_row
 from pipelines.core.data import DataError
+from pipelines.dump.byte_ends import ByteTable, byte_table, table_ends
 from pipelines.dump.hf_corpus import StreamState, dataset_rows, is_dataset, open_dataset
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", "")
@@ -266,8 +269,9 @@ _ROWS = {"text": _text_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows, "ta
 def tokenized(documents: Iterator[tuple[str, Cursor]], tokenizer, batch: int = TOKENIZE_DOCS, text: bool = False
               ) -> Iterator[tuple]:
     """(ids, (cursor, digest of the text)) per document, tokenized `batch` documents per call; with `text`, also
-    the document's DocumentText (its bytes and those each token owns, from the fast tokenizer's offsets)."""
-    encode = _encode_text if text else _encode
+    the document's DocumentText (its bytes and those each token owns: the fast tokenizer's offsets, or for a
+    byte-level BPE its ids' byte lengths, pipelines.dump.byte_ends)."""
+    encode = partial(_encode_text, table=text_table(tokenizer)) if text else _encode
     pending: list[tuple[str, Cursor]] = []
     for item in documents:
         pending.append(item)
@@ -284,13 +288,41 @@ def _encode(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
         yield doc, (cursor, document_digest(text))
 
 
-def _encode_text(pending: list[tuple[str, Cursor]], tokenizer) -> Iterator[tuple]:
+def _encode_text(pending: list[tuple[str, Cursor]], tokenizer, table: ByteTable | None = None) -> Iterator[tuple]:
     texts = [text for text, _ in pending]
-    ids, char_ends, counts = encode_offsets(tokenizer, texts)
-    owned = documents_owned(char_ends, counts, texts)
-    for (text, cursor), doc_ids, doc_owned in zip(pending, ids, owned, strict=True):
-        data = text.encode("utf-8")
-        yield doc_ids, (cursor, _digest(data)), DocumentText(doc_owned, data)
+    data = [text.encode("utf-8") for text in texts]
+    found = encode_owned(tokenizer, texts, data, table)
+    for (_, cursor), doc_ids, doc_owned, doc_data in zip(pending, *found, data, strict=True):
+        yield doc_ids, (cursor, _digest(doc_data)), DocumentText(doc_owned, doc_data)
+
+
+def text_table(tokenizer) -> ByteTable | None:
+    """The byte table of a fast tokenizer whose backend is a plain byte-level BPE (else None: the offsets)."""
+    backend = _backend(tokenizer)
+    return byte_table(backend) if backend is not None and hasattr(backend, "encode_batch_fast") else None
+
+
+def encode_owned(tokenizer, texts: list[str], data: list[bytes], table: ByteTable | None = None
+                 ) -> tuple[list[list[int]], list[np.ndarray]]:
+    """(ids of each text, the bytes each of its tokens then its EOS owns): from the byte table over the ids
+    without offsets for the texts it vouches for, from the tokenizer's offsets for the others (`data`: the
+    texts' UTF-8)."""
+    if table is None:
+        ids, char_ends, counts = encode_offsets(tokenizer, texts)
+        return ids, documents_owned(char_ends, counts, texts)
+    ids = encode_ids(tokenizer, texts)
+    counts = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(counts.sum()))
+    ends, vouched = table_ends(table, flat, counts, texts, data)
+    sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data))[vouched]
+    owned = iter(owned_of_ends(ends, counts[vouched], np.cumsum(sizes)) if vouched.any() else ())
+    if vouched.all():
+        return ids, list(owned)
+    rest = [text for text, ok in zip(texts, vouched, strict=True) if not ok]
+    rest_ids, char_ends, rest_counts = encode_offsets(tokenizer, rest)
+    exact = zip(rest_ids, documents_owned(char_ends, rest_counts, rest), strict=True)
+    found = [(doc_ids, next(owned)) if ok else next(exact) for doc_ids, ok in zip(ids, vouched, strict=True)]
+    return [f[0] for f in found], [f[1] for f in found]
 
 
 def _backend(tokenizer):
@@ -425,9 +457,9 @@ class ShardCursors:
         end = rows.end[0] if rows.end is not None else Cursor()
         if end.state is not None or self.states is not None:
             self._record_state(shard, end.state)
-        self.cursors[shard] = [*rows.start[0].to_list(), rows.start_skip, *end.to_list(), rows.end_skip,
-                               len(rows.marks)]
-        self.chains[shard] = list(self.chain)
+        put_row(self.cursors, shard, np.array([*rows.start[0].to_list(), rows.start_skip, *end.to_list(),
+                                               rows.end_skip, len(rows.marks)]))
+        put_row(self.chains, shard, np.frombuffer(self.chain, dtype=np.uint8))
 
     def _record_state(self, shard: int, state: StreamState | None) -> None:
         """The stream's state at the shard's end cursor (zeros where there is none, or it outgrows its row: a
