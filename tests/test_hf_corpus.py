@@ -177,7 +177,8 @@ def test_kill_9_takes_a_streamed_dataset_up_at_its_recorded_state(clm_teacher, t
     kill_dump_midway(args, killed, shards=14)
     resume_at = resume_offset(killed)
     group = zarr.open_group(str(killed), mode="r")
-    pending = int(group["_progress/done"][:].argmin())
+    done = group["_progress/done"][:]
+    pending = int(done.argmin()) if not done.all() else len(done)  # the arrays grow as a stream is read
     state = json.loads(bytes(group[STATES][pending - 1]).rstrip(b"\0"))
     assert 64 <= state["row"] <= resume_at < state["row"] + SNAPSHOT_ROWS  # in the third file or later
     shutil.copytree(killed, other)

@@ -525,8 +525,7 @@ def write_stream(writer: StoreWriter, out: str, corpus: CorpusSource, tokenizer:
         tokens.append(int(rows.lengths.sum()))
         bar.update(tokens[-1])
 
-    shards = _packed(corpus, tokenizer, request, run.sel, shard_rows, stream.cursors, stream.first) \
-        if stream.first < len(stream.done) else iter(())
+    shards = _packed(corpus, tokenizer, request, run.sel, shard_rows, stream.cursors, stream.first)
     try:
         stream.run(shards, sink or LocalShards(writer, run.arrays, run.device), lambda rows: len(rows.blocks),
                    update, "holds no text")

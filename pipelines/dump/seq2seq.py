@@ -420,12 +420,10 @@ def write_pairs(writer: StoreWriter, out: str, source: CorpusSource | ExamplePai
     started = time.perf_counter()
     bar = tqdm(total=request.max_pairs, initial=stream.first * shard_rows, unit="pair", desc="dump seq2seq",
                disable=not progress or None)
-    shards = iter(())
-    if stream.first < len(stream.done):
-        pairs = checked_pairs(source, stream.start[0])
-        if request.max_pairs is not None:  # those before the resume point were counted shard by shard
-            pairs = islice(pairs, max(request.max_pairs - stream.cursors.documents_before(stream.first), 0))
-        shards = ahead(pair_shards(pairs, tokenizer, run.sel, shard_rows))
+    pairs = checked_pairs(source, stream.start[0])
+    if request.max_pairs is not None:  # those before the resume point were counted shard by shard
+        pairs = islice(pairs, max(request.max_pairs - stream.cursors.documents_before(stream.first), 0))
+    shards = ahead(pair_shards(pairs, tokenizer, run.sel, shard_rows))
     try:
         stream.run(shards, sink or LocalShards(writer, run.arrays, run.device), lambda rows: len(rows.marks),
                    lambda rows: bar.update(len(rows.marks)), "holds no pairs")

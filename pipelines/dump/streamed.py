@@ -103,19 +103,20 @@ class StreamedShards:
         shard_rows = self.writer.metadata.layout.shard_rows
         shard = self.first
         try:
-            if self.first < len(self.done):
-                for rows in shards:
-                    self._make_room(shard, n_rows(rows), rows.last)
-                    pending = shard >= len(self.done) or not self.done[shard]
-                    self.cursors.advance(shard, rows, record=pending)
-                    if pending:
-                        sink.put(shard, rows, shard * shard_rows)
-                    update(rows)
-                    shard += 1
-                if shard == 0:
-                    raise DataError(f"{self.corpus.described} {empty}")
-                if shard == self.first:  # the corpus ended where the written shards did
-                    self.writer.resize_rows(self.first * shard_rows)
+            # read on even when every shard the store has room for is done: it grows as the corpus comes, so a
+            # dump stopped just before it grew has more corpus to read, and one stopped at the corpus's end none
+            for rows in shards:
+                self._make_room(shard, n_rows(rows), rows.last)
+                pending = shard >= len(self.done) or not self.done[shard]
+                self.cursors.advance(shard, rows, record=pending)
+                if pending:
+                    sink.put(shard, rows, shard * shard_rows)
+                update(rows)
+                shard += 1
+            if shard == 0:
+                raise DataError(f"{self.corpus.described} {empty}")
+            if shard == self.first and self.writer.metadata.layout.n_rows > shard * shard_rows:
+                self.writer.resize_rows(shard * shard_rows)  # the corpus ended where the written shards did
             sink.drain()
         finally:
             sink.close()
