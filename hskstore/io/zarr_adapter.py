@@ -160,13 +160,14 @@ def _row_zstd(array: zarr.Array):
 
     meta = array.metadata
     codecs = tuple(getattr(meta, "codecs", ()))
-    separator = getattr(getattr(meta, "chunk_key_encoding", None), "separator", None)
-    if (len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], ZstdCodec)
-            or (codecs[0].endian is not None and codecs[0].endian.value != "little") or separator != "/"
-            or getattr(meta.chunk_key_encoding, "name", None) != "default" or array.chunks[0] != 1
-            or tuple(array.chunks[1:]) != tuple(array.shape[1:]) or not _is_zero(meta.fill_value)):
+    keys = getattr(meta, "chunk_key_encoding", None)
+    if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], ZstdCodec):
         return None
-    return Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
+    endian = codecs[0].endian
+    rows_of_zeros = (getattr(keys, "separator", None) == "/", getattr(keys, "name", None) == "default",
+                     endian is None or endian.value == "little", array.chunks[0] == 1,
+                     tuple(array.chunks[1:]) == tuple(array.shape[1:]), _is_zero(meta.fill_value))
+    return Zstd(level=codecs[1].level, checksum=codecs[1].checksum) if all(rows_of_zeros) else None
 
 
 def _is_zero(fill_value) -> bool:

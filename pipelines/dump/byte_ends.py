@@ -80,11 +80,20 @@ def _spec(component) -> dict | None:
 
 def _byte_level(pre: dict | None) -> bool:
     """One ByteLevel pre-tokenizer without a prefix space, beside only splitters that keep all the text."""
-    members = (pre or {}).get("pretokenizers", [pre]) if (pre or {}).get("type") == "Sequence" else [pre]
-    levels = [m for m in members if m and m.get("type") == "ByteLevel"]
-    others = [m for m in members if not (m and m.get("type") == "ByteLevel")]
-    return (len(levels) == 1 and not levels[0].get("add_prefix_space")
-            and all(m and m.get("type") in _KEEP_TEXT and m.get("behavior") != "Removed" for m in others))
+    members = _members(pre or {})
+    levels = [m for m in members if m.get("type") == "ByteLevel"]
+    others = [m for m in members if m.get("type") != "ByteLevel"]
+    return len(levels) == 1 and not levels[0].get("add_prefix_space") and all(map(_keeps_text, others))
+
+
+def _members(pre: dict) -> list[dict]:
+    """A pre-tokenizer's parts: a Sequence's members, else itself."""
+    return [m or {} for m in pre.get("pretokenizers", [pre])] if pre.get("type") == "Sequence" else [pre]
+
+
+def _keeps_text(splitter: dict) -> bool:
+    """A pre-tokenizer that splits without removing any of the text ({}: none, which keeps nothing)."""
+    return splitter.get("type") in _KEEP_TEXT and splitter.get("behavior") != "Removed"
 
 
 def _plain(normalizer: dict | None) -> bool:

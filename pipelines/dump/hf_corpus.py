@@ -150,12 +150,13 @@ def _fits(saved, fresh) -> bool:
     """Whether a recorded state has the layout of this dataset's own (None, not yet set, fits anything)."""
     if saved is None or fresh is None:
         return True
+    if type(saved) is not type(fresh):
+        return False
     if isinstance(fresh, dict):
-        return isinstance(saved, dict) and saved.keys() == fresh.keys() and all(_fits(saved[k], v)
-                                                                               for k, v in fresh.items())
+        return saved.keys() == fresh.keys() and all(_fits(saved[k], v) for k, v in fresh.items())
     if isinstance(fresh, list):
-        return isinstance(saved, list) and len(saved) == len(fresh) and all(map(_fits, saved, fresh))
-    return type(saved) is type(fresh) and (saved == fresh if isinstance(fresh, str) else True)
+        return len(saved) == len(fresh) and all(map(_fits, saved, fresh))
+    return saved == fresh if isinstance(fresh, str) else True
 
 
 def _taken_up(dataset, spec: str, resume: StreamState | None, files: tuple[int, str]) -> StreamState | None:
