@@ -145,6 +145,10 @@ def test_a_stream_taken_up_at_a_rows_state_gives_the_rows_after_it_without_the_f
     other = replace(rows[70][2], state={**rows[70][2].state, "shuffled": None})  # not this datasets' layout
     assert [row for _, row, _ in dataset_rows(spec, "hf-stream", ("text",), 70, other)] == list(range(70, 120))
     assert "WARNING: --data-file hf:" in capsys.readouterr().err  # and the stream read from its start
+    # a damaged record whose row is past the resume point: taken up there, rows 70-95 would be lost
+    ahead = rows[96][2]
+    assert [row for _, row, _ in dataset_rows(spec, "hf-stream", ("text",), 70, ahead)] == list(range(70, 120))
+    assert "(row 96) is not at or before the resume point (row 70)" in capsys.readouterr().err
     _garbled(folder / "part-01.jsonl")  # rows 20-39: before the state of any row from 64 on
     for start in (64, 70, 99, 119):
         state = rows[start][2]

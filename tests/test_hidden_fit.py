@@ -227,3 +227,25 @@ def test_what_a_fitted_basis_cannot_be_is_refused_in_one_line(fit_stores, clm_te
     for args, words in cases:
         one_error_line(hsk(*args), *words)
     assert not list(tmp_path.iterdir()) and tree_hashes(fit_stores["tmp"]) == before
+
+
+@pytest.mark.parametrize("forgery", ["index", "record"])
+def test_train_on_a_forged_fitted_store_is_refused_and_leaves_no_run_folder(fit_stores, tmp_path, forgery):
+    """A forger who knows the format and reseals: an index outside int8u's -127..127, or a fit record out of its
+    domain. One line, no run folder, the store untouched."""
+    import shutil
+    from pathlib import Path
+
+    from test_domain import reseal
+
+    copy = Path(shutil.copytree(fit_stores["fit"], tmp_path / "forged.zarr"))
+    if forgery == "index":
+        reseal(copy, {"clm/hidden": lambda q: np.where(q != 0, np.int8(-128), q)})
+    else:
+        reseal(copy, selection=lambda meta: meta["selection"]["hidden_fit"].update(kl=-1.0))
+    kept, run = tree_hashes(copy), tmp_path / "run"
+    code, _, err = hsk("train", "--store", str(copy), "--student", "first2", "--method", "clm-kd", "--max-steps",
+                       "2", "--batch-size", "4", "--device", "cpu", "--no-progress", "--out", str(run), timeout=300)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert ("clm/hidden" in err) if forgery == "index" else ("hidden_fit.kl" in err), err
+    assert not run.exists() and tree_hashes(copy) == kept

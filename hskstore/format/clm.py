@@ -781,6 +781,24 @@ def scales_within(group: str) -> DomainCheck:
     return DomainCheck((name,), rule)
 
 
+def hidden_within(sel: Any, group: str) -> DomainCheck:
+    """The hidden states' codes: int8 codes within -127..127 (int8, int8u: -128 is never written), float16
+    values and scales finite (what a head reads as logits)."""
+    scaled = "scale" in codecs.get(sel.hidden_codec).arrays(sel.slots)
+    needs = (f"{group}/hidden", *((f"{group}/hidden_scale",) if scaled else ()))
+
+    def rule(data: Arrays) -> Breach | None:
+        values = data[needs[0]]
+        if values.dtype == np.int8 and (values == -128).any():
+            return Breach(needs[0], "holds code -128, outside the codec's -127..127")
+        for name in needs:
+            if data[name].dtype.kind == "f" and not np.isfinite(data[name]).all():
+                return Breach(name, "holds a NaN or infinite value")
+        return None
+
+    return DomainCheck(needs, rule)
+
+
 def counts_sum_to_draws(sel: Any, group: str, width: int) -> DomainCheck:
     """Sampled: each kept position's counts sum to the draws; positions not kept hold zero counts."""
     name = f"{group}/counts"
@@ -800,8 +818,8 @@ def counts_sum_to_draws(sel: Any, group: str, width: int) -> DomainCheck:
 def support_checks(sel: Any, group: str, length: str, width: int) -> list[DomainCheck]:
     """The rules of a support's arrays over `width` positions whose real ones `length` counts (causal-LM and
     seq2seq stores)."""
-    if sel.support == HIDDEN:  # no ids or log-probs: the hidden states' codec decodes any bytes
-        return [kept_on_real_positions(group, length, width, sel.positions)]
+    if sel.support == HIDDEN:  # no ids or log-probs: the hidden states' codes and scales
+        return [kept_on_real_positions(group, length, width, sel.positions), hidden_within(sel, group)]
     checks = [kept_on_real_positions(group, length, width, sel.positions), support_ids_below(sel, group, width)]
     if sel.support == "sample":
         return [*checks, counts_sum_to_draws(sel, group, width)]

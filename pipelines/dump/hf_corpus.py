@@ -159,10 +159,15 @@ def _fits(saved, fresh) -> bool:
     return saved == fresh if isinstance(fresh, str) else True
 
 
-def _taken_up(dataset, spec: str, resume: StreamState | None, files: tuple[int, str]) -> StreamState | None:
+def _taken_up(dataset, spec: str, resume: StreamState | None, files: tuple[int, str], start: int
+              ) -> StreamState | None:
     """`resume` loaded into `dataset` (returned), or None where there is none or it does not fit (a warning:
-    the rows before the resume point are read again); changed data files are refused in one line."""
+    the rows before the resume point `start` are read again); changed data files are refused in one line."""
     if resume is None:
+        return None
+    if not 0 <= resume.row <= start:  # a damaged record: taken up there, the rows before it would be lost
+        print(f"WARNING: --data-file {spec}: the recorded stream position (row {resume.row}) is not at or before "
+              f"the resume point (row {start}); the rows before it are read again", file=sys.stderr, flush=True)
         return None
     if (resume.n_files, resume.files) != files:
         change = "other names or sizes" if resume.n_files == files[0] else f"{files[0]} now"
@@ -196,7 +201,7 @@ def _stream_rows(spec: str, names: tuple[str, ...], start: int, resume: StreamSt
                  ) -> Iterator[tuple[tuple, int, StreamState | None]]:
     dataset = _streamed(spec)
     files = data_files(dataset)
-    state = _taken_up(dataset, spec, resume, files)
+    state = _taken_up(dataset, spec, resume, files, start)
     for row, example in _examples(dataset, spec, state.row if state else 0):
         if row >= start:  # rows between the state and the start: fewer than SNAPSHOT_ROWS, read and dropped
             yield tuple(example.get(name) for name in names), row, state

@@ -416,26 +416,35 @@ def _layer_pairs(x: TermInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-@loss_term("clm_layer_mse")
-def term_clm_layer_mse(x: TermInputs) -> torch.Tensor:
-    """Sum over the pairs of the mean squared error per element over the stored real positions."""
+def _summed_over_pairs(x: TermInputs, pair_loss: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """The sum over an intermediate-layer batch's pairs of pair_loss(student, teacher, valid, count)."""
     valid = x.batch["layer_valid"]
     loss = x.batch["layer_states"].new_zeros(())
     for student, teacher in _layer_pairs(x):
-        weight = valid.to(student.dtype)[..., None].expand_as(student)
-        loss = loss + ((student - teacher) ** 2 * weight).sum() / x.count(weight.sum())
+        loss = loss + pair_loss(student, teacher, valid, x.count)
     return loss
+
+
+def _pair_mse(student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, count: Callable) -> torch.Tensor:
+    weight = valid.to(student.dtype)[..., None].expand_as(student)
+    return ((student - teacher) ** 2 * weight).sum() / count(weight.sum())
+
+
+def _pair_cos(student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, count: Callable) -> torch.Tensor:
+    distance = 1.0 - F.cosine_similarity(student, teacher, dim=-1)
+    return (distance * valid).sum() / count(valid.sum())
+
+
+@loss_term("clm_layer_mse")
+def term_clm_layer_mse(x: TermInputs) -> torch.Tensor:
+    """Sum over the pairs of the mean squared error per element over the stored real positions."""
+    return _summed_over_pairs(x, _pair_mse)
 
 
 @loss_term("clm_layer_cos")
 def term_clm_layer_cos(x: TermInputs) -> torch.Tensor:
     """Sum over the pairs of the mean of 1 - cosine(student, teacher) over the stored real positions."""
-    valid = x.batch["layer_valid"]
-    loss = x.batch["layer_states"].new_zeros(())
-    for student, teacher in _layer_pairs(x):
-        distance = 1.0 - F.cosine_similarity(student, teacher, dim=-1)
-        loss = loss + (distance * valid).sum() / x.count(valid.sum())
-    return loss
+    return _summed_over_pairs(x, _pair_cos)
 
 
 # Cross-tokenizer KD (pipelines/methods/xtok.py; the batch from pipelines/train/data/xtok.py): outputs.logits is
